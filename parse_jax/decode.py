@@ -1,0 +1,195 @@
+"""Target-only generation as one jitted program: prefill, then `lax.while_loop` over a dataclass state.
+
+No Python runs per token. Shapes are padded to buckets (batch, prompt length, new tokens) so a long
+run compiles a bounded number of programs; `compiled_programs()` says how many.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from parse_jax.errors import InputError
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.sampling import sample_token
+
+PAD_ID = 0
+
+
+def bucket(n: int, minimum: int = 8) -> int:
+    """Next power of two >= max(n, minimum): the padding buckets of every static shape."""
+    n = max(int(n), minimum)
+    return 1 << (n - 1).bit_length()
+
+
+@struct.dataclass
+class DecodeState:
+    cache: KVCache
+    tokens: jax.Array      # [B, N] generated ids (PAD_ID after a row is done)
+    num_new: jax.Array     # [B] tokens generated so far
+    done: jax.Array        # [B] row finished (EOS or its max_new_tokens)
+    last: jax.Array        # [B] last generated token: the next step's input
+    step: jax.Array        # scalar: loop iteration
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    texts: list[str]
+    tokens: list[list[int]]
+    stats: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.temperature) or self.temperature < 0:
+            raise InputError(f"temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+            raise InputError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _is_eos(token: jax.Array, eos_ids: jax.Array) -> jax.Array:
+    return jnp.any(token[:, None] == eos_ids[None, :], axis=-1)
+
+
+@functools.lru_cache(maxsize=None)
+def _generate_program(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: int, greedy: bool,
+                      top_k: int):
+    module = Decoder(cfg, attention_impl)
+
+    def forward(params, tokens, positions, cache, limit, group):
+        logits, cache, _ = module.apply({"params": params}, tokens, positions, cache, limit, group)
+        return logits, cache
+
+    def run(params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
+        b, p = prompt.shape
+        cache = KVCache.init(cfg, b, cache_len)
+        limit, group = causal_metadata(b, p)
+        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+        logits, cache = forward(params, prompt, positions, cache, limit, group)
+        cache = cache.commit(prompt_lens)
+        last_logits = jnp.take_along_axis(logits, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
+
+        def emit(state: DecodeState, step_logits: jax.Array) -> DecodeState:
+            key = jax.random.fold_in(rng, state.step)
+            tok = sample_token(step_logits, key, greedy, temperature, top_k, top_p)
+            tok = jnp.where(state.done, PAD_ID, tok)
+            tokens = state.tokens.at[:, state.step].set(tok)
+            num = state.num_new + (~state.done).astype(jnp.int32)
+            done = state.done | _is_eos(tok, eos_ids) | (num >= max_new)
+            return state.replace(tokens=tokens, num_new=num, done=done, last=tok, step=state.step + 1)
+
+        state = DecodeState(cache=cache, tokens=jnp.full((b, num_new), PAD_ID, jnp.int32),
+                            num_new=jnp.zeros((b,), jnp.int32), done=max_new <= 0,
+                            last=jnp.zeros((b,), jnp.int32), step=jnp.int32(0))
+        state = emit(state, last_logits)
+
+        def cond(state: DecodeState) -> jax.Array:
+            return (state.step < num_new) & ~jnp.all(state.done)
+
+        def body(state: DecodeState) -> DecodeState:
+            one_limit, one_group = causal_metadata(b, 1)
+            step_logits, cache = forward(params, state.last[:, None], state.cache.lengths[:, None],
+                                         state.cache, one_limit, one_group)
+            cache = cache.commit((~state.done).astype(jnp.int32))
+            return emit(state.replace(cache=cache), step_logits[:, 0])
+
+        state = jax.lax.while_loop(cond, body, state)
+        return state.tokens, state.num_new, state.step
+
+    return jax.jit(run)
+
+
+def compiled_programs() -> int:
+    """How many distinct generation programs this process has built (one per bucket combination)."""
+    return _generate_program.cache_info().currsize
+
+
+def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_bos: bool = True) -> list[list[int]]:
+    """Text prompts through the tokenizer (BOS prepended when the tokenizer has one); id lists as given."""
+    if isinstance(prompts, (str, bytes)):
+        raise InputError("prompts must be a list of strings or of token-id lists, not a single string")
+    if len(prompts) == 0:
+        raise InputError("no prompts given")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if model.tokenizer is None:
+                raise InputError("text prompts need a tokenizer; this model has none (pass token ids)")
+            ids = model.tokenizer.encode(p)
+            bos = getattr(model.tokenizer, "bos_id", None)
+            if add_bos and bos is not None and (not ids or ids[0] != bos):
+                ids = [bos] + ids
+        else:
+            ids = [int(t) for t in p]
+        if not ids:
+            raise InputError(f"prompt {i} is empty")
+        bad = [t for t in ids if not 0 <= t < model.config.vocab_size]
+        if bad:
+            raise InputError(f"prompt {i} has token ids outside [0, {model.config.vocab_size}): {bad[:5]}")
+        out.append(ids)
+    return out
+
+
+def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             max_cache_len: int | None = None, add_bos: bool = True) -> GenerateResult:
+    """Generate with the model alone, a batch of prompts of any lengths, per-row EOS and budget."""
+    sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
+    if int(max_new_tokens) < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    ids = encode_prompts(model, prompts, add_bos)
+    cfg: ModelConfig = model.config
+    capacity = int(max_cache_len) if max_cache_len is not None else cfg.max_position_embeddings
+    for i, p in enumerate(ids):
+        if len(p) + max_new_tokens > capacity:
+            raise InputError(
+                f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
+                f"{len(p) + max_new_tokens} cache slots but the cache holds {capacity}")
+    b = bucket(len(ids), 1)
+    p = bucket(max(len(x) for x in ids))
+    n = bucket(max_new_tokens, 16)
+    cache_len = min(bucket(p + n), capacity)
+    prompt = np.full((b, p), PAD_ID, np.int32)
+    lens = np.ones((b,), np.int32)
+    max_new = np.zeros((b,), np.int32)
+    for i, x in enumerate(ids):
+        prompt[i, : len(x)] = x
+        lens[i] = len(x)
+        max_new[i] = max_new_tokens
+    eos = np.array(sorted({*cfg.eos_token_ids, *([model.tokenizer.eos_id] if getattr(
+        model.tokenizer, "eos_id", None) is not None else [])}) or [-1], np.int32)
+    program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.greedy, sampling.top_k)
+    t0 = time.perf_counter()
+    tokens, num_new, steps = program(model.params, prompt, lens, max_new, eos,
+                                     np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
+                                     jax.random.PRNGKey(sampling.seed))
+    tokens, num_new = np.asarray(tokens), np.asarray(num_new)
+    seconds = time.perf_counter() - t0
+    out = [tokens[i, : num_new[i]].tolist() for i in range(len(ids))]
+    texts = [model.tokenizer.decode(t) if model.tokenizer is not None else "" for t in out]
+    total = int(num_new[: len(ids)].sum())
+    stats = {"target_passes": int(steps), "new_tokens": total, "seconds": seconds,
+             "tokens_per_s": total / seconds if seconds > 0 else float("inf"),
+             "compiled_programs": compiled_programs()}
+    return GenerateResult(texts=texts, tokens=out, stats=stats)

@@ -1,0 +1,7 @@
+"""Flax decoder family (Llama, Qwen2, Qwen3), KV cache, HF import, Orbax I/O."""
+
+from parse_jax.models.checkpoint import convert_hf, load_model, save_model
+from parse_jax.models.hf_import import export_hf, load_hf
+from parse_jax.models.tokenizer import Tokenizer
+
+__all__ = ["Tokenizer", "convert_hf", "export_hf", "load_hf", "load_model", "save_model"]

@@ -1,0 +1,50 @@
+"""The KV cache: fixed-size buffers plus a per-row committed length.
+
+A forward pass writes its block at slots `lengths[b] + j` without moving `lengths`; the caller then
+commits what it keeps (`commit`) or leaves the rest to be overwritten (roll back = keep the old length).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from parse_jax.models.config import ModelConfig
+
+
+@struct.dataclass
+class KVCache:
+    k: jax.Array        # [layers, B, S, kv_heads, head_dim]
+    v: jax.Array        # [layers, B, S, kv_heads, head_dim]
+    lengths: jax.Array  # [B] int32: slots below this are committed context
+
+    @classmethod
+    def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+        dtype = dtype or jnp.dtype(cfg.dtype)
+        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def commit(self, n: jax.Array | int) -> KVCache:
+        """Keep the first `n` (per row, or scalar) tokens of the block last written."""
+        return self.replace(lengths=self.lengths + jnp.asarray(n, jnp.int32))
+
+    def set_lengths(self, lengths: jax.Array) -> KVCache:
+        """Roll back (or forward) to explicit per-row lengths; slots past them become invisible."""
+        return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
+
+
+def write_block(buf: jax.Array, block: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Write block [B, T, ...] into buf [B, S, ...] at slots lengths[b] + j; slots past S are dropped."""
+    b, t = block.shape[:2]
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+    slots = lengths[:, None] + jnp.arange(t)[None, :]
+    return buf.at[rows, slots].set(block.astype(buf.dtype), mode="drop")

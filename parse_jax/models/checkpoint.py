@@ -1,0 +1,142 @@
+"""parse-jax checkpoints (Orbax params + config JSON + tokenizer files) and the one loader for both formats.
+
+A checkpoint folder holds:
+  parse_jax_config.json   `ModelConfig.to_dict()`: the marker that this is our format
+  params/                 an Orbax checkpoint of the param tree, in the config's dtype
+  tokenizer.json ...      the tokenizer files, when the model has a tokenizer
+
+`save_model` writes everything into a hidden sibling folder and renames it into place at the end, so
+a crash or an error never leaves a half-written checkpoint under the requested name.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from parse_jax.errors import CheckpointError, ConfigError
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.hf_import import INDEX_FILE, SINGLE_FILE, check_vocab, expected_params, load_hf
+from parse_jax.models.model import Model
+from parse_jax.models.tokenizer import Tokenizer
+
+CONFIG_FILE = "parse_jax_config.json"
+PARAMS_DIR = "params"
+
+
+def save_model(model: Model, path: str | Path, overwrite: bool = False) -> Path:
+    """Write `model` as a parse-jax checkpoint at `path`; an existing path is an error unless `overwrite`."""
+    path = Path(path).absolute()
+    if path.exists() and not overwrite:
+        raise CheckpointError(f"{path} already exists; pass overwrite=True to replace it")
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path} exists and is not a folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+        if model.tokenizer is not None:
+            model.tokenizer.save(tmp)
+        with ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(tmp / PARAMS_DIR, model.params)
+            checkpointer.wait_until_finished()
+        if path.exists():  # overwrite: move the old one aside first, so some complete copy always exists
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _restore_params(folder: Path, cfg: ModelConfig) -> dict[str, Any]:
+    """Restore with the shapes/dtypes `cfg` implies, so the tree, shapes and dtypes are checked by Orbax
+    and bfloat16 stays bfloat16."""
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target: dict[str, Any] = {}
+    for path, leaf in expected_params(cfg).items():
+        node = target
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+    params_dir = folder / PARAMS_DIR
+    if not params_dir.is_dir():
+        raise CheckpointError(f"parse-jax checkpoint {folder} has no {PARAMS_DIR}/ folder")
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            return checkpointer.restore(params_dir, target)
+    except (ValueError, FileNotFoundError, OSError, KeyError) as e:
+        raise CheckpointError(f"cannot restore params from {params_dir} for config in {CONFIG_FILE}: {e}") from None
+
+
+def _load_orbax(folder: Path, dtype: str | None, check_finite: bool, attention_impl: str) -> Model:
+    try:
+        d = json.loads((folder / CONFIG_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{folder / CONFIG_FILE} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{folder / CONFIG_FILE} must hold a JSON object")
+    cfg = ModelConfig.from_dict(d)
+    params = _restore_params(folder, cfg)
+    if check_finite:
+        bad = [jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+               if not bool(jnp.isfinite(x).all())]
+        if bad:
+            raise CheckpointError(f"checkpoint {folder} has non-finite values (inf/nan) in: {', '.join(bad)}")
+    if dtype is not None and dtype != cfg.dtype:
+        cfg = cfg.replace(dtype=dtype)
+        params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
+    tokenizer = None
+    if (folder / "tokenizer.json").is_file():
+        eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else None
+        tokenizer = Tokenizer.from_folder(folder, bos_id=cfg.bos_token_id, eos_id=eos)
+        check_vocab(tokenizer, cfg)
+    return Model(cfg, params, tokenizer, attention_impl)
+
+
+def load_model(path: str | Path, dtype: str | None = None, check_finite: bool = True,
+               attention_impl: str = "xla") -> Model:
+    """Load a HF model folder or a parse-jax checkpoint (told apart by their files), optionally cast to `dtype`."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"model path not found: {path}")
+    if not path.is_dir():
+        raise CheckpointError(f"model path must be a folder, got a file: {path}")
+    if (path / CONFIG_FILE).is_file():
+        return _load_orbax(path, dtype, check_finite, attention_impl)
+    if (path / "config.json").is_file():
+        return load_hf(path, dtype, check_finite, attention_impl)
+    found = sorted(p.name for p in path.iterdir())[:20]
+    raise CheckpointError(
+        f"{path} is not a model folder: expected either a Hugging Face folder (config.json, {SINGLE_FILE} or "
+        f"{INDEX_FILE}, tokenizer.json) or a parse-jax checkpoint ({CONFIG_FILE}, {PARAMS_DIR}/); "
+        f"found: {found or 'an empty folder'}")
+
+
+def convert_hf(hf_dir: str | Path, out_dir: str | Path, overwrite: bool = False, dtype: str | None = None) -> Path:
+    """HF folder -> parse-jax checkpoint (loads, checks, saves); returns the checkpoint path."""
+    return save_model(load_hf(hf_dir, dtype), out_dir, overwrite=overwrite)
+
+
+def params_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Same tree, shapes, dtypes and bits (NaN-safe): what a lossless round trip must give."""
+    if jax.tree.structure(a) != jax.tree.structure(b):
+        return False
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+            return False
+    return True

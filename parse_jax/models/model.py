@@ -1,0 +1,81 @@
+"""`Model`: a config, its params, its tokenizer, and jitted calls into the Flax decoder."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from parse_jax.errors import InputError
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import Decoder, causal_metadata
+
+
+@functools.lru_cache(maxsize=None)
+def decoder_fn(cfg: ModelConfig, attention_impl: str = "xla", return_hidden: bool = False):
+    """Jitted `(params, tokens, positions, cache, limit, group) -> (logits, cache, hiddens)`; cache donated."""
+    module = Decoder(cfg, attention_impl)
+
+    def run(params, tokens, positions, cache, limit, group):
+        return module.apply({"params": params}, tokens, positions, cache, limit, group, return_hidden)
+
+    return jax.jit(run, donate_argnums=(3,))
+
+
+def init_params(cfg: ModelConfig, seed: int = 0) -> dict[str, Any]:
+    """Random params (normal, std 0.02) in the config's dtype: for tests and benchmarks."""
+    module = Decoder(cfg)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    cache = KVCache.init(cfg, 1, 1)
+    limit, group = causal_metadata(1, 1)
+    return module.init(jax.random.PRNGKey(seed), tokens, tokens, cache, limit, group)["params"]
+
+
+class Model:
+    """What `pj.load_model` returns: `config`, `params`, `tokenizer`, `logits(ids)`."""
+
+    def __init__(self, config: ModelConfig, params: dict[str, Any], tokenizer: Any = None,
+                 attention_impl: str = "xla") -> None:
+        self.config = config
+        self.params = params
+        self.tokenizer = tokenizer
+        self.attention_impl = attention_impl
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Model({c.architecture}, layers={c.num_layers}, hidden={c.hidden_size}, "
+                f"heads={c.num_heads}/{c.num_kv_heads}, vocab={c.vocab_size}, dtype={c.dtype}, "
+                f"params={c.num_params / 1e6:.2f}M)")
+
+    def init_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache.init(self.config, batch, max_len)
+
+    def forward(self, tokens, positions, cache: KVCache, limit, group, return_hidden: bool = False):
+        """One pass of a new block over `cache` (donated); see `Decoder`."""
+        fn = decoder_fn(self.config, self.attention_impl, return_hidden)
+        return fn(self.params, tokens, positions, cache, limit, group)
+
+    def logits(self, ids) -> np.ndarray:
+        """Plain causal forward from position 0: int [B, T] -> float32 [B, T, V]."""
+        ids = np.asarray(ids)
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise InputError(f"logits expects a non-empty int array [B, T], got shape {ids.shape}")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"logits expects integer token ids, got dtype {ids.dtype}")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise InputError(f"token ids must lie in [0, {self.config.vocab_size}), got range "
+                             f"[{ids.min()}, {ids.max()}]")
+        b, t = ids.shape
+        if t > self.config.max_position_embeddings:
+            raise InputError(f"sequence of {t} tokens is longer than max_position_embeddings "
+                             f"({self.config.max_position_embeddings})")
+        limit, group = causal_metadata(b, t)
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        out, _, _ = self.forward(jnp.asarray(ids, jnp.int32), positions, self.init_cache(b, t), limit, group)
+        return np.asarray(out)

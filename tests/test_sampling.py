@@ -1,0 +1,51 @@
+"""Sampling filters and the sampled distribution itself."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parse_jax.sampling import filter_logits, sample_token
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-5, 5), min_size=2, max_size=12), st.floats(0.05, 1.0), st.integers(0, 12))
+def test_filter_keeps_the_smallest_nucleus_within_top_k(logits, top_p, top_k):
+    x = np.array(logits, np.float32)
+    kept = np.isfinite(np.asarray(filter_logits(jnp.asarray(x), 1.0, top_k, top_p)))
+    order = np.argsort(-x, kind="stable")
+    k = top_k if 0 < top_k < len(x) else len(x)
+    probs = np.exp(x - x.max())
+    probs /= probs.sum()
+    # kept tokens are a top set: anything kept beats anything dropped
+    assert kept[order[0]]
+    if (~kept).any():
+        assert x[kept].min() >= x[~kept].max()
+    # never more than top_k (ties at the k-th value aside)
+    assert kept.sum() <= k or np.sum(x >= np.sort(x)[-k]) > k
+    # nucleus minimality: the kept tokens strictly above the smallest kept value (ties are kept together)
+    # hold less than top_p; and the kept mass covers top_p unless top-k cut first
+    floor = x[kept].min()
+    assert probs[kept & (x > floor)].sum() < top_p + 1e-5
+    if kept.sum() < k:
+        assert probs[kept].sum() >= top_p - 1e-5
+
+
+def test_temperature_sampling_matches_softmax():
+    logits = jnp.array([[1.0, 0.5, -0.3, 2.0, 0.0]])
+    temperature = 0.7
+    n = 20000
+    keys = jax.random.split(jax.random.PRNGKey(0), n)
+    draws = jax.vmap(lambda k: sample_token(logits, k, False, temperature)[0])(keys)
+    freq = np.bincount(np.asarray(draws), minlength=5) / n
+    expect = np.asarray(jax.nn.softmax(logits[0] / temperature))
+    chi2 = n * np.sum((freq - expect) ** 2 / expect)
+    assert chi2 < 18.5  # 4 degrees of freedom, p = 0.001
+    top2 = jax.vmap(lambda k: sample_token(logits, k, False, temperature, top_k=2)[0])(keys)
+    assert set(np.unique(np.asarray(top2)).tolist()) == {0, 3}
+
+
+def test_greedy_is_argmax():
+    logits = jax.random.normal(jax.random.PRNGKey(1), (6, 50))
+    np.testing.assert_array_equal(sample_token(logits, jax.random.PRNGKey(0), True), np.argmax(logits, -1))
