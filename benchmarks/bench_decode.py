@@ -25,8 +25,14 @@ from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import causal_metadata
 from parse_jax.models.model import Model, decoder_fn, init_params
 
-CONFIG_20M = ModelConfig(architecture="llama", vocab_size=8192, hidden_size=512, intermediate_size=1024,
-                         num_layers=6, num_heads=8, num_kv_heads=4, head_dim=64, max_position_embeddings=4096)
+CONFIGS = {
+    # The issue's ~20M-parameter config: per-step cost is bound by reading the weights.
+    "20m": ModelConfig(architecture="llama", vocab_size=8192, hidden_size=512, intermediate_size=1024,
+                       num_layers=6, num_heads=8, num_kv_heads=4, head_dim=64, max_position_embeddings=4096),
+    # The size class of the embedded draft: per-step cost is small enough for dispatch overhead to show.
+    "1m": ModelConfig(architecture="llama", vocab_size=512, hidden_size=128, intermediate_size=384,
+                      num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32, max_position_embeddings=4096),
+}
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -84,17 +90,21 @@ def block_cost(model: Model, t: int, context: int, repeats: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results/decode.json")
+    ap.add_argument("--size", choices=sorted(CONFIGS), default="20m")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/decode_SIZE.json")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=128)
     args = ap.parse_args()
-    model = Model(CONFIG_20M, init_params(CONFIG_20M, 0))
+    config = CONFIGS[args.size]
+    out = Path(args.out or f"benchmarks/results/decode_{args.size}.json")
+    model = Model(config, init_params(config, 0))
     rng = np.random.default_rng(0)
     rows = {}
     for batch in (1, 8):
-        prompt = rng.integers(0, CONFIG_20M.vocab_size, (batch, 32)).astype(np.int32)
+        prompt = rng.integers(0, config.vocab_size, (batch, 32)).astype(np.int32)
         # min_new == max_new and no EOS in a random config's ids: every row makes exactly new_tokens.
-        jitted = median_seconds(lambda: generate(model, list(prompt), max_new_tokens=args.new_tokens), args.repeats)
+        rows_in = list(prompt)
+        jitted = median_seconds(lambda r=rows_in: generate(model, r, max_new_tokens=args.new_tokens), args.repeats)
         python = median_seconds(python_loop_decode(model, prompt, args.new_tokens), args.repeats)
         a = generate(model, list(prompt), max_new_tokens=args.new_tokens).tokens
         b = python_loop_decode(model, prompt, args.new_tokens)().tolist()
@@ -109,7 +119,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {
         "command": "python " + " ".join(sys.argv),
-        "config": CONFIG_20M.to_dict(), "params_millions": CONFIG_20M.num_params / 1e6,
+        "config": config.to_dict(), "params_millions": config.num_params / 1e6,
         "new_tokens": args.new_tokens, "prompt_tokens": 32, "repeats": args.repeats,
         "decode": rows,
         "block_forward_ms": {t: s * 1e3 for t, s in block.items()},
@@ -118,10 +128,9 @@ def main() -> None:
         "git_commit": commit, "jax": jax.__version__, "device": str(jax.devices()[0]),
         "machine": f"{platform.machine()} {platform.processor()} cores={__import__('os').cpu_count()}",
     }
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    md = [f"# Target-only decoding, {CONFIG_20M.num_params / 1e6:.1f}M-param random llama config\n",
+    md = [f"# Target-only decoding, {config.num_params / 1e6:.2f}M-param random llama config\n",
           f"Command: `{result['command']}` (median of {args.repeats}; commit {commit[:10]})\n",
           "| batch | jitted loop tok/s | Python loop tok/s | jitted / Python |", "|---|---|---|---|"]
     for bsz, r in rows.items():

@@ -1,7 +1,10 @@
 """parse-jax: PARSE parallel prefix verification for speculative generation, in JAX/Flax."""
 
+from parse_jax.decode import GenerateResult, generate
 from parse_jax.errors import CheckpointError, ConfigError, InputError, ParseJaxError
+from parse_jax.models.checkpoint import load_model, save_model
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model
 
-__all__ = ["CheckpointError", "ConfigError", "InputError", "Model", "ModelConfig", "ParseJaxError"]
+__all__ = ["CheckpointError", "ConfigError", "GenerateResult", "InputError", "Model", "ModelConfig",
+           "ParseJaxError", "generate", "load_model", "save_model"]

@@ -72,7 +72,7 @@ def _is_eos(token: jax.Array, eos_ids: jax.Array) -> jax.Array:
     return jnp.any(token[:, None] == eos_ids[None, :], axis=-1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _generate_program(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: int, greedy: bool,
                       top_k: int):
     module = Decoder(cfg, attention_impl)

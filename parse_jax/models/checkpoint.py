@@ -32,9 +32,34 @@ CONFIG_FILE = "parse_jax_config.json"
 PARAMS_DIR = "params"
 
 
+def _checkpointer() -> ocp.Checkpointer:
+    return ocp.Checkpointer(ocp.StandardCheckpointHandler())
+
+
+def check_params(params: Any, cfg: ModelConfig) -> None:
+    """Params must be exactly the tree `cfg` implies (names, shapes, dtypes), so every saved checkpoint loads."""
+    expected = expected_params(cfg)
+    try:
+        flat = {tuple(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+    except AttributeError:
+        raise CheckpointError("params must be a nested dict of arrays") from None
+    problems = [f"missing {'/'.join(p)}" for p in expected if p not in flat]
+    problems += [f"unexpected {'/'.join(p)}" for p in flat if p not in expected]
+    for p, leaf in flat.items():
+        if p in expected:
+            want = expected[p]
+            got = (tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", type(leaf).__name__))
+            if got != (want.shape, want.dtype):
+                problems.append(f"{'/'.join(p)}: expected {want.dtype}{list(want.shape)}, got {got[1]}{list(got[0])}")
+    if problems:
+        raise CheckpointError(f"params do not match the model config ({cfg.architecture}, dtype {cfg.dtype}): "
+                              + "; ".join(problems))
+
+
 def save_model(model: Model, path: str | Path, overwrite: bool = False) -> Path:
     """Write `model` as a parse-jax checkpoint at `path`; an existing path is an error unless `overwrite`."""
     path = Path(path).absolute()
+    check_params(model.params, model.config)
     if path.exists() and not overwrite:
         raise CheckpointError(f"{path} already exists; pass overwrite=True to replace it")
     if path.exists() and not path.is_dir():
@@ -46,9 +71,8 @@ def save_model(model: Model, path: str | Path, overwrite: bool = False) -> Path:
         (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
         if model.tokenizer is not None:
             model.tokenizer.save(tmp)
-        with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(tmp / PARAMS_DIR, model.params)
-            checkpointer.wait_until_finished()
+        with _checkpointer() as checkpointer:  # synchronous: nothing still writes once it returns
+            checkpointer.save(tmp / PARAMS_DIR, args=ocp.args.StandardSave(model.params))
         if path.exists():  # overwrite: move the old one aside first, so some complete copy always exists
             old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
             path.rename(old)
@@ -76,9 +100,9 @@ def _restore_params(folder: Path, cfg: ModelConfig) -> dict[str, Any]:
     if not params_dir.is_dir():
         raise CheckpointError(f"parse-jax checkpoint {folder} has no {PARAMS_DIR}/ folder")
     try:
-        with ocp.StandardCheckpointer() as checkpointer:
-            return checkpointer.restore(params_dir, target)
-    except (ValueError, FileNotFoundError, OSError, KeyError) as e:
+        with _checkpointer() as checkpointer:
+            return checkpointer.restore(params_dir, args=ocp.args.StandardRestore(target))
+    except Exception as e:  # Orbax/TensorStore raise many types (some bare Exception) for damaged data
         raise CheckpointError(f"cannot restore params from {params_dir} for config in {CONFIG_FILE}: {e}") from None
 
 

@@ -15,7 +15,7 @@ from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def decoder_fn(cfg: ModelConfig, attention_impl: str = "xla", return_hidden: bool = False):
     """Jitted `(params, tokens, positions, cache, limit, group) -> (logits, cache, hiddens)`; cache donated."""
     module = Decoder(cfg, attention_impl)
