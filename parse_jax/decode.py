@@ -137,6 +137,8 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
             if model.tokenizer is None:
                 raise InputError("text prompts need a tokenizer; this model has none (pass token ids)")
             ids = model.tokenizer.encode(p)
+            if not ids:
+                raise InputError(f"prompt {i} is empty (no tokens)")
             bos = getattr(model.tokenizer, "bos_id", None)
             if add_bos and bos is not None and (not ids or ids[0] != bos):
                 ids = [bos] + ids
@@ -153,8 +155,12 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
 
 def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             max_cache_len: int | None = None, add_bos: bool = True) -> GenerateResult:
-    """Generate with the model alone, a batch of prompts of any lengths, per-row EOS and budget."""
+             max_cache_len: int | None = None, add_bos: bool = True,
+             eos_ids: Sequence[int] | None = None) -> GenerateResult:
+    """Generate with the model alone, a batch of prompts of any lengths, per-row EOS and budget.
+
+    `eos_ids` overrides the stop tokens (default: the config's and the tokenizer's EOS; [] = none).
+    """
     sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
     if int(max_new_tokens) < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -177,8 +183,10 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_to
         prompt[i, : len(x)] = x
         lens[i] = len(x)
         max_new[i] = max_new_tokens
-    eos = np.array(sorted({*cfg.eos_token_ids, *([model.tokenizer.eos_id] if getattr(
-        model.tokenizer, "eos_id", None) is not None else [])}) or [-1], np.int32)
+    if eos_ids is None:
+        tok_eos = getattr(model.tokenizer, "eos_id", None)
+        eos_ids = [*cfg.eos_token_ids, *([tok_eos] if tok_eos is not None else [])]
+    eos = np.array(sorted(set(eos_ids)) or [-1], np.int32)
     program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.greedy, sampling.top_k)
     t0 = time.perf_counter()
     tokens, num_new, steps = program(model.params, prompt, lens, max_new, eos,

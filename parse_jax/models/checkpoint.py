@@ -36,21 +36,27 @@ def _checkpointer() -> ocp.Checkpointer:
     return ocp.Checkpointer(ocp.StandardCheckpointHandler())
 
 
-def check_params(params: Any, cfg: ModelConfig) -> None:
-    """Params must be exactly the tree `cfg` implies (names, shapes, dtypes), so every saved checkpoint loads."""
+def _mismatches(found: Any, cfg: ModelConfig) -> list[str]:
+    """Differences between a tree of arrays (or array metadata) and the param tree `cfg` implies."""
     expected = expected_params(cfg)
     try:
-        flat = {tuple(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+        flat = {tuple(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(found)[0]}
     except AttributeError:
-        raise CheckpointError("params must be a nested dict of arrays") from None
+        return ["params must be a nested dict of arrays"]
     problems = [f"missing {'/'.join(p)}" for p in expected if p not in flat]
     problems += [f"unexpected {'/'.join(p)}" for p in flat if p not in expected]
     for p, leaf in flat.items():
         if p in expected:
             want = expected[p]
-            got = (tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", type(leaf).__name__))
-            if got != (want.shape, want.dtype):
-                problems.append(f"{'/'.join(p)}: expected {want.dtype}{list(want.shape)}, got {got[1]}{list(got[0])}")
+            shape, dtype = tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", type(leaf).__name__)
+            if (shape, dtype) != (want.shape, want.dtype):
+                problems.append(f"{'/'.join(p)}: expected {want.dtype}{list(want.shape)}, got {dtype}{list(shape)}")
+    return problems
+
+
+def check_params(params: Any, cfg: ModelConfig) -> None:
+    """Params must be exactly the tree `cfg` implies (names, shapes, dtypes), so every saved checkpoint loads."""
+    problems = _mismatches(params, cfg)
     if problems:
         raise CheckpointError(f"params do not match the model config ({cfg.architecture}, dtype {cfg.dtype}): "
                               + "; ".join(problems))
@@ -87,8 +93,11 @@ def save_model(model: Model, path: str | Path, overwrite: bool = False) -> Path:
 
 
 def _restore_params(folder: Path, cfg: ModelConfig) -> dict[str, Any]:
-    """Restore with the shapes/dtypes `cfg` implies, so the tree, shapes and dtypes are checked by Orbax
-    and bfloat16 stays bfloat16."""
+    """Check the stored tree against `cfg` from Orbax's metadata first (one clear message, and no failing
+    reads left in flight), then restore with the config's shapes/dtypes so bfloat16 stays bfloat16."""
+    params_dir = folder / PARAMS_DIR
+    if not params_dir.is_dir():
+        raise CheckpointError(f"parse-jax checkpoint {folder} has no {PARAMS_DIR}/ folder")
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target: dict[str, Any] = {}
     for path, leaf in expected_params(cfg).items():
@@ -96,14 +105,21 @@ def _restore_params(folder: Path, cfg: ModelConfig) -> dict[str, Any]:
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
-    params_dir = folder / PARAMS_DIR
-    if not params_dir.is_dir():
-        raise CheckpointError(f"parse-jax checkpoint {folder} has no {PARAMS_DIR}/ folder")
+    where = f"params in {params_dir} for the config in {CONFIG_FILE}"
     try:
         with _checkpointer() as checkpointer:
+            stored = checkpointer.metadata(params_dir).item_metadata
+            if stored is None:
+                raise CheckpointError(f"{params_dir} holds no readable Orbax metadata (damaged or incomplete)")
+            problems = _mismatches(getattr(stored, "tree", stored), cfg)
+            if problems:
+                raise CheckpointError(f"{where} do not match it ({cfg.architecture}, dtype {cfg.dtype}): "
+                                      + "; ".join(problems))
             return checkpointer.restore(params_dir, args=ocp.args.StandardRestore(target))
+    except CheckpointError:
+        raise
     except Exception as e:  # Orbax/TensorStore raise many types (some bare Exception) for damaged data
-        raise CheckpointError(f"cannot restore params from {params_dir} for config in {CONFIG_FILE}: {e}") from None
+        raise CheckpointError(f"cannot restore {where}: {e}") from None
 
 
 def _load_orbax(folder: Path, dtype: str | None, check_finite: bool, attention_impl: str) -> Model:

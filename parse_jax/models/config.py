@@ -69,7 +69,8 @@ class ModelConfig:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h
-        per_layer = attn + 3 * h * i + 2 * h
+        attn += (q + 2 * kv) * self.qkv_bias + h * self.o_bias + 2 * self.head_dim * self.qk_norm
+        per_layer = attn + 3 * h * i + (2 * i + h) * self.mlp_bias + 2 * h
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
@@ -133,8 +134,9 @@ def config_from_hf(d: dict[str, Any], dtype: str | None = None) -> ModelConfig:
         raise ConfigError(
             f"unknown architecture (model_type={model_type!r}, architectures={d.get('architectures')!r}); "
             f"supported model types: {', '.join(_MODEL_TYPES)}")
-    if arch == "qwen2" and d.get("use_sliding_window"):
-        raise ConfigError("Qwen2 sliding-window attention (use_sliding_window=true) is not supported")
+    if d.get("use_sliding_window") or "sliding_attention" in (d.get("layer_types") or []):
+        raise ConfigError("sliding-window attention (use_sliding_window / layer_types sliding_attention) "
+                          "is not supported")
     try:
         hidden = int(d["hidden_size"])
         heads = int(d["num_attention_heads"])

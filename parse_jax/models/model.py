@@ -32,7 +32,8 @@ def init_params(cfg: ModelConfig, seed: int = 0) -> dict[str, Any]:
     tokens = jnp.zeros((1, 1), jnp.int32)
     cache = KVCache.init(cfg, 1, 1)
     limit, group = causal_metadata(1, 1)
-    return module.init(jax.random.PRNGKey(seed), tokens, tokens, cache, limit, group)["params"]
+    init = jax.jit(lambda key: module.init(key, tokens, tokens, cache, limit, group)["params"])
+    return init(jax.random.PRNGKey(seed))
 
 
 class Model:
