@@ -15,23 +15,25 @@ from parse_jax.models.config import ModelConfig
 
 @struct.dataclass
 class KVCache:
-    k: jax.Array        # [layers, B, S, kv_heads, head_dim]
-    v: jax.Array        # [layers, B, S, kv_heads, head_dim]
-    lengths: jax.Array  # [B] int32: slots below this are committed context
+    k: tuple[jax.Array, ...]  # per layer [B, S, kv_heads, head_dim]; a tuple so each layer updates in place
+    v: tuple[jax.Array, ...]
+    lengths: jax.Array        # [B] int32: slots below this are committed context
 
     @classmethod
     def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
         dtype = dtype or jnp.dtype(cfg.dtype)
-        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32))
+        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        layers = range(cfg.num_layers)
+        return cls(k=tuple(jnp.zeros(shape, dtype) for _ in layers), v=tuple(jnp.zeros(shape, dtype) for _ in layers),
+                   lengths=jnp.zeros((batch,), jnp.int32))
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k[0].shape[1]
 
     @property
     def batch(self) -> int:
-        return self.k.shape[1]
+        return self.k[0].shape[0]
 
     def commit(self, n: jax.Array | int) -> KVCache:
         """Keep the first `n` (per row, or scalar) tokens of the block last written."""

@@ -107,7 +107,7 @@ def _rope_from_hf(d: dict[str, Any]) -> tuple[float, str, tuple[float, ...]]:
     params = d.get("rope_parameters") or {}
     scaling = d.get("rope_scaling") or {}
     merged = {**params, **scaling}
-    theta = float(merged.get("rope_theta", d.get("rope_theta", 10000.0)))
+    theta = _number({**d, **merged}, "rope_theta", float, 10000.0)
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
     if kind == "default":
         return theta, "default", ()
@@ -121,6 +121,18 @@ def _rope_from_hf(d: dict[str, Any]) -> tuple[float, str, tuple[float, ...]]:
     if kind == "linear":
         return theta, "linear", (float(merged["factor"]),)
     raise ConfigError(f"unsupported rope scaling type {kind!r}; supported: {', '.join(ROPE_TYPES)}")
+
+
+def _number(d: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    """d[key] as int/float, or a ConfigError naming the field."""
+    value = d.get(key)
+    value = default if value is None else value
+    if value is None:
+        raise ConfigError(f"config.json is missing required field {key!r}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"config.json field {key!r} must be a number, got {value!r}") from None
 
 
 def config_from_hf(d: dict[str, Any], dtype: str | None = None) -> ModelConfig:
@@ -137,43 +149,40 @@ def config_from_hf(d: dict[str, Any], dtype: str | None = None) -> ModelConfig:
     if d.get("use_sliding_window") or "sliding_attention" in (d.get("layer_types") or []):
         raise ConfigError("sliding-window attention (use_sliding_window / layer_types sliding_attention) "
                           "is not supported")
+    hidden = _number(d, "hidden_size", int)
+    heads = _number(d, "num_attention_heads", int)
+    theta, rope_type, rope_scaling = _rope_from_hf(d)
+    eos = d.get("eos_token_id")
     try:
-        hidden = int(d["hidden_size"])
-        heads = int(d["num_attention_heads"])
-        theta, rope_type, rope_scaling = _rope_from_hf(d)
-        eos = d.get("eos_token_id")
         eos_ids = tuple(int(x) for x in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
-        head_dim = d.get("head_dim") or hidden // heads
-        if dtype is None:
-            dtype = {"bfloat16": "bfloat16"}.get(str(d.get("torch_dtype", d.get("dtype", "float32"))), "float32")
-        attention_bias = bool(d.get("attention_bias", False))
-        return ModelConfig(
-            architecture=arch,
-            vocab_size=int(d["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(d["intermediate_size"]),
-            num_layers=int(d["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=theta,
-            rope_type=rope_type,
-            rope_scaling=rope_scaling,
-            qkv_bias=True if arch == "qwen2" else attention_bias,
-            o_bias=False if arch == "qwen2" else attention_bias,
-            mlp_bias=bool(d.get("mlp_bias", False)),
-            qk_norm=arch == "qwen3",
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-            dtype=dtype,
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-        )
-    except KeyError as e:
-        raise ConfigError(f"config.json is missing required field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"config.json has an invalid value: {e}") from None
+    except (TypeError, ValueError):
+        raise ConfigError(f"config.json field 'eos_token_id' must be an id or a list of ids, got {eos!r}") from None
+    if dtype is None:
+        dtype = {"bfloat16": "bfloat16"}.get(str(d.get("torch_dtype", d.get("dtype", "float32"))), "float32")
+    attention_bias = bool(d.get("attention_bias", False))
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=_number(d, "vocab_size", int),
+        hidden_size=hidden,
+        intermediate_size=_number(d, "intermediate_size", int),
+        num_layers=_number(d, "num_hidden_layers", int),
+        num_heads=heads,
+        num_kv_heads=_number(d, "num_key_value_heads", int, heads),
+        head_dim=_number(d, "head_dim", int, hidden // heads if heads else None),
+        rms_norm_eps=_number(d, "rms_norm_eps", float, 1e-6),
+        rope_theta=theta,
+        rope_type=rope_type,
+        rope_scaling=rope_scaling,
+        qkv_bias=True if arch == "qwen2" else attention_bias,
+        o_bias=False if arch == "qwen2" else attention_bias,
+        mlp_bias=bool(d.get("mlp_bias", False)),
+        qk_norm=arch == "qwen3",
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        max_position_embeddings=_number(d, "max_position_embeddings", int, 4096),
+        dtype=dtype,
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+    )
 
 
 def read_hf_config(path: str | Path, dtype: str | None = None) -> ModelConfig:

@@ -128,7 +128,7 @@ class Decoder(nn.Module):
             logits = embed.attend(x)
         else:
             logits = _dense(cfg.vocab_size, False, dtype, "lm_head")(x)
-        cache = cache.replace(k=jnp.stack(ks), v=jnp.stack(vs))
+        cache = cache.replace(k=tuple(ks), v=tuple(vs))
         return logits.astype(jnp.float32), cache, tuple(hiddens)
 
 
