@@ -1,11 +1,11 @@
-"""`parse-jax` command line: generate, convert."""
+"""`parse-jax` command line: generate, convert, train."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from parse_jax.errors import ParseJaxError
+from parse_jax.errors import ConfigError, ParseJaxError
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -33,6 +33,18 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from parse_jax.train.pipeline import run_recipe
+    from parse_jax.train.recipe import load_recipe
+
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    recipe = load_recipe(args.recipe)
+    res = run_recipe(recipe, out=args.out, mode=args.mode, steps=args.steps, progress=not args.no_progress)
+    print(f"wrote {res['draft']} and {res['target']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parse-jax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -57,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     c.add_argument("--overwrite", action="store_true")
     c.set_defaults(func=_convert)
+
+    t = sub.add_parser("train", help="train a draft/target pair from a recipe in configs/ (resumable)")
+    t.add_argument("--recipe", required=True, help="recipe name (configs/NAME.yaml) or path to a YAML file")
+    t.add_argument("--out", default=None, help="output folder (default: the recipe's `out`)")
+    m = t.add_mutually_exclusive_group()
+    m.add_argument("--resume", dest="mode", action="store_const", const="resume",
+                   help="require checkpoints in --out and continue from them")
+    m.add_argument("--fresh", dest="mode", action="store_const", const="fresh",
+                   help="delete the checkpoints in --out and start over")
+    t.set_defaults(mode="auto")
+    t.add_argument("--steps", type=int, default=None, help="override both phases' step counts (quick runs)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=_train)
     return parser
 
 

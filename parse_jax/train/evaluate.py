@@ -1,0 +1,129 @@
+"""Quality measures of a trained pair: greedy accuracy, judge AUROC, one-token decode step cost."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from parse_jax.decode import generate
+from parse_jax.tasks import Task
+from parse_jax.train.data import Encoder, JudgeExample, prefixes
+
+
+def solve_many(model, task: Task, prompts: Sequence[str], max_new_tokens: int = 24, temperature: float = 0.0,
+               seed: int = 0, batch: int = 256) -> list[str]:
+    enc = Encoder(model.tokenizer, task)
+    out: list[str] = []
+    for i in range(0, len(prompts), batch):
+        ids = [enc.prompt_ids(p) for p in prompts[i: i + batch]]
+        res = generate(model, ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
+        out += res.texts
+    return out
+
+
+def accuracy(model, task: Task, n: int = 1000, seed: int = 0, max_new_tokens: int = 24) -> tuple[float, list]:
+    probs = task.problems(n, seed)
+    prompts = [p for p, _ in probs]
+    texts = solve_many(model, task, prompts, max_new_tokens)
+    ok = [task.grade(p, t) for p, t in zip(prompts, texts)]
+    return float(np.mean(ok)), list(zip(prompts, texts))
+
+
+def judge_scores(model, task: Task, examples: Sequence[JudgeExample], batch: int = 256) -> np.ndarray:
+    """p(Correct) / (p(Correct) + p(Incorrect)) after each verification prompt."""
+    enc = Encoder(model.tokenizer, task)
+    yes, no = enc.judge_ids[True], enc.judge_ids[False]
+    out = []
+    for i in range(0, len(examples), batch):
+        rows = [enc.judge_row(e)[:-1] for e in examples[i: i + batch]]
+        width = max(len(r) for r in rows)
+        width = 1 << (width - 1).bit_length()
+        ids = np.zeros((batch, width), np.int32)
+        for j, r in enumerate(rows):
+            ids[j, : len(r)] = r
+        logits = model.logits(ids)
+        last = logits[np.arange(len(rows)), [len(r) - 1 for r in rows]]
+        out.append(1.0 / (1.0 + np.exp(last[:, no] - last[:, yes])))
+    return np.concatenate(out)
+
+
+def auroc(scores: np.ndarray, positive: np.ndarray) -> float:
+    """Area under the ROC curve of `scores` for the boolean labels `positive` (ties count half)."""
+    scores, positive = np.asarray(scores, np.float64), np.asarray(positive, bool)
+    pos, neg = scores[positive], scores[~positive]
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    order = np.argsort(np.concatenate([pos, neg]), kind="mergesort")
+    ranks = np.empty(len(order))
+    allv = np.concatenate([pos, neg])[order]
+    # average ranks for ties
+    i = 0
+    while i < len(allv):
+        j = i
+        while j + 1 < len(allv) and allv[j + 1] == allv[i]:
+            j += 1
+        ranks[order[i: j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+
+
+def heldout_prefixes(task: Task, draft_outputs: Sequence[tuple[str, str]], n_synthetic: int = 1000,
+                     seed: int = 1) -> tuple[list[JudgeExample], list[str]]:
+    """Held-out prefixes: every prefix of the draft's outputs on test problems, plus synthetic corruptions and
+    clean solutions (random order) of other test problems. Returns (examples, source per example)."""
+    import random
+
+    exs, src = [], []
+    for p, t in draft_outputs:
+        for e in prefixes(task, p, t):
+            exs.append(e)
+            src.append("draft")
+    rng = random.Random(seed)
+    for i, (p, _) in enumerate(task.problems(n_synthetic, seed + 100)):
+        sol = task.solve(p, rng)
+        if i % 2:
+            sol, _ = task.corrupt(p, sol, rng)
+        for e in prefixes(task, p, sol):
+            exs.append(e)
+            src.append("synthetic")
+    return exs, src
+
+
+def judge_auroc(target, task: Task, draft_outputs, n_synthetic: int = 1000) -> dict[str, float]:
+    """AUROC of 1 - score for 'this prefix contains an error', overall and per source."""
+    exs, src = heldout_prefixes(task, draft_outputs, n_synthetic)
+    scores = judge_scores(target, task, exs)
+    err = np.array([not e.correct for e in exs])
+    src = np.array(src)
+    out = {"auroc": auroc(1 - scores, err), "n_prefixes": len(exs), "error_rate": float(err.mean())}
+    for s in ("draft", "synthetic"):
+        m = src == s
+        out[f"auroc_{s}"] = auroc(1 - scores[m], err[m])
+        out[f"n_{s}"] = int(m.sum())
+    return out
+
+
+def step_seconds(model, batch: int = 1, short: int = 32, long: int = 160, repeats: int = 5) -> float:
+    """Seconds per one-token decode step inside the jitted while loop (EOS disabled): the difference between a
+    long and a short generation, divided by the extra steps (cancels prefill and dispatch). Median of repeats."""
+    bos = model.tokenizer.bos_id if model.tokenizer is not None else 1
+    prompts = [[bos, 5 + i % 10] for i in range(batch)]
+    vals = []
+    for n in (short, long):  # compile both
+        generate(model, prompts, max_new_tokens=n, eos_ids=[])
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        generate(model, prompts, max_new_tokens=short, eos_ids=[])
+        t1 = time.perf_counter()
+        generate(model, prompts, max_new_tokens=long, eos_ids=[])
+        t2 = time.perf_counter()
+        vals.append(((t2 - t1) - (t1 - t0)) / (long - short))
+    return float(np.median(vals))
+
+
+def token_diff_fraction(task: Task, draft_outputs, target_outputs) -> float:
+    """Among problems the draft solves correctly: the share where its text differs from the target's."""
+    d = [(p, a, b) for (p, a), (_, b) in zip(draft_outputs, target_outputs) if task.grade(p, a)]
+    return float(np.mean([a.strip() != b.strip() for _, a, b in d])) if d else float("nan")

@@ -1,0 +1,160 @@
+"""A recipe end to end: train the draft, sample its outputs on train problems, train the target (LM + judge).
+
+Layout of the output folder::
+
+    draft_run/   checkpoints + run.json of the draft phase       draft/    the final draft (pj.load_model)
+    draft_samples.json  the draft's sampled outputs (judge data)
+    target_run/  checkpoints + run.json of the target phase      target/   the final target
+
+Every phase resumes: a finished phase is restored from its last checkpoint and not trained again; the samples
+file is reused when its fingerprint matches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from parse_jax.errors import CheckpointError
+from parse_jax.models.checkpoint import save_model
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.model import Model
+from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.tasks import Task, load_task
+from parse_jax.train.data import BatchStream, Encoder, JudgePool
+from parse_jax.train.recipe import ModelSpec, Recipe
+from parse_jax.train.trainer import train_phase
+
+TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tokenizer"
+SAMPLES_FILE = "draft_samples.json"
+
+
+def load_tokenizer() -> Tokenizer:
+    return Tokenizer.from_folder(TOKENIZER_DIR)
+
+
+def model_config(spec: ModelSpec, tokenizer: Tokenizer) -> ModelConfig:
+    return ModelConfig(
+        architecture="llama", vocab_size=tokenizer.vocab_size, hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads, head_dim=spec.hidden_size // spec.num_heads,
+        tie_word_embeddings=spec.tie_word_embeddings, max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=tokenizer.bos_id, eos_token_ids=(tokenizer.eos_id,))
+
+
+def with_steps(recipe: Recipe, steps: int | None) -> Recipe:
+    """`--steps N`: both phases run N steps (warmup and checkpoint interval shrink to fit)."""
+    if steps is None:
+        return recipe
+
+    def fit(p):
+        return dataclasses.replace(p, steps=steps, warmup_steps=min(p.warmup_steps, steps // 10),
+                                   checkpoint_every=min(p.checkpoint_every, steps))
+
+    return dataclasses.replace(recipe, draft=fit(recipe.draft), target=fit(recipe.target))
+
+
+def _log(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def sample_draft(draft: Model, task: Task, n: int, temperature: float, batch: int, seed: int,
+                 max_new_tokens: int = 24) -> list[tuple[str, str]]:
+    """The draft's outputs (sampled) on `n` train problems."""
+    from parse_jax.train.evaluate import solve_many
+
+    rng = random.Random(f"samples:{seed}")
+    prompts = [task.sample(rng, "train") for _ in range(n)]
+    texts = solve_many(draft, task, prompts, max_new_tokens, temperature=temperature, seed=seed, batch=batch)
+    return list(zip(prompts, texts))
+
+
+def _samples(out: Path, draft: Model, task: Task, recipe: Recipe, fingerprint: dict[str, Any], fresh: bool,
+             quiet: bool) -> list[tuple[str, str]]:
+    path = out / SAMPLES_FILE
+    if path.is_file() and not fresh:
+        try:
+            d = json.loads(path.read_text())
+            if d["fingerprint"] == fingerprint:
+                _log(f"reusing {len(d['samples'])} draft samples from {path}", quiet)
+                return [tuple(x) for x in d["samples"]]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+            pass  # damaged or stale: sample again
+    j = recipe.judge
+    t0 = time.perf_counter()
+    samples = sample_draft(draft, task, j.draft_samples, j.draft_temperature, j.sample_batch, recipe.target.seed)
+    ok = sum(task.grade(p, t) for p, t in samples) / max(len(samples), 1)
+    _log(f"sampled {len(samples)} draft outputs in {time.perf_counter() - t0:.1f}s "
+         f"(T={j.draft_temperature}, final answers right: {ok:.1%})", quiet)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"fingerprint": fingerprint, "samples": samples}))
+    os.replace(tmp, path)
+    return samples
+
+
+def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto", steps: int | None = None,
+               quiet: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Train the pair of `recipe` into `out` (default: the recipe's); returns paths and timings."""
+    recipe = with_steps(recipe, steps)
+    out = Path(out if out is not None else recipe.out)
+    if mode == "fresh":
+        for name in ("draft_run", "target_run", SAMPLES_FILE):
+            p = out / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+    elif mode == "resume" and not (out / "draft_run").is_dir():
+        raise CheckpointError(f"nothing to resume in {out} (no draft_run/ folder)")
+    out.mkdir(parents=True, exist_ok=True)
+    task = load_task(recipe.task)
+    tok = load_tokenizer()
+    enc = Encoder(tok, task)
+    timings: dict[str, float] = {}
+    data_fp = {"task": recipe.task, "seq_len": recipe.seq_len}
+
+    t0 = time.perf_counter()
+    dcfg = model_config(recipe.draft_model, tok)
+    _log(f"draft: {dcfg.num_params / 1e6:.3f}M params, {recipe.draft.steps} steps", quiet)
+    dstream = BatchStream(task, enc, recipe.seq_len, recipe.draft.batch_size, recipe.draft.seed)
+    dparams, _ = train_phase("draft", dcfg, recipe.draft, dstream.batch, out / "draft_run", data_fp,
+                             mode="resume" if mode == "resume" else "auto", progress=progress)
+    draft = Model(dcfg, dparams, tok)
+    save_model(draft, out / "draft", overwrite=True)
+    timings["draft_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    sfp = {"draft": json.loads(json.dumps({**data_fp, "model": dcfg.to_dict(),
+                                           "spec": dataclasses.asdict(recipe.draft)})),
+           "judge": dataclasses.asdict(recipe.judge), "seed": recipe.target.seed}
+    samples = (_samples(out, draft, task, recipe, sfp, mode == "fresh", quiet)
+               if recipe.judge.fraction > 0 and recipe.judge.real_fraction > 0 else [])
+    timings["sample_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    tcfg = model_config(recipe.target_model, tok)
+    _log(f"target: {tcfg.num_params / 1e6:.3f}M params, {recipe.target.steps} steps", quiet)
+    pool = JudgePool(task, samples, recipe.seq_len + 1, enc) if samples else None
+    if pool is not None:
+        _log(f"judge pool from draft outputs: {len(pool.good)} clean / {len(pool.bad)} erroneous prefixes", quiet)
+    tstream = BatchStream(task, enc, recipe.seq_len, recipe.target.batch_size, recipe.target.seed,
+                          judge_fraction=recipe.judge.fraction,
+                          real_fraction=recipe.judge.real_fraction if pool is not None else 0.0, pool=pool)
+    tfp = {**data_fp, "samples": sfp, "judge": dataclasses.asdict(recipe.judge)}
+    tparams, _ = train_phase("target", tcfg, recipe.target, tstream.batch, out / "target_run", tfp,
+                             judge_weight=recipe.judge.weight, mode="resume" if mode == "resume" else "auto",
+                             progress=progress)
+    target = Model(tcfg, tparams, tok)
+    save_model(target, out / "target", overwrite=True)
+    timings["target_s"] = time.perf_counter() - t0
+    _log(f"wrote {out / 'draft'} and {out / 'target'} ({', '.join(f'{k} {v:.0f}' for k, v in timings.items())})",
+         quiet)
+    return {"draft": out / "draft", "target": out / "target", "timings": timings, "draft_model": draft,
+            "target_model": target}

@@ -1,0 +1,195 @@
+"""One optimisation phase: AdamW + warmup/cosine + clipping, a jitted donated train step, Orbax checkpoints with
+resume, and a tqdm bar with loss and tokens/s.
+
+Checkpoints live in ``<dir>/ckpt/<step>/`` (Orbax `CheckpointManager`: written into a temporary folder and renamed
+when complete, so a kill never leaves a half checkpoint under a step name; the last `keep_checkpoints` are kept).
+Each holds the params, the optimizer state, and JSON metadata: step, the data stream's RNG state (its seed and
+the step, since batch `step` depends only on them) and the run's fingerprint. ``<dir>/run.json`` holds the
+fingerprint too; resuming under a different fingerprint (another model shape, recipe or step count) is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from tqdm.auto import tqdm
+
+from parse_jax.errors import CheckpointError
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.models.model import init_params
+from parse_jax.train.recipe import PhaseSpec
+
+RUN_FILE = "run.json"
+CKPT_DIR = "ckpt"
+
+
+def make_optimizer(spec: PhaseSpec) -> optax.GradientTransformation:
+    warmup = min(spec.warmup_steps, max(spec.steps - 1, 0))
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=spec.lr, warmup_steps=warmup, decay_steps=max(spec.steps, warmup + 1),
+        end_value=spec.lr * spec.final_lr_ratio)
+    return optax.chain(optax.clip_by_global_norm(spec.grad_clip),
+                       optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=spec.weight_decay))
+
+
+def loss_fn(params, cfg: ModelConfig, batch: dict[str, jax.Array], judge_weight: float):
+    """Mean cross-entropy over LM-masked targets + judge_weight * mean over judge-masked targets."""
+    tokens = batch["tokens"]
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    b, t = inputs.shape
+    limit, group = causal_metadata(b, t)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits, _, _ = Decoder(cfg).apply({"params": params}, inputs, positions, KVCache.init(cfg, b, t), limit, group)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    lm_n = jnp.maximum(batch["lm_mask"].sum(), 1.0)
+    judge_n = jnp.maximum(batch["judge_mask"].sum(), 1.0)
+    lm = (ce * batch["lm_mask"]).sum() / lm_n
+    judge = (ce * batch["judge_mask"]).sum() / judge_n
+    return lm + judge_weight * judge, (lm, judge)
+
+
+def make_train_step(cfg: ModelConfig, opt: optax.GradientTransformation, judge_weight: float):
+    def step(params, opt_state, batch):
+        (loss, (lm, judge)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, cfg, batch, judge_weight)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": loss, "lm": lm, "judge": judge, "grad_norm": optax.global_norm(grads)}
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def _manager(folder: Path, keep: int) -> ocp.CheckpointManager:
+    opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
+    return ocp.CheckpointManager(folder.absolute() / CKPT_DIR, options=opts, item_names=("state", "meta"))
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [f"{prefix.rstrip('.')}: checkpoint has {b!r}, this run has {a!r}"]
+
+
+def check_fingerprint(folder: Path, fingerprint: dict[str, Any]) -> None:
+    """Refuse to resume a run folder written under another config."""
+    run_file = folder / RUN_FILE
+    try:
+        stored = json.loads(run_file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder} has checkpoints but no {RUN_FILE}: not a parse-jax training run") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{run_file} is corrupt: {e}") from None
+    diffs = _diff(fingerprint, stored)
+    if diffs:
+        raise CheckpointError(f"cannot resume {folder}: its checkpoints come from another config ("
+                              + "; ".join(diffs[:6]) + (" ..." if len(diffs) > 6 else "")
+                              + "); use --fresh to start over or another --out")
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable[[int], dict[str, np.ndarray]],
+                folder: str | Path, fingerprint: dict[str, Any], *, judge_weight: float = 0.0,
+                mode: str = "auto", on_step: Callable[[int], None] | None = None,
+                progress: bool = True) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """Train `cfg` for `spec.steps` steps on `batch_fn(step)`; returns (params, per-step metrics of this process).
+
+    mode: "auto" resumes when checkpoints exist, "resume" requires one, "fresh" deletes the run folder first.
+    `on_step(step)` is called after each finished step (tests use it to simulate a crash)."""
+    folder = Path(folder)
+    fingerprint = {"phase": name, "model": cfg.to_dict(), "spec": dataclasses.asdict(spec), **fingerprint}
+    fingerprint = json.loads(json.dumps(fingerprint))
+    if mode not in ("auto", "resume", "fresh"):
+        raise ValueError(f"mode must be auto, resume or fresh, got {mode!r}")
+    if mode == "fresh" and folder.exists():
+        shutil.rmtree(folder)
+    opt = make_optimizer(spec)
+    has_ckpt = (folder / CKPT_DIR).is_dir() and any(p.name.isdigit() for p in (folder / CKPT_DIR).iterdir())
+    if mode == "resume" and not has_ckpt:
+        raise CheckpointError(f"no checkpoint to resume in {folder / CKPT_DIR}")
+    if has_ckpt:
+        check_fingerprint(folder, fingerprint)
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_json_atomic(folder / RUN_FILE, fingerprint)
+    mngr = _manager(folder, spec.keep_checkpoints)
+    start = 0
+    params = init_params(cfg, spec.seed)
+    opt_state = opt.init(params)
+    if has_ckpt:
+        latest = mngr.latest_step()
+        if latest is None:
+            raise CheckpointError(f"no complete checkpoint in {folder / CKPT_DIR}")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state})
+        try:
+            restored = mngr.restore(latest, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        except Exception as e:  # Orbax/TensorStore raise many types for damaged data
+            raise CheckpointError(f"checkpoint {folder / CKPT_DIR / str(latest)} is missing or corrupt: "
+                                  f"{type(e).__name__}: {str(e)[:300]}") from None
+        meta = restored["meta"]
+        if not isinstance(meta, dict) or meta.get("fingerprint") != fingerprint or meta.get("step") != latest:
+            raise CheckpointError(f"checkpoint {folder / CKPT_DIR / str(latest)} has metadata that does not "
+                                  "match this run (corrupt, or written by another config)")
+        params, opt_state = restored["state"]["params"], restored["state"]["opt_state"]
+        start = latest
+    step_fn = make_train_step(cfg, opt, judge_weight)
+    history: list[dict[str, float]] = []
+    bar = tqdm(total=spec.steps, initial=start, desc=name, disable=not progress, dynamic_ncols=True,
+               mininterval=1.0)
+    t_last, tokens_since = time.perf_counter(), 0
+    try:
+        for step in range(start, spec.steps):
+            batch = batch_fn(step)
+            tokens_since += int((batch["tokens"] != 0).sum())
+            params, opt_state, metrics = step_fn(params, opt_state, batch)
+            done = step + 1
+            if done % spec.checkpoint_every == 0 or done == spec.steps or (bar.n + 1) % 25 == 0:
+                metrics = {k: float(v) for k, v in metrics.items()}
+                history.append({"step": done, **metrics})
+                now = time.perf_counter()
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", lm=f"{metrics['lm']:.3f}",
+                                judge=f"{metrics['judge']:.3f}", tok_s=f"{tokens_since / (now - t_last):.0f}")
+                t_last, tokens_since = now, 0
+            bar.update(1)
+            if done % spec.checkpoint_every == 0 or done == spec.steps:
+                meta = {"step": done, "fingerprint": fingerprint,
+                        "data_rng": {"seed": spec.seed, "next_batch": done}}
+                mngr.save(done, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+                    meta=ocp.args.JsonSave(meta)))
+                mngr.wait_until_finished()
+            if on_step is not None:
+                on_step(done)
+    finally:
+        bar.close()
+        mngr.wait_until_finished()
+        mngr.close()
+    return params, history
+
+
+def latest_step(folder: str | Path) -> int | None:
+    folder = Path(folder) / CKPT_DIR
+    if not folder.is_dir():
+        return None
+    steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
+    return max(steps) if steps else None
