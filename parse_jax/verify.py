@@ -1,0 +1,110 @@
+"""Single-pass prefix verification: one target pass over cache + packed block, judge scores, acceptance.
+
+The pass writes the block's KV into the cache; the draft's slots come first, so committing `b` tokens
+keeps exactly the accepted prefix's KV (computed in that same pass) and drops every suffix copy.
+The target's next-token logits after each boundary come from the same pass too (draft token b - 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from parse_jax.errors import ConfigError, InputError
+from parse_jax.layout import PackedBlock, pad_blocks
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import Decoder
+
+POLICIES = ("earliest_error", "longest_valid")
+
+
+def judge_token_id(tokenizer, word: str) -> int:
+    """The id of a judge word, tokenized on its own; a word that is not exactly one token is refused."""
+    ids = tokenizer.encode(word)
+    if len(ids) != 1:
+        raise ConfigError(f"judge word {word!r} must be exactly one token, but it encodes to {len(ids)}: {ids}")
+    return int(ids[0])
+
+
+def scores_from_logits(logits: jax.Array, yes_id: int, no_id: int) -> jax.Array:
+    """p_yes / (p_yes + p_no) = sigmoid(logit_yes - logit_no): the softmax normaliser cancels."""
+    return jax.nn.sigmoid(logits[..., yes_id] - logits[..., no_id])
+
+
+def accept(scores: np.ndarray, valid: np.ndarray, threshold: float, policy: str = "earliest_error") -> np.ndarray:
+    """Index of the accepted prefix per row (-1: none). scores, valid: [B, K] (valid masks padded prefixes).
+
+    `earliest_error`: the prefix just before the first score below threshold.
+    `longest_valid`: the longest prefix whose own score clears the threshold.
+    """
+    if policy not in POLICIES:
+        raise ConfigError(f"unknown acceptance policy {policy!r}; available: {', '.join(POLICIES)}")
+    scores, valid = np.asarray(scores), np.asarray(valid, bool)
+    ok = (scores >= threshold) & valid
+    k = scores.shape[-1]
+    if policy == "earliest_error":
+        fail = ~ok & valid
+        first_fail = np.where(fail.any(-1), fail.argmax(-1), k)
+        last_valid = np.where(valid.any(-1), k - 1 - valid[..., ::-1].argmax(-1), -1)
+        return np.minimum(first_fail - 1, last_valid)
+    return np.where(ok.any(-1), k - 1 - ok[..., ::-1].argmax(-1), -1)
+
+
+@dataclasses.dataclass
+class VerifyOutput:
+    scores: np.ndarray        # [B, K] judge score of each prefix (NaN for padded prefixes)
+    boundary_logits: jax.Array  # [B, K, V] the target's next-token logits right after each boundary
+    cache: KVCache            # block written, lengths unchanged: commit the accepted boundary
+
+
+@functools.cache
+def _verify_program(cfg: ModelConfig, attention_impl: str):
+    module = Decoder(cfg, attention_impl)
+
+    def run(params, cache, tokens, positions, limit, group, score_index, boundary_index, yes_id, no_id):
+        logits, cache, _ = module.apply({"params": params}, tokens, positions, cache, limit, group)
+        at_scores = jnp.take_along_axis(logits, score_index[..., None], axis=1)
+        scores = scores_from_logits(at_scores, yes_id, no_id)
+        boundary_logits = jnp.take_along_axis(logits, boundary_index[..., None], axis=1)
+        return scores, boundary_logits, cache
+
+    return jax.jit(run, donate_argnums=(1,))
+
+
+def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: int, no_id: int,
+                length: int | None = None, num_prefixes: int | None = None) -> VerifyOutput:
+    """One target pass over `cache` + each row's packed block (padded to `length`, K padded to
+    `num_prefixes` so shapes stay in buckets). Row i of `blocks` belongs to cache row i."""
+    if len(blocks) != cache.batch:
+        raise InputError(f"{len(blocks)} blocks for a cache of batch {cache.batch}")
+    length = length or max(b.length for b in blocks)
+    k_max = num_prefixes or max(len(b.score_index) for b in blocks)
+    lengths = np.asarray(cache.lengths)
+    for i, blk in enumerate(blocks):
+        if lengths[i] + length > cache.max_len:
+            raise InputError(f"row {i}: context of {lengths[i]} tokens plus a verification block of {length} "
+                             f"does not fit the cache ({cache.max_len} slots)")
+        if len(blk.score_index) > k_max:
+            raise InputError(f"row {i} has {len(blk.score_index)} prefixes, more than num_prefixes={k_max}")
+    arrays = pad_blocks(blocks, length)
+    score_index = np.zeros((len(blocks), k_max), np.int32)
+    boundary_index = np.zeros((len(blocks), k_max), np.int32)
+    valid = np.zeros((len(blocks), k_max), bool)
+    for i, blk in enumerate(blocks):
+        k = len(blk.score_index)
+        score_index[i, :k] = blk.score_index
+        # draft token b - 1 predicts the token after a boundary b; copies sit at limit == b
+        boundary_index[i, :k] = blk.limit[blk.score_index] - 1
+        valid[i, :k] = True
+    program = _verify_program(model.config, model.attention_impl)
+    scores, boundary_logits, cache = program(model.params, cache, arrays["tokens"], arrays["positions"],
+                                             arrays["limit"], arrays["group"], score_index, boundary_index,
+                                             np.int32(yes_id), np.int32(no_id))
+    scores = np.where(valid, np.asarray(scores), np.nan)
+    return VerifyOutput(scores=scores, boundary_logits=boundary_logits, cache=cache)
