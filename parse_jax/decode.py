@@ -72,57 +72,86 @@ def _is_eos(token: jax.Array, eos_ids: jax.Array) -> jax.Array:
     return jnp.any(token[:, None] == eos_ids[None, :], axis=-1)
 
 
+def decode_loop(forward, cache: KVCache, first_logits: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
+                rng: jax.Array, num_new: int, greedy: bool, temperature, top_k: int, top_p) -> DecodeState:
+    """Sample from `first_logits`, then one-token steps through `cache` until every row is done.
+
+    `forward(tokens, positions, cache, limit, group) -> (logits, cache)`. Traced inside the callers' jit:
+    target-only generation after a prefill, and the target's continuation after a PARSE boundary.
+    """
+    b = first_logits.shape[0]
+
+    def emit(state: DecodeState, step_logits: jax.Array) -> DecodeState:
+        key = jax.random.fold_in(rng, state.step)
+        tok = sample_token(step_logits, key, greedy, temperature, top_k, top_p)
+        tok = jnp.where(state.done, PAD_ID, tok)
+        tokens = state.tokens.at[:, state.step].set(tok)
+        num = state.num_new + (~state.done).astype(jnp.int32)
+        done = state.done | _is_eos(tok, eos_ids) | (num >= max_new)
+        return state.replace(tokens=tokens, num_new=num, done=done, last=tok, step=state.step + 1)
+
+    state = DecodeState(cache=cache, tokens=jnp.full((b, num_new), PAD_ID, jnp.int32),
+                        num_new=jnp.zeros((b,), jnp.int32), done=max_new <= 0,
+                        last=jnp.zeros((b,), jnp.int32), step=jnp.int32(0))
+    state = emit(state, first_logits)
+
+    def cond(state: DecodeState) -> jax.Array:
+        return (state.step < num_new) & ~jnp.all(state.done)
+
+    def body(state: DecodeState) -> DecodeState:
+        one_limit, one_group = causal_metadata(b, 1)
+        step_logits, cache = forward(state.last[:, None], state.cache.lengths[:, None], state.cache,
+                                     one_limit, one_group)
+        cache = cache.commit((~state.done).astype(jnp.int32))
+        return emit(state.replace(cache=cache), step_logits[:, 0])
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def _forward_fn(module: Decoder, params):
+    def forward(tokens, positions, cache, limit, group):
+        logits, cache, _ = module.apply({"params": params}, tokens, positions, cache, limit, group)
+        return logits, cache
+
+    return forward
+
+
 @functools.cache
 def _generate_program(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: int, greedy: bool,
                       top_k: int):
     module = Decoder(cfg, attention_impl)
 
-    def forward(params, tokens, positions, cache, limit, group):
-        logits, cache, _ = module.apply({"params": params}, tokens, positions, cache, limit, group)
-        return logits, cache
-
     def run(params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
         b, p = prompt.shape
-        cache = KVCache.init(cfg, b, cache_len)
+        forward = _forward_fn(module, params)
         limit, group = causal_metadata(b, p)
         positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-        logits, cache = forward(params, prompt, positions, cache, limit, group)
+        logits, cache = forward(prompt, positions, KVCache.init(cfg, b, cache_len), limit, group)
         cache = cache.commit(prompt_lens)
         last_logits = jnp.take_along_axis(logits, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
-
-        def emit(state: DecodeState, step_logits: jax.Array) -> DecodeState:
-            key = jax.random.fold_in(rng, state.step)
-            tok = sample_token(step_logits, key, greedy, temperature, top_k, top_p)
-            tok = jnp.where(state.done, PAD_ID, tok)
-            tokens = state.tokens.at[:, state.step].set(tok)
-            num = state.num_new + (~state.done).astype(jnp.int32)
-            done = state.done | _is_eos(tok, eos_ids) | (num >= max_new)
-            return state.replace(tokens=tokens, num_new=num, done=done, last=tok, step=state.step + 1)
-
-        state = DecodeState(cache=cache, tokens=jnp.full((b, num_new), PAD_ID, jnp.int32),
-                            num_new=jnp.zeros((b,), jnp.int32), done=max_new <= 0,
-                            last=jnp.zeros((b,), jnp.int32), step=jnp.int32(0))
-        state = emit(state, last_logits)
-
-        def cond(state: DecodeState) -> jax.Array:
-            return (state.step < num_new) & ~jnp.all(state.done)
-
-        def body(state: DecodeState) -> DecodeState:
-            one_limit, one_group = causal_metadata(b, 1)
-            step_logits, cache = forward(params, state.last[:, None], state.cache.lengths[:, None],
-                                         state.cache, one_limit, one_group)
-            cache = cache.commit((~state.done).astype(jnp.int32))
-            return emit(state.replace(cache=cache), step_logits[:, 0])
-
-        state = jax.lax.while_loop(cond, body, state)
+        state = decode_loop(forward, cache, last_logits, max_new, eos_ids, rng, num_new, greedy, temperature,
+                            top_k, top_p)
         return state.tokens, state.num_new, state.step
 
     return jax.jit(run)
 
 
+@functools.cache
+def continue_program(cfg: ModelConfig, attention_impl: str, num_new: int, greedy: bool, top_k: int):
+    """Jitted `(params, cache, first_logits, max_new, eos_ids, temperature, top_p, rng) -> DecodeState`;
+    the cache (already holding the context) is donated."""
+    module = Decoder(cfg, attention_impl)
+
+    def run(params, cache, first_logits, max_new, eos_ids, temperature, top_p, rng):
+        return decode_loop(_forward_fn(module, params), cache, first_logits, max_new, eos_ids, rng, num_new,
+                           greedy, temperature, top_k, top_p)
+
+    return jax.jit(run, donate_argnums=(1,))
+
+
 def compiled_programs() -> int:
     """How many distinct generation programs this process has built (one per bucket combination)."""
-    return _generate_program.cache_info().currsize
+    return _generate_program.cache_info().currsize + continue_program.cache_info().currsize
 
 
 def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_bos: bool = True) -> list[list[int]]:
@@ -151,6 +180,14 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
             raise InputError(f"prompt {i} has token ids outside [0, {model.config.vocab_size}): {bad[:5]}")
         out.append(ids)
     return out
+
+
+def resolve_eos(model, eos_ids: Sequence[int] | None = None) -> np.ndarray:
+    """Stop ids as an int32 array: `eos_ids` if given ([] = none), else the config's and tokenizer's EOS."""
+    if eos_ids is None:
+        tok_eos = getattr(model.tokenizer, "eos_id", None)
+        eos_ids = [*model.config.eos_token_ids, *([tok_eos] if tok_eos is not None else [])]
+    return np.array(sorted({int(x) for x in eos_ids}) or [-1], np.int32)
 
 
 def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
@@ -183,10 +220,7 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_to
         prompt[i, : len(x)] = x
         lens[i] = len(x)
         max_new[i] = max_new_tokens
-    if eos_ids is None:
-        tok_eos = getattr(model.tokenizer, "eos_id", None)
-        eos_ids = [*cfg.eos_token_ids, *([tok_eos] if tok_eos is not None else [])]
-    eos = np.array(sorted(set(eos_ids)) or [-1], np.int32)
+    eos = resolve_eos(model, eos_ids)
     program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.greedy, sampling.top_k)
     t0 = time.perf_counter()
     tokens, num_new, steps = program(model.params, prompt, lens, max_new, eos,

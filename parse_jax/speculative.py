@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from parse_jax.decode import PAD_ID, GenerateResult, SamplingParams, bucket, encode_prompts
+from parse_jax.decode import PAD_ID, GenerateResult, SamplingParams, bucket, encode_prompts, resolve_eos
 from parse_jax.errors import InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
@@ -178,10 +178,7 @@ def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequen
         prompt[i, : len(x)] = x
         lens[i] = len(x)
         max_new[i] = max_new_tokens
-    if eos_ids is None:
-        tok_eos = getattr(target.tokenizer, "eos_id", None)
-        eos_ids = [*target.config.eos_token_ids, *([tok_eos] if tok_eos is not None else [])]
-    eos = np.array(sorted(set(eos_ids)) or [-1], np.int32)
+    eos = resolve_eos(target, eos_ids)
     program = _spec_program(target.config, draft.config, target.attention_impl, int(gamma), n, cache_len,
                             sampling.greedy, sampling.top_k)
     t0 = time.perf_counter()

@@ -59,7 +59,8 @@ def accept(scores: np.ndarray, valid: np.ndarray, threshold: float, policy: str 
 @dataclasses.dataclass
 class VerifyOutput:
     scores: np.ndarray        # [B, K] judge score of each prefix (NaN for padded prefixes)
-    boundary_logits: jax.Array  # [B, K, V] the target's next-token logits right after each boundary
+    boundary_logits: jax.Array  # [B, K + 1, V] next-token logits after each boundary; the last entry is at
+    #                             `before_index` (e.g. the context's last token, for "nothing accepted")
     cache: KVCache            # block written, lengths unchanged: commit the accepted boundary
 
 
@@ -78,9 +79,11 @@ def _verify_program(cfg: ModelConfig, attention_impl: str):
 
 
 def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: int, no_id: int,
-                length: int | None = None, num_prefixes: int | None = None) -> VerifyOutput:
+                length: int | None = None, num_prefixes: int | None = None,
+                before_index: Sequence[int] | None = None) -> VerifyOutput:
     """One target pass over `cache` + each row's packed block (padded to `length`, K padded to
-    `num_prefixes` so shapes stay in buckets). Row i of `blocks` belongs to cache row i."""
+    `num_prefixes` so shapes stay in buckets). Row i of `blocks` belongs to cache row i.
+    `before_index[i]` (block index, default 0) adds the logits of one more block token per row."""
     if len(blocks) != cache.batch:
         raise InputError(f"{len(blocks)} blocks for a cache of batch {cache.batch}")
     length = length or max(b.length for b in blocks)
@@ -94,7 +97,9 @@ def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: in
             raise InputError(f"row {i} has {len(blk.score_index)} prefixes, more than num_prefixes={k_max}")
     arrays = pad_blocks(blocks, length)
     score_index = np.zeros((len(blocks), k_max), np.int32)
-    boundary_index = np.zeros((len(blocks), k_max), np.int32)
+    boundary_index = np.zeros((len(blocks), k_max + 1), np.int32)
+    if before_index is not None:
+        boundary_index[:, k_max] = np.asarray(before_index, np.int32)
     valid = np.zeros((len(blocks), k_max), bool)
     for i, blk in enumerate(blocks):
         k = len(blk.score_index)

@@ -1,0 +1,363 @@
+"""ParseEngine: draft -> one verification pass -> accept -> commit -> the target continues; and the
+baselines it is measured against (target alone, token-level speculative decoding, step-by-step
+verification with one target pass per segment)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from parse_jax.decode import (
+    GenerateResult,
+    SamplingParams,
+    bucket,
+    continue_program,
+    encode_prompts,
+    generate,
+    resolve_eos,
+)
+from parse_jax.errors import ConfigError, InputError
+from parse_jax.layout import (
+    cap_boundaries,
+    check_boundaries,
+    delimiter_boundaries,
+    hybrid_boundaries,
+    pack,
+    stride_boundaries,
+)
+from parse_jax.speculative import check_pair, speculative_generate
+from parse_jax.tasks import DELIMITER, JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
+from parse_jax.verify import POLICIES, accept, judge_token_id, verify_pass
+
+MODES = ("target", "sd", "sequential", "parse")
+SEGMENTERS = ("delimiter", "stride", "hybrid")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParseConfig:
+    """PARSE settings; the defaults fit the embedded task's verification format."""
+
+    verify_suffix: str = VERIFY_SUFFIX
+    judge_yes: str = JUDGE_YES
+    judge_no: str = JUDGE_NO
+    threshold: float = 0.5
+    policy: str = "earliest_error"
+    segmenter: str = "delimiter"
+    delimiter: str = DELIMITER
+    stride: int = 8
+    min_segment: int = 4
+    max_segment: int = 32
+    max_prefixes: int = 8
+    rounds: str = "single"
+    max_draft_tokens: int = 64
+    gamma: int = 4
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown policy {self.policy!r}; available: {', '.join(POLICIES)}")
+        if self.segmenter not in SEGMENTERS:
+            raise ConfigError(f"unknown segmenter {self.segmenter!r}; available: {', '.join(SEGMENTERS)}")
+        if self.rounds not in ("single", "multi"):
+            raise ConfigError(f"rounds must be 'single' or 'multi', got {self.rounds!r}")
+        for name in ("stride", "min_segment", "max_segment", "max_prefixes", "max_draft_tokens", "gamma"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_segment > self.max_segment:
+            raise ConfigError(f"min_segment ({self.min_segment}) > max_segment ({self.max_segment})")
+        if not np.isfinite(self.threshold):
+            raise ConfigError(f"threshold must be a finite number, got {self.threshold}")
+        if not self.verify_suffix:
+            raise ConfigError("verify_suffix is empty")
+
+
+class ParseEngine:
+    def __init__(self, target, draft, config: ParseConfig | None = None) -> None:
+        self.target, self.draft = target, draft
+        self.config = config or ParseConfig()
+        check_pair(target, draft)
+        tok = target.tokenizer
+        if tok is None:
+            raise ConfigError("the target has no tokenizer: the suffix and judge words cannot be encoded")
+        self.suffix_ids = tok.encode(self.config.verify_suffix)
+        if not self.suffix_ids:
+            raise ConfigError(f"verify_suffix {self.config.verify_suffix!r} encodes to no tokens")
+        self.yes_id = judge_token_id(tok, self.config.judge_yes)
+        self.no_id = judge_token_id(tok, self.config.judge_no)
+        if self.yes_id == self.no_id:
+            raise ConfigError("judge_yes and judge_no encode to the same token")
+        self.delimiter_ids = tok.encode(self.config.delimiter) if self.config.segmenter != "stride" else []
+        if self.config.segmenter != "stride" and not self.delimiter_ids:
+            raise ConfigError(f"delimiter {self.config.delimiter!r} encodes to no tokens")
+
+    # --- segmentation and scoring -------------------------------------------------------------------------
+
+    def boundaries(self, draft_ids: Sequence[int]) -> list[int]:
+        """Candidate prefix ends of a draft by the configured segmenter, capped at max_prefixes."""
+        cfg = self.config
+        if cfg.segmenter == "delimiter":
+            b = delimiter_boundaries(draft_ids, self.delimiter_ids)
+        elif cfg.segmenter == "stride":
+            b = stride_boundaries(len(draft_ids), cfg.stride)
+        else:
+            b = hybrid_boundaries(draft_ids, self.delimiter_ids, cfg.min_segment, cfg.max_segment)
+        return cap_boundaries(b, cfg.max_prefixes)
+
+    def prefix_scores(self, context_ids: Sequence[int], draft_ids: Sequence[int],
+                      boundaries: Sequence[int]) -> np.ndarray:
+        """Judge score of each prefix draft[:b_k] after the context, from ONE target pass."""
+        context, draft = [int(x) for x in context_ids], [int(x) for x in draft_ids]
+        bounds = check_boundaries(boundaries, len(draft))
+        self._check_ids(context + draft)
+        c = len(context)
+        block = pack(0, context + draft, [c + b for b in bounds], self.suffix_ids)
+        length = bucket(block.length)
+        cache = self.target.init_cache(1, length)
+        out = verify_pass(self.target, cache, [block], self.yes_id, self.no_id, length, bucket(len(bounds), 1))
+        return out.scores[0, : len(bounds)].astype(np.float64)
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        v = self.target.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < v]
+        if bad:
+            raise InputError(f"token ids outside [0, {v}): {bad[:5]}")
+
+    # --- generation ---------------------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], mode: str = "parse",
+                 max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, top_k: int = 0,
+                 top_p: float = 1.0) -> GenerateResult:
+        if mode not in MODES:
+            raise InputError(f"unknown mode {mode!r}; available: {', '.join(MODES)}")
+        sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
+        if int(max_new_tokens) < 1:
+            raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        if mode == "target":
+            res = generate(self.target, prompts, **kw)
+        elif mode == "sd":
+            res = speculative_generate(self.target, self.draft, prompts, gamma=self.config.gamma, **kw)
+        else:
+            ids = encode_prompts(self.target, prompts)
+            if mode == "parse" and self.config.rounds == "multi":
+                res = self._parse_multi(ids, int(max_new_tokens), sampling)
+            else:
+                res = self._verify_then_continue(ids, int(max_new_tokens), sampling, sequential=mode == "sequential")
+        res.stats["mode"] = mode
+        return res
+
+    def _draft(self, contexts: list[list[int]], budget: int, sampling: SamplingParams) -> tuple[list[list[int]], float]:
+        t0 = time.perf_counter()
+        res = generate(self.draft, contexts, max_new_tokens=max(1, min(self.config.max_draft_tokens, budget)),
+                       temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                       seed=sampling.seed, eos_ids=list(resolve_eos(self.target)))
+        return res.tokens, time.perf_counter() - t0
+
+    def _verify_then_continue(self, ids: list[list[int]], max_new: int, sampling: SamplingParams,
+                              sequential: bool) -> GenerateResult:
+        """Single round: draft everything, verify (one pass, or one per segment), accept, continue."""
+        drafts, t_draft = self._draft(ids, max_new, sampling)
+        bounds = [self.boundaries(d) for d in drafts]
+        t0 = time.perf_counter()
+        if sequential:
+            accepted_b, cache, first_logits, passes, vtokens = self._verify_sequential(ids, drafts, bounds, max_new)
+        else:
+            accepted_b, cache, first_logits, passes, vtokens = self._verify_parallel(ids, drafts, bounds, max_new)
+        t_verify = time.perf_counter() - t0
+        eos = resolve_eos(self.target)
+        done_in_draft = [b > 0 and drafts[i][b - 1] in eos for i, b in enumerate(accepted_b)]
+        remaining = np.array([0 if done_in_draft[i] else max(0, max_new - accepted_b[i]) for i in range(len(ids))]
+                             + [0] * (cache.batch - len(ids)), np.int32)
+        t0 = time.perf_counter()
+        program = continue_program(self.target.config, self.target.attention_impl, bucket(max_new, 16),
+                                   sampling.greedy, sampling.top_k)
+        state = program(self.target.params, cache, first_logits, remaining, eos,
+                        np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
+                        jax.random.PRNGKey(sampling.seed + 1))
+        cont, cont_n, steps = np.asarray(state.tokens), np.asarray(state.num_new), int(state.step)
+        t_cont = time.perf_counter() - t0
+        tokens = [drafts[i][: accepted_b[i]] + cont[i, : cont_n[i]].tolist() for i in range(len(ids))]
+        cont_passes = steps - 1 if remaining.any() else 0  # the first continuation token comes from verification
+        stats = {
+            "target_passes": passes + cont_passes,
+            "verify_passes": passes,
+            "new_tokens": sum(len(t) for t in tokens),
+            "draft_tokens": sum(len(d) for d in drafts),
+            "accepted_tokens": int(sum(accepted_b)),
+            "accepted_per_request": list(accepted_b),
+            "prefixes_per_request": [len(b) for b in bounds],
+            "verify_tokens": vtokens,
+            "seconds_draft": t_draft, "seconds_verify": t_verify, "seconds_continue": t_cont,
+            "seconds": t_draft + t_verify + t_cont,
+        }
+        stats["tokens_per_s"] = stats["new_tokens"] / stats["seconds"] if stats["seconds"] > 0 else float("inf")
+        stats["accepted_per_pass"] = stats["accepted_tokens"] / max(passes, 1)
+        texts = [self.target.tokenizer.decode(t) for t in tokens]
+        return GenerateResult(texts=texts, tokens=tokens, stats=stats)
+
+    def _cache_len(self, need: int) -> int:
+        return bucket(need)
+
+    def _verify_parallel(self, ids, drafts, bounds, max_new):
+        """Prompt + draft + K suffix copies in ONE pass over an empty cache; commit prompt + accepted prefix."""
+        blocks = [pack(0, p + d, [len(p) + x for x in b], self.suffix_ids) for p, d, b in zip(ids, drafts, bounds)]
+        length = bucket(max(blk.length for blk in blocks))
+        k_max = bucket(self.config.max_prefixes, 1)
+        batch = bucket(len(ids), 1)
+        cache_len = self._cache_len(max(length, max(len(p) for p in ids) + max_new + 1))
+        cache = self.target.init_cache(batch, cache_len)
+        blocks = blocks + [pack(0, [0], [1], self.suffix_ids)] * (batch - len(ids))
+        before = [len(p) - 1 for p in ids] + [0] * (batch - len(ids))
+        out = verify_pass(self.target, cache, blocks, self.yes_id, self.no_id, length, k_max, before)
+        valid = ~np.isnan(out.scores)
+        idx = accept(np.nan_to_num(out.scores), valid, self.config.threshold, self.config.policy)
+        accepted_b = [bounds[i][idx[i]] if idx[i] >= 0 else 0 for i in range(len(ids))]
+        take = np.where(idx >= 0, idx, k_max)  # k_max: the context's own last token
+        first_logits = out.boundary_logits[np.arange(batch), take]
+        lengths = np.array([len(p) + b for p, b in zip(ids, accepted_b)] + [1] * (batch - len(ids)), np.int32)
+        vtokens = int(sum(b.length for b in blocks[: len(ids)]))
+        return accepted_b, out.cache.set_lengths(lengths), first_logits, 1, vtokens
+
+    def _verify_sequential(self, ids, drafts, bounds, max_new):
+        """SpecReason-style: prefill the prompt, then one target pass per segment (segment + suffix)."""
+        batch = bucket(len(ids), 1)
+        seg_max = max(max(np.diff([0] + b)) for b in bounds)
+        length = bucket(seg_max + len(self.suffix_ids))
+        p_max = bucket(max(len(p) for p in ids))
+        cache_len = self._cache_len(max(p_max + max(len(d) for d in drafts) + length, p_max + max_new + 1))
+        cache = self.target.init_cache(batch, cache_len)
+        rows = [p for p in ids] + [[0]] * (batch - len(ids))
+        prompt_blocks = [pack(0, p, [len(p)], self.suffix_ids) for p in rows]
+        # the prefill pass also scores the empty prefix, which nothing reads; it gives the context's logits
+        plen = bucket(max(b.length for b in prompt_blocks))
+        out = verify_pass(self.target, cache, prompt_blocks, self.yes_id, self.no_id, plen, 1,
+                          [len(p) - 1 for p in rows])
+        cache = out.cache.commit(np.array([len(p) for p in rows], np.int32))
+        first_logits = out.boundary_logits[:, 1]
+        passes, vtokens = 1, sum(b.length for b in prompt_blocks[: len(ids)])
+        accepted_b = [0] * len(ids)
+        stopped = [False] * len(ids)
+        policy_longest = self.config.policy == "longest_valid"
+        for k in range(max(len(b) for b in bounds)):
+            active = [i for i in range(len(ids)) if not stopped[i] and k < len(bounds[i])]
+            if not active:
+                break
+            blocks, seg_lens = [], []
+            lengths = np.asarray(cache.lengths)
+            for i in range(batch):
+                if i in active:
+                    start = bounds[i][k - 1] if k else 0
+                    seg = drafts[i][start: bounds[i][k]]
+                    blocks.append(pack(int(lengths[i]), seg, [len(seg)], self.suffix_ids))
+                    seg_lens.append(len(seg))
+                else:
+                    blocks.append(pack(int(lengths[i]), [0], [1], self.suffix_ids))
+                    seg_lens.append(0)
+            out = verify_pass(self.target, cache, blocks, self.yes_id, self.no_id, length, 1)
+            passes += 1
+            vtokens += sum(blocks[i].length for i in active)
+            ok = out.scores[:, 0] >= self.config.threshold
+            commit = np.array([seg_lens[i] if i in active else 0 for i in range(batch)], np.int32)
+            cache = out.cache.commit(commit)
+            for i in active:
+                if ok[i]:
+                    accepted_b[i] = bounds[i][k]
+                    first_logits = first_logits.at[i].set(out.boundary_logits[i, 0])
+                elif not policy_longest:
+                    stopped[i] = True
+        # roll back whatever was committed past the accepted prefix (a failed segment, or longest_valid's tail)
+        lengths = np.array([len(p) + b for p, b in zip(ids, accepted_b)] + [1] * (batch - len(ids)), np.int32)
+        return accepted_b, cache.set_lengths(lengths), first_logits, passes, vtokens
+
+    def _parse_multi(self, ids: list[list[int]], max_new: int, sampling: SamplingParams) -> GenerateResult:
+        """Multi round: draft, verify over the target's cache, accept, the target writes one segment, repeat.
+
+        The target's cache carries over between rounds. The last token the target emitted is not in its
+        cache yet, so each verification block starts with it (boundaries shift by one)."""
+        n, batch = len(ids), bucket(len(ids), 1)
+        cfg, eos = self.config, resolve_eos(self.target)
+        seg_stop = np.array(sorted(set(eos.tolist()) | set(self.delimiter_ids[-1:])), np.int32)
+        k_max = bucket(cfg.max_prefixes, 1)
+        block_max = bucket(1 + cfg.max_draft_tokens + k_max * len(self.suffix_ids))
+        p_max = max(len(p) for p in ids)
+        cache = self.target.init_cache(batch, bucket(p_max + max_new + block_max + 1))
+        # prefill all but each prompt's last token; that one opens the first verification block
+        rows = [p for p in ids] + [[0]] * (batch - n)
+        width = bucket(max(len(p) for p in rows))
+        prefill = [pack(0, p[:-1] or [0], [max(len(p) - 1, 1)], self.suffix_ids) for p in rows]
+        out = verify_pass(self.target, cache, prefill, self.yes_id, self.no_id, bucket(width + len(self.suffix_ids)),
+                          1)
+        cache = out.cache.commit(np.array([len(p) - 1 for p in rows], np.int32))
+        last = [p[-1] for p in rows]
+        outs: list[list[int]] = [[] for _ in range(n)]
+        done = [False] * n
+        stats = {"target_passes": 1, "verify_passes": 0, "draft_tokens": 0, "accepted_tokens": 0, "rounds": 0,
+                 "verify_tokens": 0, "seconds_draft": 0.0, "seconds_verify": 0.0, "seconds_continue": 0.0}
+        seg_budget = bucket(cfg.max_segment, 16)
+        program = continue_program(self.target.config, self.target.attention_impl, seg_budget, sampling.greedy,
+                                   sampling.top_k)
+        while not all(done):
+            stats["rounds"] += 1
+            active = [i for i in range(n) if not done[i]]
+            budget = max(1, min(cfg.max_draft_tokens, max(max_new - len(outs[i]) for i in active)))
+            drafts_active, t = self._draft([ids[i] + outs[i] for i in active], budget, sampling)
+            stats["seconds_draft"] += t
+            drafts = {i: d[: max(1, max_new - len(outs[i]))] for i, d in zip(active, drafts_active)}
+            lengths = np.asarray(cache.lengths)
+            blocks, bounds = [], {}
+            for i in range(batch):
+                if i in drafts:
+                    bounds[i] = self.boundaries(drafts[i])
+                    blocks.append(pack(int(lengths[i]), [last[i]] + drafts[i], [1 + b for b in bounds[i]],
+                                       self.suffix_ids))
+                else:
+                    blocks.append(pack(int(lengths[i]), [last[i]], [1], self.suffix_ids))
+            t0 = time.perf_counter()
+            res = verify_pass(self.target, cache, blocks, self.yes_id, self.no_id, block_max, k_max, [0] * batch)
+            stats["seconds_verify"] += time.perf_counter() - t0
+            stats["target_passes"] += 1
+            stats["verify_passes"] += 1
+            stats["verify_tokens"] += sum(blocks[i].length for i in drafts)
+            stats["draft_tokens"] += sum(len(d) for d in drafts.values())
+            valid = ~np.isnan(res.scores)
+            idx = accept(np.nan_to_num(res.scores), valid, cfg.threshold, cfg.policy)
+            commit = np.zeros(batch, np.int32)
+            remaining = np.zeros(batch, np.int32)
+            for i in active:
+                b = bounds[i][idx[i]] if idx[i] >= 0 else 0
+                outs[i] += drafts[i][:b]
+                stats["accepted_tokens"] += b
+                commit[i] = 1 + b
+                if (b and drafts[i][b - 1] in eos) or len(outs[i]) >= max_new:
+                    done[i] = True
+                else:
+                    remaining[i] = min(cfg.max_segment, max_new - len(outs[i]))
+            take = np.where(idx >= 0, idx, k_max)
+            first_logits = res.boundary_logits[np.arange(batch), take]
+            cache = res.cache.commit(commit)
+            if not remaining.any():
+                break
+            t0 = time.perf_counter()
+            state = program(self.target.params, cache, first_logits, remaining, seg_stop,
+                            np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
+                            jax.random.PRNGKey(sampling.seed + stats["rounds"]))
+            cont, cont_n = np.asarray(state.tokens), np.asarray(state.num_new)
+            stats["seconds_continue"] += time.perf_counter() - t0
+            stats["target_passes"] += int(state.step) - 1
+            cache = state.cache
+            for i in active:
+                if remaining[i] == 0:
+                    continue
+                seg = cont[i, : cont_n[i]].tolist()
+                outs[i] += seg
+                last[i] = seg[-1]
+                if seg[-1] in eos or len(outs[i]) >= max_new:
+                    done[i] = True
+        stats["new_tokens"] = sum(len(o) for o in outs)
+        stats["seconds"] = stats["seconds_draft"] + stats["seconds_verify"] + stats["seconds_continue"]
+        stats["tokens_per_s"] = stats["new_tokens"] / stats["seconds"] if stats["seconds"] > 0 else float("inf")
+        stats["accepted_per_pass"] = stats["accepted_tokens"] / max(stats["verify_passes"], 1)
+        return GenerateResult(texts=[self.target.tokenizer.decode(o) for o in outs], tokens=outs, stats=stats)
