@@ -190,6 +190,18 @@ def resolve_eos(model, eos_ids: Sequence[int] | None = None) -> np.ndarray:
     return np.array(sorted({int(x) for x in eos_ids}) or [-1], np.int32)
 
 
+def pad_prompts(ids: list[list[int]], batch: int, length: int, max_new_tokens: int):
+    """Right-padded prompts [batch, length], their lengths, and each row's budget (0 for padding rows)."""
+    prompt = np.full((batch, length), PAD_ID, np.int32)
+    lens = np.ones((batch,), np.int32)
+    max_new = np.zeros((batch,), np.int32)
+    for i, x in enumerate(ids):
+        prompt[i, : len(x)] = x
+        lens[i] = len(x)
+        max_new[i] = max_new_tokens
+    return prompt, lens, max_new
+
+
 def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              max_cache_len: int | None = None, add_bos: bool = True,
@@ -213,13 +225,7 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_to
     p = bucket(max(len(x) for x in ids))
     n = bucket(max_new_tokens, 16)
     cache_len = min(bucket(p + n), capacity)
-    prompt = np.full((b, p), PAD_ID, np.int32)
-    lens = np.ones((b,), np.int32)
-    max_new = np.zeros((b,), np.int32)
-    for i, x in enumerate(ids):
-        prompt[i, : len(x)] = x
-        lens[i] = len(x)
-        max_new[i] = max_new_tokens
+    prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
     eos = resolve_eos(model, eos_ids)
     program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.greedy, sampling.top_k)
     t0 = time.perf_counter()

@@ -19,7 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from parse_jax.decode import PAD_ID, GenerateResult, SamplingParams, bucket, encode_prompts, resolve_eos
+from parse_jax.decode import (
+    PAD_ID,
+    GenerateResult,
+    SamplingParams,
+    bucket,
+    encode_prompts,
+    pad_prompts,
+    resolve_eos,
+)
 from parse_jax.errors import InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
@@ -171,13 +179,7 @@ def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequen
                              f"cache holds {capacity}")
     b, p, n = bucket(len(ids), 1), bucket(max(len(x) for x in ids)), bucket(max_new_tokens, 16)
     cache_len = min(bucket(p + n + gamma + 1), capacity)
-    prompt = np.full((b, p), PAD_ID, np.int32)
-    lens = np.ones((b,), np.int32)
-    max_new = np.zeros((b,), np.int32)
-    for i, x in enumerate(ids):
-        prompt[i, : len(x)] = x
-        lens[i] = len(x)
-        max_new[i] = max_new_tokens
+    prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
     eos = resolve_eos(target, eos_ids)
     program = _spec_program(target.config, draft.config, target.attention_impl, int(gamma), n, cache_len,
                             sampling.greedy, sampling.top_k)
