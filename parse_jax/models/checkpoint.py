@@ -150,7 +150,7 @@ def _load_orbax(folder: Path, dtype: str | None, check_finite: bool, attention_i
 def load_model(path: str | Path, dtype: str | None = None, check_finite: bool = True,
                attention_impl: str = "xla") -> Model:
     """Load a HF model folder or a parse-jax checkpoint (told apart by their files), optionally cast to `dtype`."""
-    path = Path(path)
+    path = Path(path).absolute()  # Orbax reads metadata only through absolute paths
     if not path.exists():
         raise CheckpointError(f"model path not found: {path}")
     if not path.is_dir():

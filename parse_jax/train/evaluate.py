@@ -105,7 +105,7 @@ def judge_auroc(target, task: Task, draft_outputs, n_synthetic: int = 1000) -> d
     return out
 
 
-def step_seconds(model, batch: int = 1, short: int = 32, long: int = 160, repeats: int = 5) -> float:
+def step_seconds(model, batch: int = 1, short: int = 16, long: int = 112, repeats: int = 5) -> float:
     """Seconds per one-token decode step inside the jitted while loop (EOS disabled): the difference between a
     long and a short generation, divided by the extra steps (cancels prefill and dispatch). Median of repeats."""
     bos = model.tokenizer.bos_id if model.tokenizer is not None else 1
@@ -127,3 +127,49 @@ def token_diff_fraction(task: Task, draft_outputs, target_outputs) -> float:
     """Among problems the draft solves correctly: the share where its text differs from the target's."""
     d = [(p, a, b) for (p, a), (_, b) in zip(draft_outputs, target_outputs) if task.grade(p, a)]
     return float(np.mean([a.strip() != b.strip() for _, a, b in d])) if d else float("nan")
+
+
+def evaluate_pair(out, n: int = 1000, n_synthetic: int = 1000, batch_sizes: Sequence[int] = (1, 16)) -> dict:
+    """Every quality bar of issue 3 for the pair in `out` (draft/ and target/ folders)."""
+    from pathlib import Path
+
+    from parse_jax.models.checkpoint import load_model
+    from parse_jax.tasks import load_task
+
+    out = Path(out)
+    target, draft = load_model(out / "target"), load_model(out / "draft")
+    task = load_task()
+    res: dict = {"n": n}
+    t0 = time.perf_counter()
+    res["target_accuracy"], t_out = accuracy(target, task, n)
+    res["draft_accuracy"], d_out = accuracy(draft, task, n)
+    res["accuracy_s"] = time.perf_counter() - t0
+    res["draft_correct_differs_from_target"] = token_diff_fraction(task, d_out, t_out)
+    t0 = time.perf_counter()
+    # held-out real draft outputs: sampled (T=1) on the held-out problems, as the judge would see them
+    prompts = [p for p, _ in task.problems(n, 0)]
+    sampled = solve_many(draft, task, prompts, temperature=1.0, seed=12345)
+    res.update(judge_auroc(target, task, list(zip(prompts, sampled)), n_synthetic))
+    res["auroc_s"] = time.perf_counter() - t0
+    for b in batch_sizes:
+        td, tt = step_seconds(draft, b), step_seconds(target, b)
+        res[f"step_us_draft_b{b}"], res[f"step_us_target_b{b}"] = td * 1e6, tt * 1e6
+        res[f"step_cost_ratio_b{b}"] = tt / td
+    return res
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description="measure the quality bars of a trained pair")
+    ap.add_argument("--out", required=True, help="folder with draft/ and target/")
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--json", default=None, help="write the results here")
+    a = ap.parse_args()
+    r = evaluate_pair(a.out, a.n)
+    text = json.dumps(r, indent=2)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")

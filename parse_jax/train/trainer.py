@@ -27,10 +27,9 @@ import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from parse_jax.errors import CheckpointError
-from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
-from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.models.model import init_params
+from parse_jax.train.forward import train_logits
 from parse_jax.train.recipe import PhaseSpec
 
 RUN_FILE = "run.json"
@@ -50,10 +49,7 @@ def loss_fn(params, cfg: ModelConfig, batch: dict[str, jax.Array], judge_weight:
     """Mean cross-entropy over LM-masked targets + judge_weight * mean over judge-masked targets."""
     tokens = batch["tokens"]
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    b, t = inputs.shape
-    limit, group = causal_metadata(b, t)
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _, _ = Decoder(cfg).apply({"params": params}, inputs, positions, KVCache.init(cfg, b, t), limit, group)
+    logits = train_logits(params, cfg, inputs)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     lm_n = jnp.maximum(batch["lm_mask"].sum(), 1.0)
     judge_n = jnp.maximum(batch["judge_mask"].sum(), 1.0)
@@ -67,7 +63,7 @@ def make_train_step(cfg: ModelConfig, opt: optax.GradientTransformation, judge_w
         (loss, (lm, judge)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, cfg, batch, judge_weight)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "lm": lm, "judge": judge, "grad_norm": optax.global_norm(grads)}
+        return params, opt_state, {"loss": loss, "lm": lm, "judge": judge, "grad_norm": optax.tree.norm(grads)}
 
     return jax.jit(step, donate_argnums=(0, 1))
 
@@ -111,11 +107,13 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable[[int], dict[str, np.ndarray]],
                 folder: str | Path, fingerprint: dict[str, Any], *, judge_weight: float = 0.0,
                 mode: str = "auto", on_step: Callable[[int], None] | None = None,
-                progress: bool = True) -> tuple[dict[str, Any], list[dict[str, float]]]:
+                progress: bool = True, init: dict[str, Any] | None = None
+                ) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """Train `cfg` for `spec.steps` steps on `batch_fn(step)`; returns (params, per-step metrics of this process).
 
     mode: "auto" resumes when checkpoints exist, "resume" requires one, "fresh" deletes the run folder first.
-    `on_step(step)` is called after each finished step (tests use it to simulate a crash)."""
+    `on_step(step)` is called after each finished step (tests use it to simulate a crash). `init`: params to start
+    from instead of a random init (fine-tuning; name its origin in `fingerprint`)."""
     folder = Path(folder)
     fingerprint = {"phase": name, "model": cfg.to_dict(), "spec": dataclasses.asdict(spec), **fingerprint}
     fingerprint = json.loads(json.dumps(fingerprint))
@@ -133,7 +131,7 @@ def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable
     _write_json_atomic(folder / RUN_FILE, fingerprint)
     mngr = _manager(folder, spec.keep_checkpoints)
     start = 0
-    params = init_params(cfg, spec.seed)
+    params = init_params(cfg, spec.seed) if init is None else jax.tree.map(jnp.array, init)
     opt_state = opt.init(params)
     if has_ckpt:
         latest = mngr.latest_step()
@@ -163,7 +161,7 @@ def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable
             tokens_since += int((batch["tokens"] != 0).sum())
             params, opt_state, metrics = step_fn(params, opt_state, batch)
             done = step + 1
-            if done % spec.checkpoint_every == 0 or done == spec.steps or (bar.n + 1) % 25 == 0:
+            if done % spec.checkpoint_every == 0 or done == spec.steps or done % 25 == 0 or step == start:
                 metrics = {k: float(v) for k, v in metrics.items()}
                 history.append({"step": done, **metrics})
                 now = time.perf_counter()
@@ -193,3 +191,22 @@ def latest_step(folder: str | Path) -> int | None:
         return None
     steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
     return max(steps) if steps else None
+
+
+def restore_params(folder: str | Path, cfg: ModelConfig, spec: PhaseSpec, step: int | None = None) -> dict[str, Any]:
+    """The params of checkpoint `step` (default: the latest) of a run folder, e.g. to evaluate a run in flight."""
+    folder = Path(folder)
+    step = latest_step(folder) if step is None else step
+    if step is None:
+        raise CheckpointError(f"no checkpoint in {folder / CKPT_DIR}")
+    params = init_params(cfg, spec.seed)
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
+                            {"params": params, "opt_state": make_optimizer(spec).init(params)})
+    mngr = _manager(folder, spec.keep_checkpoints)
+    try:
+        restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {folder / CKPT_DIR / str(step)} is missing or corrupt: {e}") from None
+    finally:
+        mngr.close()
+    return restored["state"]["params"]

@@ -169,3 +169,15 @@ def test_non_finite_params_in_checkpoint(tiny_hf, tmp_path) -> None:
     with pytest.raises(CheckpointError, match=r"non-finite.*layers_1.*up_proj.*kernel"):
         load_model(path)
     assert params_equal(load_model(path, check_finite=False).params, params)
+
+
+def test_relative_paths_load(tiny_hf, tmp_path, monkeypatch):
+    from parse_jax import load_model as load
+    from parse_jax import save_model as save
+
+    model = load(tiny_hf("qwen3"))
+    monkeypatch.chdir(tmp_path)
+    save(model, "rel/ckpt")
+    again = load("rel/ckpt")
+    ids = [[1, 2, 3, 4]]
+    assert (again.logits(ids) == model.logits(ids)).all()

@@ -1,0 +1,7 @@
+"""Training the embedded draft/target pair: recipes (configs/*.yaml), padded batches, an optax trainer with
+resumable Orbax checkpoints, the draft -> samples -> target pipeline, and the quality measures (evaluate)."""
+
+from parse_jax.train.pipeline import run_recipe
+from parse_jax.train.recipe import Recipe, load_recipe
+
+__all__ = ["Recipe", "load_recipe", "run_recipe"]

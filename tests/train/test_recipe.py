@@ -1,0 +1,45 @@
+"""Recipes: typed YAML validation, unknown names and keys are clear errors; the CLI prints one line, exit 2."""
+
+import pytest
+
+from parse_jax.cli import main
+from parse_jax.errors import ConfigError
+from parse_jax.train.recipe import Recipe, known_recipes, load_recipe, recipe_from_dict
+
+
+def test_the_shipped_recipe_loads():
+    assert "pair_default" in known_recipes()
+    r = load_recipe("pair_default")
+    assert isinstance(r, Recipe) and r.target_model.num_layers > r.draft_model.num_layers
+
+
+def test_unknown_recipe_name():
+    with pytest.raises(ConfigError, match="unknown recipe 'nope'.*pair_default"):
+        load_recipe("nope")
+
+
+@pytest.mark.parametrize("d, msg", [
+    ({"draft": {"stepz": 3}}, r"unknown key\(s\) \['stepz'\] in recipe x.draft"),
+    ({"extra": 1}, r"unknown key\(s\) \['extra'\]"),
+    ({"draft": {"steps": "ten"}}, "draft.steps must be an integer"),
+    ({"task": "impossible"}, "unknown task"),
+    ({"target_model": {"hidden_size": 30, "num_heads": 4}}, "hidden_size"),
+    ({"judge": {"fraction": 1.5}}, "judge.fraction"),
+    ({"draft": 3}, "must be a mapping"),
+])
+def test_bad_recipes_are_clear_errors(d, msg):
+    with pytest.raises(ConfigError, match=msg):
+        recipe_from_dict(d, name="x")
+
+
+def test_cli_unknown_recipe_is_one_line_exit_2(capsys):
+    assert main(["train", "--recipe", "no_such_recipe"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("parse-jax train: error: unknown recipe") and "\n" not in err
+
+
+def test_cli_bad_yaml_file(tmp_path, capsys):
+    p = tmp_path / "r.yaml"
+    p.write_text("draft: {steps: 3, lr: [1]}\n")
+    assert main(["train", "--recipe", str(p)]) == 2
+    assert "draft.lr must be a number" in capsys.readouterr().err
