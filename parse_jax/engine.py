@@ -198,16 +198,13 @@ class ParseEngine:
         texts = [self.target.tokenizer.decode(t) for t in tokens]
         return GenerateResult(texts=texts, tokens=tokens, stats=stats)
 
-    def _cache_len(self, need: int) -> int:
-        return bucket(need)
-
     def _verify_parallel(self, ids, drafts, bounds, max_new):
         """Prompt + draft + K suffix copies in ONE pass over an empty cache; commit prompt + accepted prefix."""
         blocks = [pack(0, p + d, [len(p) + x for x in b], self.suffix_ids) for p, d, b in zip(ids, drafts, bounds)]
         length = bucket(max(blk.length for blk in blocks))
         k_max = bucket(self.config.max_prefixes, 1)
         batch = bucket(len(ids), 1)
-        cache_len = self._cache_len(max(length, max(len(p) for p in ids) + max_new + 1))
+        cache_len = bucket(max(length, max(len(p) for p in ids) + max_new + 1))
         cache = self.target.init_cache(batch, cache_len)
         blocks = blocks + [pack(0, [0], [1], self.suffix_ids)] * (batch - len(ids))
         before = [len(p) - 1 for p in ids] + [0] * (batch - len(ids))
@@ -227,9 +224,9 @@ class ParseEngine:
         seg_max = max(max(np.diff([0] + b)) for b in bounds)
         length = bucket(seg_max + len(self.suffix_ids))
         p_max = bucket(max(len(p) for p in ids))
-        cache_len = self._cache_len(max(p_max + max(len(d) for d in drafts) + length, p_max + max_new + 1))
+        cache_len = bucket(max(p_max + max(len(d) for d in drafts) + length, p_max + max_new + 1))
         cache = self.target.init_cache(batch, cache_len)
-        rows = [p for p in ids] + [[0]] * (batch - len(ids))
+        rows = list(ids) + [[0]] * (batch - len(ids))
         prompt_blocks = [pack(0, p, [len(p)], self.suffix_ids) for p in rows]
         # the prefill pass also scores the empty prefix, which nothing reads; it gives the context's logits
         plen = bucket(max(b.length for b in prompt_blocks))
@@ -285,7 +282,7 @@ class ParseEngine:
         p_max = max(len(p) for p in ids)
         cache = self.target.init_cache(batch, bucket(p_max + max_new + block_max + 1))
         # prefill all but each prompt's last token; that one opens the first verification block
-        rows = [p for p in ids] + [[0]] * (batch - n)
+        rows = list(ids) + [[0]] * (batch - n)
         width = bucket(max(len(p) for p in rows))
         prefill = [pack(0, p[:-1] or [0], [max(len(p) - 1, 1)], self.suffix_ids) for p in rows]
         out = verify_pass(self.target, cache, prefill, self.yes_id, self.no_id, bucket(width + len(self.suffix_ids)),
