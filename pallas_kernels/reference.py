@@ -17,6 +17,9 @@ def visibility(lengths: jax.Array, limit: jax.Array, group: jax.Array, num_slots
     slot = jnp.arange(num_slots, dtype=jnp.int32)[None, None, :]
     ctx = lengths.astype(jnp.int32)[:, None, None]
     j = slot - ctx
+    if t == 1:  # one-token decode: the same rule without the gather (the hot loop of every generation)
+        sees_itself = ((limit > 0) | (group != 0))[:, :, None]
+        return (slot < ctx) | ((j == 0) & sees_itself)
     in_block = (j >= 0) & (j < t)
     key_group = jnp.take_along_axis(group[:, None, :], jnp.clip(j, 0, t - 1), axis=2)
     query_group = group[:, :, None]

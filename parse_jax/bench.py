@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from parse_jax.decode import generate
+from parse_jax.decode import compiled_programs, generate
 from parse_jax.engine import MODES, ParseEngine
 from parse_jax.errors import InputError
 
@@ -79,7 +79,8 @@ def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("tar
                 bar.set_postfix(mode=mode, repeat=r)
     bar.close()
     result = {"modes": {}, "n": n, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "repeats": repeats,
-              "seed": seed, "parse_config": eng.config.__dict__, "provenance": provenance()}
+              "seed": seed, "parse_config": eng.config.__dict__, "provenance": provenance(),
+              "compiled_programs": compiled_programs()}
     for mode in modes:
         texts_tokens = outputs[mode]
         new_tokens = sum(len(t) for _, t in texts_tokens)

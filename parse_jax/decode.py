@@ -108,6 +108,15 @@ def decode_loop(forward, cache: KVCache, first_logits: jax.Array, max_new: jax.A
     return jax.lax.while_loop(cond, body, state)
 
 
+_PROGRAMS: list = []
+
+
+def register_program(program):
+    """Record a jitted program so that `compiled_programs` counts its compilations."""
+    _PROGRAMS.append(program)
+    return program
+
+
 def _forward_fn(module: Decoder, params):
     def forward(tokens, positions, cache, limit, group):
         logits, cache, _ = module.apply({"params": params}, tokens, positions, cache, limit, group)
@@ -133,7 +142,7 @@ def _generate_program(cfg: ModelConfig, attention_impl: str, num_new: int, cache
                             top_k, top_p)
         return state.tokens, state.num_new, state.step
 
-    return jax.jit(run)
+    return register_program(jax.jit(run))
 
 
 @functools.cache
@@ -146,12 +155,13 @@ def continue_program(cfg: ModelConfig, attention_impl: str, num_new: int, greedy
         return decode_loop(_forward_fn(module, params), cache, first_logits, max_new, eos_ids, rng, num_new,
                            greedy, temperature, top_k, top_p)
 
-    return jax.jit(run, donate_argnums=(1,))
+    return register_program(jax.jit(run, donate_argnums=(1,)))
 
 
 def compiled_programs() -> int:
-    """How many distinct generation programs this process has built (one per bucket combination)."""
-    return _generate_program.cache_info().currsize + continue_program.cache_info().currsize
+    """Executables this process has compiled for generation, verification and speculation: every jitted program
+    counts once per input-shape bucket it has run with (padding buckets keep this bounded)."""
+    return sum(p._cache_size() for p in _PROGRAMS)
 
 
 def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_bos: bool = True) -> list[list[int]]:

@@ -15,6 +15,7 @@ from parse_jax.decode import (
     GenerateResult,
     SamplingParams,
     bucket,
+    compiled_programs,
     continue_program,
     encode_prompts,
     generate,
@@ -147,6 +148,7 @@ class ParseEngine:
             else:
                 res = self._verify_then_continue(ids, int(max_new_tokens), sampling, sequential=mode == "sequential")
         res.stats["mode"] = mode
+        res.stats["compiled_programs"] = compiled_programs()
         return res
 
     def _draft(self, contexts: list[list[int]], budget: int, sampling: SamplingParams) -> tuple[list[list[int]], float]:

@@ -26,6 +26,7 @@ from parse_jax.decode import (
     bucket,
     encode_prompts,
     pad_prompts,
+    register_program,
     resolve_eos,
 )
 from parse_jax.errors import InputError
@@ -148,7 +149,7 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
         state = jax.lax.while_loop(cond, body, state)
         return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
 
-    return jax.jit(run)
+    return register_program(jax.jit(run))
 
 
 def check_pair(target, draft) -> None:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from parse_jax.decode import register_program
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.layout import PackedBlock, pad_blocks
 from parse_jax.models.cache import KVCache
@@ -75,7 +76,7 @@ def _verify_program(cfg: ModelConfig, attention_impl: str):
         boundary_logits = jnp.take_along_axis(logits, boundary_index[..., None], axis=1)
         return scores, boundary_logits, cache
 
-    return jax.jit(run, donate_argnums=(1,))
+    return register_program(jax.jit(run, donate_argnums=(1,)))
 
 
 def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: int, no_id: int,

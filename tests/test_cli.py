@@ -43,3 +43,57 @@ def test_cli_errors_are_one_line_messages(tmp_path, hf_dir):
     assert r.returncode == 2 and "nowhere" in r.stderr and "Traceback" not in r.stderr
     r = _cli("generate", "--model", str(hf_dir), "")
     assert r.returncode == 2 and "empty" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def pair_dir(tmp_path_factory):
+    """A pair folder (target/ + draft/) of random models on the task tokenizer."""
+    from parse_jax import save_model
+    from tests.test_engine import DRAFT, TARGET
+
+    d = tmp_path_factory.mktemp("pair")
+    save_model(TARGET, d / "target")
+    save_model(DRAFT, d / "draft")
+    return d
+
+
+def test_generate_modes_on_a_pair_print_what_the_engine_writes(pair_dir):
+    from parse_jax import ParseConfig, ParseEngine, load_pair
+
+    target, draft = load_pair(pair_dir)
+    prompt = "( 3 + 4 ) * ( 5 - 2 ) :"
+    eng = ParseEngine(target, draft, ParseConfig(threshold=0.3))
+    for mode in ("target", "sd", "parse"):
+        expect = eng.generate([prompt], mode=mode, max_new_tokens=12).texts[0]
+        r = _cli("generate", "--pair", str(pair_dir), "--mode", mode, "--threshold", "0.3", "--max-new-tokens", "12",
+                 prompt)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.rstrip("\n") == expect
+
+
+def test_bench_writes_the_design_schema(pair_dir, tmp_path):
+    out = tmp_path / "res" / "bench.json"
+    r = _cli("bench", "--pair", str(pair_dir), "--n", "4", "--modes", "target,parse,sd", "--max-new-tokens", "8",
+             "--batch-size", "2", "--repeats", "1", "--json", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "| parse |" in r.stdout
+    import json
+
+    res = json.loads(out.read_text())
+    assert set(res["modes"]) == {"target", "parse", "sd"}
+    for row in res["modes"].values():
+        assert {"tokens_per_s", "accuracy", "speedup_vs_target", "accepted_per_pass"} <= set(row)
+    assert res["command"].startswith("parse-jax bench") and res["n"] == 4
+
+
+def test_pair_and_mode_errors_are_one_line_messages(pair_dir, tmp_path, hf_dir):
+    r = _cli("bench", "--pair", str(tmp_path), "--n", "2")
+    assert r.returncode == 2 and "not a pair folder" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("bench", "--pair", str(pair_dir), "--modes", "target,warp")
+    assert r.returncode == 2 and "warp" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("generate", "--pair", str(pair_dir), "--mode", "warp", "1 :")
+    assert r.returncode == 2 and "unknown mode" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("generate", "--model", str(hf_dir), "--mode", "parse", "hi")
+    assert r.returncode == 2 and "--draft" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("bench", "--pair", str(pair_dir), "--n", "2", "--json", "/proc/nope/bench.json")
+    assert r.returncode == 2 and "cannot write" in r.stderr and "Traceback" not in r.stderr

@@ -111,3 +111,21 @@ def test_multi_round_threshold_above_one_is_the_target_alone_and_zero_accepts_dr
     first = generate(DRAFT, PROMPTS, max_new_tokens=12, eos_ids=[TOK.eos_id]).tokens
     for d, out in zip(first, res.tokens):
         assert out[: len(d)] == d[:24]
+
+
+def test_a_long_run_compiles_a_bounded_number_of_programs():
+    """After one request per shape bucket, requests of other lengths and batch sizes in the same buckets compile
+    nothing new (stats["compiled_programs"] counts real executables)."""
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3, threshold=0.3))
+    rng = np.random.default_rng(0)
+
+    def prompts(n, length):
+        return [[1, *rng.integers(4, 20, length).tolist()] for _ in range(n)]
+
+    for mode in ("parse", "sequential", "sd", "target"):
+        eng.generate(prompts(3, 5), mode=mode, max_new_tokens=10)
+    before = eng.generate(prompts(3, 5), mode="parse", max_new_tokens=10).stats["compiled_programs"]
+    for n, length in ((4, 5), (3, 4), (4, 3)):
+        for mode in ("parse", "sequential", "sd", "target"):
+            after = eng.generate(prompts(n, length), mode=mode, max_new_tokens=12).stats["compiled_programs"]
+    assert after == before

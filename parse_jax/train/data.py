@@ -1,16 +1,20 @@
-"""Training batches with static shapes: every row is padded to `seq_len + 1` tokens, with loss masks.
+"""Training batches with static shapes, in the layout the target verifies with (DESIGN §2).
 
-Rows:
-- language modelling: ``BOS prompt solution EOS``; the loss covers the solution and EOS only. Solutions use a
-  random valid step order (``task.solve(prompt, rng)``).
-- judge: ``BOS verify_prompt(prompt, steps_so_far[, final_answer]) judge_word``; the loss covers the judge word
-  only. Labels are balanced (clean / erroneous prefixes). Prefixes are cut at every step boundary and at the full
-  answer; erroneous ones come from synthetic corruptions (``task.corrupt``) or from real draft outputs labelled
-  with ``task.prefix_correct``.
+Every row is one solution (clean, synthetically corrupted, or a real draft output) written once, followed by a
+copy of the verification suffix for every step boundary and for the final answer: ``BOS prompt s1 ; s2 ; ...
+answer v EOS | check | check ...``. Copy k sees only the prompt and the solution up to boundary k and sits at the
+RoPE positions that follow it, so its last token predicts the judge word for exactly the text of
+``task.verify_prompt(prompt, steps[:k])``: the same tokens, positions and visibility as a standalone verification
+prompt or a PARSE pass. One row therefore carries a label for every prefix of its solution (clean prefixes before
+a wrong step, erroneous ones from it on), which is what lets the judge learn: a row with one verification prompt
+per row gave one label per 40 tokens, and the judge stayed at chance (EXPERIMENTS.md).
 
-A batch is a dict of numpy arrays: ``tokens`` int32 [B, L+1], ``lm_mask`` and ``judge_mask`` float32 [B, L]
-aligned with the targets ``tokens[:, 1:]``. Batch `step` of a stream depends only on (seed, step), so the data
-RNG state of a run is its step counter and a resumed run sees exactly the batches an uninterrupted one sees.
+Losses: language modelling on the solution tokens up to the first wrong step (all of it, and EOS, for a correct
+solution); the judge word at the last token of every suffix copy. A batch is a dict of numpy arrays of shape
+[B, L]: ``tokens``, ``targets`` (what each position predicts), ``positions``, ``limit`` and ``group`` (the mask
+metadata of `pallas_kernels.reference.visibility`), float32 ``lm_mask`` and ``judge_mask``. Batch `step` depends
+only on (seed, step), so the data RNG state of a run is its step counter and a resumed run sees exactly the
+batches an uninterrupted one sees.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from parse_jax.errors import ConfigError
+from parse_jax.layout import pack
 from parse_jax.tasks import Task
 
 PAD_ID = 0
@@ -50,18 +55,68 @@ class Encoder:
             if len(ids) != 1:
                 raise ConfigError(f"judge word {task.judge_word(ok)!r} is not exactly one token: {ids}")
             self.judge_ids[ok] = ids[0]
+        probe = "( 1 + 2 ) :"
+        full = tokenizer.encode(task.verify_prompt(probe, []))
+        self.suffix = full[len(tokenizer.encode(probe)):]
+        if not self.suffix:
+            raise ConfigError("the task's verification suffix encodes to no tokens")
 
     def prompt_ids(self, prompt: str) -> list[int]:
         return [self.bos, *self.tok.encode(prompt)]
 
-    def lm_row(self, prompt: str, solution: str) -> tuple[list[int], int]:
-        """(ids, index of the first loss target): loss on solution tokens and EOS."""
-        p = self.prompt_ids(prompt)
-        return [*p, *self.tok.encode(solution), self.eos], len(p)
-
     def judge_row(self, ex: JudgeExample) -> list[int]:
+        """A standalone verification prompt and its judge word (evaluation scores these)."""
         text = self.task.verify_prompt(ex.prompt, list(ex.steps), ex.final_answer)
         return [*self.prompt_ids(text), self.judge_ids[ex.correct]]
+
+    def solution_row(self, prompt: str, text: str, judge: bool) -> dict[str, np.ndarray]:
+        """One training row (unpadded) for `text` as a solution of `prompt`; judge copies when `judge`."""
+        task = self.task
+        steps = task.steps(text)
+        answer = task.final_answer(text)
+        ctx = self.prompt_ids(prompt)
+        c = len(ctx)
+        suffix = self.suffix
+
+        def body(k: int, ans: str | None = None) -> list[int]:  # the solution text of prefix k, as ids
+            full = self.prompt_ids(task.verify_prompt(prompt, steps[:k], ans))
+            return full[c: len(full) - len(suffix)]
+
+        prefix_ids = [body(k) for k in range(1, len(steps) + 1)]
+        labels = [task.prefix_correct(prompt, steps[:k]) for k in range(1, len(steps) + 1)]
+        ids = body(len(steps), answer)
+        if answer is not None:
+            prefix_ids.append(ids)
+            labels.append(task.prefix_correct(prompt, steps, answer))
+        # LM loss on the longest clean prefix (and EOS after a correct final answer)
+        lm_end = max([len(p) for p, ok in zip(prefix_ids, labels) if ok], default=0)
+        if answer is not None and labels[-1]:
+            ids = [*ids, self.eos]
+            lm_end = len(ids)
+        draft = [*ctx, *ids]
+        if judge and prefix_ids:
+            bounds = [c + len(p) for p in prefix_ids]
+            block = pack(0, draft, bounds, suffix)
+            tokens, positions, limit, group = block.tokens, block.positions, block.limit, block.group
+        else:
+            labels = []
+            tokens = np.asarray(draft, np.int32)
+            positions = np.arange(len(draft), dtype=np.int32)
+            limit, group = positions + 1, np.zeros(len(draft), np.int32)
+        n = len(tokens)
+        targets = np.full(n, PAD_ID, np.int32)
+        targets[: len(draft) - 1] = draft[1:]
+        lm_mask = np.zeros(n, np.float32)
+        lm_mask[c - 1: c + lm_end - 1] = 1.0
+        judge_mask = np.zeros(n, np.float32)
+        s = len(suffix)
+        for k, ok in enumerate(labels):
+            start = len(draft) + k * s
+            targets[start: start + s - 1] = suffix[1:]  # inside a copy: the next suffix token (no loss)
+            targets[start + s - 1] = self.judge_ids[ok]
+            judge_mask[start + s - 1] = 1.0
+        return {"tokens": tokens, "targets": targets, "positions": positions, "limit": limit, "group": group,
+                "lm_mask": lm_mask, "judge_mask": judge_mask}
 
 
 def prefixes(task: Task, prompt: str, text: str) -> list[JudgeExample]:
@@ -76,71 +131,55 @@ def prefixes(task: Task, prompt: str, text: str) -> list[JudgeExample]:
     return out
 
 
-class JudgePool:
-    """Labelled prefixes of real draft outputs, split by label."""
-
-    def __init__(self, task: Task, samples: Sequence[tuple[str, str]], max_len: int, encoder: Encoder) -> None:
-        self.good: list[JudgeExample] = []
-        self.bad: list[JudgeExample] = []
-        for prompt, text in samples:
-            for ex in prefixes(task, prompt, text):
-                if len(encoder.judge_row(ex)) <= max_len:
-                    (self.good if ex.correct else self.bad).append(ex)
-
-
 class BatchStream:
-    """Deterministic batches: `batch(step)` depends only on (seed, step)."""
+    """Deterministic batches: `batch(step)` depends only on (seed, step).
 
-    def __init__(self, task: Task, encoder: Encoder, seq_len: int, batch_size: int, seed: int,
-                 judge_fraction: float = 0.0, real_fraction: float = 0.0, pool: JudgePool | None = None,
-                 split: str = "train") -> None:
+    Rows: with probability `real_fraction` a real draft output from `samples` (those that fit), else with
+    probability `error_fraction` a synthetic corruption of a random-order solution, else a clean random-order
+    solution. `judge=False` (the draft's stream) gives plain language-modelling rows."""
+
+    def __init__(self, task: Task, encoder: Encoder, seq_len: int, batch_size: int, seed: int, *,
+                 judge: bool = False, error_fraction: float = 0.0, real_fraction: float = 0.0,
+                 samples: Sequence[tuple[str, str]] = (), split: str = "train") -> None:
         if split == "test":
             raise ConfigError("training data must not come from the held-out split")
         self.task, self.enc, self.seq_len, self.batch_size = task, encoder, seq_len, batch_size
-        self.seed, self.split = seed, split
-        self.n_judge = int(round(batch_size * judge_fraction))
-        self.real_fraction = real_fraction
-        self.pool = pool
+        self.seed, self.split, self.judge = seed, split, judge
+        self.error_fraction, self.real_fraction = error_fraction, real_fraction
+        self.samples = [(p, t) for p, t in samples
+                        if len(encoder.solution_row(p, t, judge)["tokens"]) <= seq_len]
+        if real_fraction > 0 and not self.samples:
+            raise ConfigError("real_fraction > 0 needs draft samples that fit in seq_len")
 
     def _rng(self, step: int) -> random.Random:
         return random.Random(f"{self.seed}:{step}")
 
-    def _synthetic(self, rng: random.Random, correct: bool) -> JudgeExample:
-        prompt = self.task.sample(rng, self.split)
-        sol = self.task.solve(prompt, rng)
-        if correct:
-            cands = [e for e in prefixes(self.task, prompt, sol) if e.correct]
+    def row(self, rng: random.Random) -> dict[str, np.ndarray]:
+        if self.samples and rng.random() < self.real_fraction:
+            prompt, text = self.samples[rng.randrange(len(self.samples))]
         else:
-            bad, _ = self.task.corrupt(prompt, sol, rng)
-            cands = [e for e in prefixes(self.task, prompt, bad) if not e.correct]
-        return cands[rng.randrange(len(cands))]
-
-    def judge_example(self, rng: random.Random) -> JudgeExample:
-        correct = rng.random() < 0.5
-        if self.pool is not None and rng.random() < self.real_fraction:
-            src = self.pool.good if correct else self.pool.bad
-            if src:  # a label the draft never produced falls back to synthetic data
-                return src[rng.randrange(len(src))]
-        return self._synthetic(rng, correct)
+            prompt = self.task.sample(rng, self.split)
+            text = self.task.solve(prompt, rng)
+            if rng.random() < self.error_fraction:
+                text, _ = self.task.corrupt(prompt, text, rng)
+        return self.enc.solution_row(prompt, text, self.judge)
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         rng = self._rng(step)
         b, length = self.batch_size, self.seq_len
-        tokens = np.full((b, length + 1), PAD_ID, np.int32)
-        lm_mask = np.zeros((b, length), np.float32)
-        judge_mask = np.zeros((b, length), np.float32)
+        out = {k: np.zeros((b, length), np.float32 if k.endswith("mask") else np.int32)
+               for k in ("tokens", "targets", "positions", "limit", "group", "lm_mask", "judge_mask")}
+        out["limit"][:] = np.arange(1, length + 1, dtype=np.int32)  # padding: causal, never a loss target
+        out["positions"][:] = np.arange(length, dtype=np.int32)
         for i in range(b):
-            while True:
-                if i < b - self.n_judge:
-                    prompt = self.task.sample(rng, self.split)
-                    ids, start = self.enc.lm_row(prompt, self.task.solve(prompt, rng))
-                    is_judge = False
-                else:
-                    ids = self.enc.judge_row(self.judge_example(rng))
-                    start, is_judge = len(ids) - 1, True
-                if len(ids) <= length + 1:
+            for _ in range(1000):
+                row = self.row(rng)
+                if len(row["tokens"]) <= length:
                     break
-            tokens[i, : len(ids)] = ids
-            # target index j predicts tokens[j + 1]
-            (judge_mask if is_judge else lm_mask)[i, start - 1: len(ids) - 1] = 1.0
-        return {"tokens": tokens, "lm_mask": lm_mask, "judge_mask": judge_mask}
+            else:
+                raise ConfigError(f"seq_len {length} is too short for this task's rows (one needs "
+                                  f"{len(row['tokens'])} tokens)")
+            n = len(row["tokens"])
+            for k, v in row.items():
+                out[k][i, :n] = v
+        return out

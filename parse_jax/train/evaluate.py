@@ -161,13 +161,18 @@ def evaluate_pair(out, n: int = 1000, n_synthetic: int = 1000, batch_sizes: Sequ
 if __name__ == "__main__":
     import argparse
     import json
+    import sys
 
     ap = argparse.ArgumentParser(description="measure the quality bars of a trained pair")
-    ap.add_argument("--out", required=True, help="folder with draft/ and target/")
+    ap.add_argument("--out", "--pair", dest="out", default=None,
+                    help="folder with draft/ and target/ (default: the pair shipped in the package)")
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--json", default=None, help="write the results here")
     a = ap.parse_args()
-    r = evaluate_pair(a.out, a.n)
+    from parse_jax.pair import PAIR_DIR
+
+    r = evaluate_pair(a.out or PAIR_DIR, a.n)
+    r["command"] = "python -m parse_jax.train.evaluate " + " ".join(sys.argv[1:])
     text = json.dumps(r, indent=2)
     print(text)
     if a.json:

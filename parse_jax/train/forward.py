@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.reference import visibility
 from parse_jax.models.config import ModelConfig, rope_inv_freq
 from parse_jax.models.decoder import apply_rope
 
@@ -24,15 +25,21 @@ def _dense(p, x):
     return y + p["bias"] if "bias" in p else y
 
 
-def train_logits(params, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
-    """int [B, T] -> float32 logits [B, T, V], causal, positions 0..T-1 (float32 models)."""
+def train_logits(params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
+                 limit: jax.Array | None = None, group: jax.Array | None = None) -> jax.Array:
+    """int [B, T] -> float32 logits [B, T, V] (float32 models). Without metadata: causal, positions 0..T-1; with
+    `positions`, `limit` and `group` [B, T]: the multi-prefix mask of DESIGN §2 over the row alone (no cache)."""
     b, t = tokens.shape
     h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     emb = params["embed_tokens"]["embedding"]
     x = emb[tokens]
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
-    causal = jnp.tril(jnp.ones((t, t), bool))
+    if limit is None:
+        mask = jnp.tril(jnp.ones((t, t), bool))
+    else:
+        mask = visibility(jnp.zeros((b,), jnp.int32), limit, group, t)[:, None]
     for i in range(cfg.num_layers):
         lp = params[f"layers_{i}"]
         a = lp["self_attn"]
@@ -47,7 +54,7 @@ def train_logits(params, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
         if kvh != h:
             k, v = jnp.repeat(k, h // kvh, axis=2), jnp.repeat(v, h // kvh, axis=2)
         s = jnp.einsum("bthd,bshd->bhts", q, k) * d ** -0.5
-        s = jnp.where(causal, s, -1e30)
+        s = jnp.where(mask, s, -1e30)
         o = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s, axis=-1), v).reshape(b, t, h * d)
         x = x + _dense(a["o_proj"], o)
         m = lp["mlp"]

@@ -27,7 +27,7 @@ from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.tasks import Task, load_task
-from parse_jax.train.data import BatchStream, Encoder, JudgePool
+from parse_jax.train.data import BatchStream, Encoder
 from parse_jax.train.recipe import ModelSpec, Recipe
 from parse_jax.train.trainer import train_phase
 
@@ -135,18 +135,17 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
                                            "spec": dataclasses.asdict(recipe.draft)})),
            "judge": dataclasses.asdict(recipe.judge), "seed": recipe.target.seed}
     samples = (_samples(out, draft, task, recipe, sfp, mode == "fresh", quiet)
-               if recipe.judge.fraction > 0 and recipe.judge.real_fraction > 0 else [])
+               if recipe.judge.weight > 0 and recipe.judge.real_fraction > 0 else [])
     timings["sample_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     tcfg = model_config(recipe.target_model, tok)
     _log(f"target: {tcfg.num_params / 1e6:.3f}M params, {recipe.target.steps} steps", quiet)
-    pool = JudgePool(task, samples, recipe.seq_len + 1, enc) if samples else None
-    if pool is not None:
-        _log(f"judge pool from draft outputs: {len(pool.good)} clean / {len(pool.bad)} erroneous prefixes", quiet)
     tstream = BatchStream(task, enc, recipe.seq_len, recipe.target.batch_size, recipe.target.seed,
-                          judge_fraction=recipe.judge.fraction,
-                          real_fraction=recipe.judge.real_fraction if pool is not None else 0.0, pool=pool)
+                          judge=recipe.judge.weight > 0, error_fraction=recipe.judge.error_fraction,
+                          real_fraction=recipe.judge.real_fraction if samples else 0.0, samples=samples)
+    if samples:
+        _log(f"real draft outputs that fit a row: {len(tstream.samples)} of {len(samples)}", quiet)
     tfp = {**data_fp, "samples": sfp, "judge": dataclasses.asdict(recipe.judge)}
     tparams, _ = train_phase("target", tcfg, recipe.target, tstream.batch, out / "target_run", tfp,
                              judge_weight=recipe.judge.weight, mode="resume" if mode == "resume" else "auto",

@@ -45,11 +45,11 @@ class PhaseSpec:
 
 @dataclasses.dataclass(frozen=True)
 class JudgeSpec:
-    """The target's judge data: share of rows, loss weight, and where the negatives come from."""
+    """The target's rows: which solutions they hold (clean, corrupted, real draft outputs) and the judge weight."""
 
-    fraction: float = 0.5          # share of each target batch that is judge rows (rest: language modelling)
-    weight: float = 1.0            # weight of the judge-token loss against the LM loss
-    real_fraction: float = 0.5     # share of judge rows taken from real draft outputs (rest: synthetic)
+    error_fraction: float = 0.3    # share of synthetic rows with one corrupted step (rest: clean solutions)
+    weight: float = 1.0            # weight of the judge-token loss against the LM loss (0: no judge copies)
+    real_fraction: float = 0.3     # share of target rows that are real draft outputs (rest: synthetic)
     draft_samples: int = 4000      # train problems the draft solves (sampled) for the real outputs
     draft_temperature: float = 1.0
     sample_batch: int = 256
@@ -134,9 +134,9 @@ def _check(r: Recipe) -> None:
             raise ConfigError(f"recipe {r.name}: {name} needs lr > 0, warmup_steps >= 0, "
                               "0 <= final_lr_ratio <= 1, grad_clip > 0")
     j = r.judge
-    if not 0 <= j.fraction < 1 or not 0 <= j.real_fraction <= 1 or j.weight < 0:
-        raise ConfigError(f"recipe {r.name}: judge.fraction must be in [0, 1), judge.real_fraction in [0, 1], "
-                          "judge.weight >= 0")
+    if not 0 <= j.error_fraction <= 1 or not 0 <= j.real_fraction < 1 or j.weight < 0:
+        raise ConfigError(f"recipe {r.name}: judge.error_fraction must be in [0, 1], judge.real_fraction in "
+                          "[0, 1), judge.weight >= 0")
     if j.draft_samples < 0 or j.sample_batch < 1 or j.draft_temperature < 0:
         raise ConfigError(f"recipe {r.name}: judge.draft_samples >= 0, sample_batch >= 1, draft_temperature >= 0")
 

@@ -47,10 +47,8 @@ def make_optimizer(spec: PhaseSpec) -> optax.GradientTransformation:
 
 def loss_fn(params, cfg: ModelConfig, batch: dict[str, jax.Array], judge_weight: float):
     """Mean cross-entropy over LM-masked targets + judge_weight * mean over judge-masked targets."""
-    tokens = batch["tokens"]
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    logits = train_logits(params, cfg, inputs)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    logits = train_logits(params, cfg, batch["tokens"], batch["positions"], batch["limit"], batch["group"])
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
     lm_n = jnp.maximum(batch["lm_mask"].sum(), 1.0)
     judge_n = jnp.maximum(batch["judge_mask"].sum(), 1.0)
     lm = (ce * batch["lm_mask"]).sum() / lm_n

@@ -47,6 +47,15 @@ def test_visibility_matches_the_rule(layout):
     np.testing.assert_array_equal(got, _rule(ctx, limit, group, slots))
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 6), st.integers(0, 1), st.integers(0, 2), st.integers(0, 3))
+def test_one_token_blocks_take_the_same_rule(ctx, limit, group, free):
+    """T = 1 (every decode step) has its own gather-free path."""
+    slots = ctx + 1 + free
+    got = np.asarray(visibility(jnp.array([ctx]), jnp.array([[limit]]), jnp.array([[group]]), slots))[0]
+    np.testing.assert_array_equal(got, _rule(ctx, np.array([limit]), np.array([group]), slots))
+
+
 @settings(max_examples=15, deadline=None)
 @given(layouts(), st.sampled_from([(4, 1), (4, 2), (2, 2)]), st.integers(0, 2**16))
 def test_attention_equals_softmax_over_visible_keys(layout, heads, seed):

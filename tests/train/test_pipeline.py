@@ -10,12 +10,12 @@ from parse_jax.train.pipeline import SAMPLES_FILE
 from parse_jax.train.trainer import latest_step
 
 TINY = """
-seq_len: 40
+seq_len: 44
 draft_model: {{hidden_size: 16, num_layers: 1, num_heads: 2, num_kv_heads: 2, intermediate_size: 32}}
 target_model: {{hidden_size: {h}, num_layers: 1, num_heads: 2, num_kv_heads: 1, intermediate_size: 32}}
 draft: {{steps: 4, batch_size: 8, warmup_steps: 1, checkpoint_every: 2}}
 target: {{steps: 4, batch_size: 8, warmup_steps: 1, checkpoint_every: 2}}
-judge: {{fraction: 0.5, real_fraction: 0.5, draft_samples: 16, sample_batch: 16}}
+judge: {{error_fraction: 0.5, real_fraction: 0.5, draft_samples: 16, sample_batch: 16}}
 """
 
 

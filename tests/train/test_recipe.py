@@ -24,7 +24,7 @@ def test_unknown_recipe_name():
     ({"draft": {"steps": "ten"}}, "draft.steps must be an integer"),
     ({"task": "impossible"}, "unknown task"),
     ({"target_model": {"hidden_size": 30, "num_heads": 4}}, "hidden_size"),
-    ({"judge": {"fraction": 1.5}}, "judge.fraction"),
+    ({"judge": {"error_fraction": 1.5}}, "judge.error_fraction"),
     ({"draft": 3}, "must be a mapping"),
 ])
 def test_bad_recipes_are_clear_errors(d, msg):

@@ -8,13 +8,14 @@ import textwrap
 import numpy as np
 import pytest
 
+from pallas_kernels.reference import visibility
 from parse_jax.errors import CheckpointError
 from parse_jax.models.checkpoint import params_equal
 from parse_jax.models.model import Model, init_params
 from parse_jax.train.data import BatchStream
 from parse_jax.train.forward import train_logits
 from parse_jax.train.pipeline import model_config
-from parse_jax.train.recipe import ModelSpec
+from parse_jax.train.recipe import ModelSpec, PhaseSpec
 from parse_jax.train.trainer import CKPT_DIR, latest_step, train_phase
 
 
@@ -22,8 +23,8 @@ class Crash(Exception):
     pass
 
 
-def _stream(task, enc, spec, judge=0.25):
-    return BatchStream(task, enc, 40, spec.batch_size, spec.seed, judge_fraction=judge)
+def _stream(task, enc, spec, judge=True):
+    return BatchStream(task, enc, 44, spec.batch_size, spec.seed, judge=judge, error_fraction=0.5)
 
 
 def _steps(folder):
@@ -41,9 +42,28 @@ def test_training_forward_equals_model_logits(tok, spec_kw):
                                atol=2e-5, rtol=1e-5)
 
 
+def test_packed_rows_score_each_copy_like_its_standalone_verification_prompt(tok, task, enc):
+    """The training forward over a packed row (DESIGN §2 metadata) gives every judge position the logits of a plain
+    causal pass over that prefix's verification prompt."""
+    cfg = model_config(ModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=48,
+                                 max_position_embeddings=64), tok)
+    params = init_params(cfg, seed=3)
+    b = _stream(task, enc, dataclasses.replace(PhaseSpec(), batch_size=4)).batch(2)
+    logits = np.asarray(train_logits(params, cfg, b["tokens"], b["positions"], b["limit"], b["group"]))
+    vis = np.asarray(visibility(np.zeros(4, np.int32), b["limit"], b["group"], b["tokens"].shape[1]))
+    model = Model(cfg, params)
+    checked = 0
+    for r in range(4):
+        for i in np.flatnonzero(b["judge_mask"][r]):
+            ids = b["tokens"][r][np.flatnonzero(vis[r, i])]
+            np.testing.assert_allclose(logits[r, i], model.logits(ids[None])[0, -1], atol=2e-5, rtol=1e-5)
+            checked += 1
+    assert checked >= 12
+
+
 def test_a_short_run_lowers_the_loss(task, enc, tiny_cfg, tiny_spec, tmp_path):
     spec = dataclasses.replace(tiny_spec, steps=30, batch_size=16, lr=1e-2, checkpoint_every=30)
-    _, hist = train_phase("t", tiny_cfg, spec, _stream(task, enc, spec, 0.0).batch, tmp_path / "run", {},
+    _, hist = train_phase("t", tiny_cfg, spec, _stream(task, enc, spec, False).batch, tmp_path / "run", {},
                           progress=False)
     assert hist[0]["step"] == 1 and hist[-1]["step"] == 30
     first = float(np.mean([h["loss"] for h in hist[:1]]))
@@ -78,7 +98,7 @@ def test_kill_9_mid_run_then_rerun_reaches_the_same_step(tmp_path):
         from parse_jax.tasks import load_task
         from parse_jax.train.data import BatchStream, Encoder
         from parse_jax.train.pipeline import load_tokenizer, model_config
-        from parse_jax.train.recipe import ModelSpec, PhaseSpec
+        from parse_jax.train.recipe import ModelSpec, PhaseSpec, PhaseSpec
         from parse_jax.train.trainer import train_phase
         tok, task = load_tokenizer(), load_task()
         cfg = model_config(ModelSpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2,

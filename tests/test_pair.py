@@ -1,0 +1,60 @@
+"""The embedded pair shipped in the package: it loads with no argument, matches its recipe, and passes a quick
+version of issue 3's quality bars on 100 held-out problems (the full bars, on 1000, are in README and
+benchmarks/results/pair_default_eval.md)."""
+
+import jax
+import numpy as np
+import pytest
+
+import parse_jax as pj
+from parse_jax.errors import CheckpointError
+from parse_jax.pair import PAIR_DIR
+from parse_jax.train.evaluate import accuracy, judge_auroc, solve_many, token_diff_fraction
+from parse_jax.train.pipeline import model_config
+from parse_jax.train.recipe import load_recipe
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return pj.load_pair()
+
+
+def test_the_shipped_pair_is_the_recipes_and_small(pair):
+    target, draft = pair
+    recipe = load_recipe("pair_default")
+    assert target.config == model_config(recipe.target_model, target.tokenizer)
+    assert draft.config == model_config(recipe.draft_model, draft.tokenizer)
+    size = sum(f.stat().st_size for f in PAIR_DIR.rglob("*") if f.is_file())
+    assert size < 40e6
+    for m in pair:
+        assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(m.params))
+
+
+def test_quick_quality_bars_on_100_held_out_problems(pair):
+    target, draft = pair
+    task = pj.load_task()
+    t_acc, t_out = accuracy(target, task, 100)
+    d_acc, d_out = accuracy(draft, task, 100)
+    assert t_acc >= 0.93  # bar on 1000: >= 97%; 100 problems leave a few points of sampling error
+    assert 0.35 <= d_acc <= 0.9  # bar on 1000: 40% to 85%
+    assert t_acc > d_acc
+    assert token_diff_fraction(task, d_out, t_out) > 0.2  # correct drafts that differ token-wise from the target
+    prompts = [p for p, _ in task.problems(100, 0)]
+    sampled = solve_many(draft, task, prompts, temperature=1.0, seed=12345)
+    res = judge_auroc(target, task, list(zip(prompts, sampled)), n_synthetic=100)
+    assert res["auroc"] >= 0.9, res  # bar on 1000: >= 0.97
+
+
+def test_the_default_config_fits_the_pair(pair):
+    target, draft = pair
+    eng = pj.ParseEngine(target, draft)
+    task = pj.load_task()
+    prompts = [p for p, _ in task.problems(8, 3)]
+    res = eng.generate(prompts, mode="parse", max_new_tokens=32)
+    assert res.stats["verify_passes"] >= 1 and res.stats["accepted_tokens"] > 0
+    assert np.mean([task.grade(p, t) for p, t in zip(prompts, res.texts)]) >= 0.75
+
+
+def test_a_folder_without_a_pair_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="not a pair folder.*target/ or draft/"):
+        pj.load_pair(tmp_path)
