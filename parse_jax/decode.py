@@ -20,7 +20,7 @@ from parse_jax.errors import InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
-from parse_jax.sampling import sample_token
+from parse_jax.sampling import prng_key, sample_token
 
 PAD_ID = 0
 
@@ -241,7 +241,7 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_to
     t0 = time.perf_counter()
     tokens, num_new, steps = program(model.params, prompt, lens, max_new, eos,
                                      np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
-                                     jax.random.PRNGKey(sampling.seed))
+                                     prng_key(sampling.seed))
     tokens, num_new = np.asarray(tokens), np.asarray(num_new)
     seconds = time.perf_counter() - t0
     out = [tokens[i, : num_new[i]].tolist() for i in range(len(ids))]

@@ -8,7 +8,6 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-import jax
 import numpy as np
 
 from parse_jax.decode import (
@@ -30,6 +29,7 @@ from parse_jax.layout import (
     pack,
     stride_boundaries,
 )
+from parse_jax.sampling import prng_key
 from parse_jax.speculative import check_pair, speculative_generate
 from parse_jax.tasks import DELIMITER, JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
 from parse_jax.verify import POLICIES, accept, judge_token_id, verify_pass
@@ -178,7 +178,7 @@ class ParseEngine:
                                    sampling.greedy, sampling.top_k)
         state = program(self.target.params, cache, first_logits, remaining, eos,
                         np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
-                        jax.random.PRNGKey(sampling.seed + 1))
+                        prng_key(sampling.seed + 1))
         cont, cont_n, steps = np.asarray(state.tokens), np.asarray(state.num_new), int(state.step)
         t_cont = time.perf_counter() - t0
         tokens = [drafts[i][: accepted_b[i]] + cont[i, : cont_n[i]].tolist() for i in range(len(ids))]
@@ -342,7 +342,7 @@ class ParseEngine:
             t0 = time.perf_counter()
             state = program(self.target.params, cache, first_logits, remaining, seg_stop,
                             np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
-                            jax.random.PRNGKey(sampling.seed + stats["rounds"]))
+                            prng_key(sampling.seed + stats["rounds"]))
             cont, cont_n = np.asarray(state.tokens), np.asarray(state.num_new)
             stats["seconds_continue"] += time.perf_counter() - t0
             stats["target_passes"] += int(state.step) - 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -33,3 +35,9 @@ def sample_token(logits: jax.Array, rng: jax.Array, greedy: bool, temperature: j
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     filtered = filter_logits(logits, temperature, top_k, top_p)
     return jax.random.categorical(rng, filtered, axis=-1).astype(jnp.int32)
+
+
+@functools.lru_cache(maxsize=4096)
+def prng_key(seed: int) -> jax.Array:
+    """The PRNG key of `seed`, cached: building one costs about as much host time as a whole draft decode."""
+    return jax.random.PRNGKey(seed)

@@ -33,7 +33,7 @@ from parse_jax.errors import InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
-from parse_jax.sampling import filter_logits, sample_token
+from parse_jax.sampling import filter_logits, prng_key, sample_token
 
 
 @struct.dataclass
@@ -187,7 +187,7 @@ def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequen
     t0 = time.perf_counter()
     out = program(target.params, draft.params, prompt, lens, max_new, eos,
                   np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
-                  jax.random.PRNGKey(sampling.seed))
+                  prng_key(sampling.seed))
     tokens, num_new, rounds, accepted, proposed = (np.asarray(x) for x in out)
     seconds = time.perf_counter() - t0
     rows = range(len(ids))
