@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+from bench_decode import median_seconds  # benchmarks/ is on sys.path when run as a script
 
 import parse_jax as pj
 from parse_jax.bench import provenance
@@ -23,16 +23,6 @@ from parse_jax.decode import bucket
 from parse_jax.layout import pack
 from parse_jax.train.evaluate import step_seconds
 from parse_jax.verify import judge_token_id, verify_pass
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return float(np.median(out))
 
 
 def main() -> None:

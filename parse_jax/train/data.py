@@ -71,26 +71,16 @@ class Encoder:
 
     def solution_row(self, prompt: str, text: str, judge: bool) -> dict[str, np.ndarray]:
         """One training row (unpadded) for `text` as a solution of `prompt`; judge copies when `judge`."""
-        task = self.task
-        steps = task.steps(text)
-        answer = task.final_answer(text)
         ctx = self.prompt_ids(prompt)
-        c = len(ctx)
-        suffix = self.suffix
-
-        def body(k: int, ans: str | None = None) -> list[int]:  # the solution text of prefix k, as ids
-            full = self.prompt_ids(task.verify_prompt(prompt, steps[:k], ans))
-            return full[c: len(full) - len(suffix)]
-
-        prefix_ids = [body(k) for k in range(1, len(steps) + 1)]
-        labels = [task.prefix_correct(prompt, steps[:k]) for k in range(1, len(steps) + 1)]
-        ids = body(len(steps), answer)
-        if answer is not None:
-            prefix_ids.append(ids)
-            labels.append(task.prefix_correct(prompt, steps, answer))
+        c, suffix = len(ctx), self.suffix
+        exs = prefixes(self.task, prompt, text)
+        # each prefix's solution text as ids: its verification prompt without context, suffix and judge word
+        prefix_ids = [self.judge_row(ex)[c: -1 - len(suffix)] for ex in exs]
+        labels = [ex.correct for ex in exs]
+        ids = prefix_ids[-1] if exs else []
         # LM loss on the longest clean prefix (and EOS after a correct final answer)
         lm_end = max([len(p) for p, ok in zip(prefix_ids, labels) if ok], default=0)
-        if answer is not None and labels[-1]:
+        if exs and exs[-1].final_answer is not None and exs[-1].correct:
             ids = [*ids, self.eos]
             lm_end = len(ids)
         draft = [*ctx, *ids]
@@ -146,8 +136,9 @@ class BatchStream:
         self.task, self.enc, self.seq_len, self.batch_size = task, encoder, seq_len, batch_size
         self.seed, self.split, self.judge = seed, split, judge
         self.error_fraction, self.real_fraction = error_fraction, real_fraction
-        self.samples = [(p, t) for p, t in samples
-                        if len(encoder.solution_row(p, t, judge)["tokens"]) <= seq_len]
+        # real draft outputs that fit, as rows: built once, reused by every batch
+        self.samples = [row for row in (encoder.solution_row(p, t, judge) for p, t in samples)
+                        if len(row["tokens"]) <= seq_len]
         if real_fraction > 0 and not self.samples:
             raise ConfigError("real_fraction > 0 needs draft samples that fit in seq_len")
 
@@ -156,12 +147,11 @@ class BatchStream:
 
     def row(self, rng: random.Random) -> dict[str, np.ndarray]:
         if self.samples and rng.random() < self.real_fraction:
-            prompt, text = self.samples[rng.randrange(len(self.samples))]
-        else:
-            prompt = self.task.sample(rng, self.split)
-            text = self.task.solve(prompt, rng)
-            if rng.random() < self.error_fraction:
-                text, _ = self.task.corrupt(prompt, text, rng)
+            return self.samples[rng.randrange(len(self.samples))]
+        prompt = self.task.sample(rng, self.split)
+        text = self.task.solve(prompt, rng)
+        if rng.random() < self.error_fraction:
+            text, _ = self.task.corrupt(prompt, text, rng)
         return self.enc.solution_row(prompt, text, self.judge)
 
     def batch(self, step: int) -> dict[str, np.ndarray]:

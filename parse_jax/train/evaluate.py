@@ -131,13 +131,10 @@ def token_diff_fraction(task: Task, draft_outputs, target_outputs) -> float:
 
 def evaluate_pair(out, n: int = 1000, n_synthetic: int = 1000, batch_sizes: Sequence[int] = (1, 16)) -> dict:
     """Every quality bar of issue 3 for the pair in `out` (draft/ and target/ folders)."""
-    from pathlib import Path
-
-    from parse_jax.models.checkpoint import load_model
+    from parse_jax.pair import load_pair
     from parse_jax.tasks import load_task
 
-    out = Path(out)
-    target, draft = load_model(out / "target"), load_model(out / "draft")
+    target, draft = load_pair(out)
     task = load_task()
     res: dict = {"n": n}
     t0 = time.perf_counter()
