@@ -44,13 +44,19 @@ def _run_mode(eng: ParseEngine, mode: str, prompts: list[str], max_new_tokens: i
     return eng.generate(prompts, mode=mode, max_new_tokens=max_new_tokens, seed=seed)
 
 
+def check_modes(modes: Sequence[str]) -> list[str]:
+    """The requested modes, deduplicated, in order; an unknown one (or none) is an InputError."""
+    modes = list(dict.fromkeys(modes))
+    unknown = [m for m in modes if m not in BENCH_MODES]
+    if unknown or not modes:
+        raise InputError(f"unknown mode(s) {unknown or modes}; available: {', '.join(BENCH_MODES)}")
+    return modes
+
+
 def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("target", "sequential", "parse"),
               max_new_tokens: int = 64, batch_size: int = 16, repeats: int = 3, seed: int = 0,
               progress: bool = True, log: Callable[[str], None] = print) -> dict:
-    modes = list(dict.fromkeys(modes))
-    unknown = [m for m in modes if m not in BENCH_MODES]
-    if unknown:
-        raise InputError(f"unknown mode(s) {unknown}; available: {', '.join(BENCH_MODES)}")
+    modes = check_modes(modes)
     if "target" not in modes:
         modes = ["target", *modes]  # the baseline every speed-up is measured against
     if n < 1 or batch_size < 1 or repeats < 1:
@@ -78,10 +84,10 @@ def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("tar
                         if isinstance(value, (int, float)) and not isinstance(value, bool):
                             stats_sum[mode][key] = stats_sum[mode].get(key, 0) + value
                     # passes are batched: per request, each pass of this chunk counts once per row
-                    row = stats_sum[mode]
-                    row["row_passes"] = row.get("row_passes", 0) + res.stats.get("target_passes", 0) * len(chunk)
+                    acc = stats_sum[mode]
+                    acc["row_passes"] = acc.get("row_passes", 0) + res.stats.get("target_passes", 0) * len(chunk)
                     checks = res.stats.get("verify_passes", res.stats.get("target_passes", 0))
-                    row["row_checks"] = row.get("row_checks", 0) + checks * len(chunk)
+                    acc["row_checks"] = acc.get("row_checks", 0) + checks * len(chunk)
                 bar.update(1)
                 bar.set_postfix(mode=mode, repeat=r)
     bar.close()

@@ -63,14 +63,11 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from parse_jax.bench import BENCH_MODES, run_bench, write_json
+    from parse_jax.bench import check_modes, run_bench, write_json
     from parse_jax.engine import ParseEngine
     from parse_jax.tasks import load_task
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in BENCH_MODES]
-    if unknown or not modes:
-        raise ConfigError(f"unknown mode(s) {unknown or args.modes!r}; available: {', '.join(BENCH_MODES)}")
+    modes = check_modes([m.strip() for m in args.modes.split(",") if m.strip()])
     if args.json is not None:  # fail before the run, not after it
         write_json({"status": "running"}, args.json)
     target, draft = _models(args, need_draft=True)
