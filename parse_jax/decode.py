@@ -117,7 +117,9 @@ def register_program(program):
     return program
 
 
-def _forward_fn(module: Decoder, params):
+def forward_fn(module: Decoder, params):
+    """`(tokens, positions, cache, limit, group) -> (logits, cache)` of `module` with `params` (inside a jit)."""
+
     def forward(tokens, positions, cache, limit, group):
         logits, cache, _ = module.apply({"params": params}, tokens, positions, cache, limit, group)
         return logits, cache
@@ -132,7 +134,7 @@ def _generate_program(cfg: ModelConfig, attention_impl: str, num_new: int, cache
 
     def run(params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
         b, p = prompt.shape
-        forward = _forward_fn(module, params)
+        forward = forward_fn(module, params)
         limit, group = causal_metadata(b, p)
         positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
         logits, cache = forward(prompt, positions, KVCache.init(cfg, b, cache_len), limit, group)
@@ -152,7 +154,7 @@ def continue_program(cfg: ModelConfig, attention_impl: str, num_new: int, greedy
     module = Decoder(cfg, attention_impl)
 
     def run(params, cache, first_logits, max_new, eos_ids, temperature, top_p, rng):
-        return decode_loop(_forward_fn(module, params), cache, first_logits, max_new, eos_ids, rng, num_new,
+        return decode_loop(forward_fn(module, params), cache, first_logits, max_new, eos_ids, rng, num_new,
                            greedy, temperature, top_k, top_p)
 
     return register_program(jax.jit(run, donate_argnums=(1,)))

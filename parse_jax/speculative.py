@@ -25,6 +25,7 @@ from parse_jax.decode import (
     SamplingParams,
     bucket,
     encode_prompts,
+    forward_fn,
     pad_prompts,
     register_program,
     resolve_eos,
@@ -62,14 +63,13 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
     width = num_new + gamma + 1
 
     def run(target_params, draft_params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
+        target_fwd, draft_fwd = forward_fn(target, target_params), forward_fn(draft, draft_params)
         b, p = prompt.shape
         rows = jnp.arange(b)
         limit, group = causal_metadata(b, p)
         positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-        t_logits, t_cache, _ = target.apply({"params": target_params}, prompt, positions,
-                                            KVCache.init(target_cfg, b, cache_len), limit, group)
-        _, d_cache, _ = draft.apply({"params": draft_params}, prompt, positions,
-                                    KVCache.init(draft_cfg, b, cache_len), limit, group)
+        t_logits, t_cache = target_fwd(prompt, positions, KVCache.init(target_cfg, b, cache_len), limit, group)
+        _, d_cache = draft_fwd(prompt, positions, KVCache.init(draft_cfg, b, cache_len), limit, group)
         first_logits = t_logits[rows, prompt_lens - 1]
         first = sample_token(first_logits, jax.random.fold_in(rng, 2**31 - 1), greedy, temperature, top_k, top_p)
         done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
@@ -85,8 +85,7 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
 
             def step(carry, i):
                 cache, tok = carry
-                logits, cache, _ = draft.apply({"params": draft_params}, tok[:, None], cache.lengths[:, None],
-                                               cache, one_limit, one_group)
+                logits, cache = draft_fwd(tok[:, None], cache.lengths[:, None], cache, one_limit, one_group)
                 cache = cache.commit(1)
                 q = _probs(logits[:, 0], greedy, temperature, top_k, top_p)
                 nxt = sample_token(logits[:, 0], jax.random.fold_in(key, i), greedy, temperature, top_k, top_p)
@@ -105,8 +104,7 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
             block = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
             blk_limit, blk_group = causal_metadata(b, gamma + 1)
             pos = state.target_cache.lengths[:, None] + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
-            logits, t_cache, _ = target.apply({"params": target_params}, block, pos, state.target_cache,
-                                              blk_limit, blk_group)
+            logits, t_cache = target_fwd(block, pos, state.target_cache, blk_limit, blk_group)
             p = _probs(logits, greedy, temperature, top_k, top_p)  # [B, gamma + 1, V]
             p_prop = jnp.take_along_axis(p[:, :gamma], props[..., None], -1)[..., 0]
             q_prop = jnp.take_along_axis(q, props[..., None], -1)[..., 0]

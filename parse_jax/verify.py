@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from parse_jax.decode import register_program
+from parse_jax.decode import forward_fn, register_program
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.layout import PackedBlock, pad_blocks
 from parse_jax.models.cache import KVCache
@@ -70,7 +70,7 @@ def _verify_program(cfg: ModelConfig, attention_impl: str):
     module = Decoder(cfg, attention_impl)
 
     def run(params, cache, tokens, positions, limit, group, score_index, boundary_index, yes_id, no_id):
-        logits, cache, _ = module.apply({"params": params}, tokens, positions, cache, limit, group)
+        logits, cache = forward_fn(module, params)(tokens, positions, cache, limit, group)
         at_scores = jnp.take_along_axis(logits, score_index[..., None], axis=1)
         scores = scores_from_logits(at_scores, yes_id, no_id)
         boundary_logits = jnp.take_along_axis(logits, boundary_index[..., None], axis=1)
