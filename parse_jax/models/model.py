@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from parse_jax.errors import InputError
+import pallas_kernels
+from parse_jax.errors import ConfigError, InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
@@ -41,6 +42,9 @@ class Model:
 
     def __init__(self, config: ModelConfig, params: dict[str, Any], tokenizer: Any = None,
                  attention_impl: str = "xla") -> None:
+        if attention_impl not in pallas_kernels.IMPLS:
+            raise ConfigError(f"unknown attention_impl {attention_impl!r}; available: "
+                              f"{', '.join(pallas_kernels.IMPLS)}")
         self.config = config
         self.params = params
         self.tokenizer = tokenizer
