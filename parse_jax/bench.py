@@ -1,15 +1,22 @@
 """`parse-jax bench`: every mode on the same held-out problems, in one process, interleaved and repeated.
 
-Timing is wall-clock around `ParseEngine.generate` (host work included), after one untimed warm-up call
-per mode and batch shape, so compilation is not counted. Speed-ups are ratios against `target` within the
-same repeat; the table shows their median and range over repeats. Passes are counted per request (a batched
-pass counts once for each row it serves): "accepted / pass" is accepted draft tokens per request per
+Timing is wall-clock around each mode's generate call (host work included), after one untimed warm-up call
+per mode and batch shape, so compilation is not counted. Speed-ups are ratios of tokens/s against `target`
+within the same repeat; the table shows their median and range over repeats. Passes are counted per request
+(a batched pass counts once for each row it serves): "accepted / pass" is accepted draft tokens per request per
 verification (per target round in `sd`), "target passes / 100 tok" is target passes per request per 100 tokens.
+
+Modes are the engine's (`engine.MODES`, so new ones appear here by themselves) plus two bench-only names:
+`parse-multi`, PARSE with `rounds="multi"` (plain `parse` is always single round here, so both can run side
+by side in one bench), and `draft`, the draft alone (the ceiling if every draft were accepted for free).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
+import os
 import platform
 import subprocess
 import time
@@ -20,99 +27,139 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from parse_jax.decode import compiled_programs, generate
-from parse_jax.engine import MODES, ParseEngine
-from parse_jax.errors import InputError
+from parse_jax.decode import GenerateResult, compiled_programs, generate
+from parse_jax.engine import MODES, ParseConfig, ParseEngine
+from parse_jax.errors import ConfigError, InputError
+from parse_jax.eval.report import wilson
 
-BENCH_MODES = (*MODES, "draft")  # "draft": the draft alone, the ceiling if every draft were accepted for free
+MULTI_SUFFIX = "-multi"
+MULTI_ROUND_MODES = ("parse",)  # engine modes that honour ParseConfig.rounds; each gets a "<mode>-multi" name
+BENCH_MODES = (*MODES, *(m + MULTI_SUFFIX for m in MULTI_ROUND_MODES if m in MODES), "draft")
 
-
-def provenance() -> dict:
-    """What made a result: commit, versions, device."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return {"git_commit": commit or "unknown", "jax": jax.__version__, "device": str(jax.devices()[0]),
-            "platform": platform.platform(), "python": platform.python_version()}
+# (prompts, max_new_tokens, seed) -> GenerateResult
+Runner = Callable[[list, int, int], GenerateResult]
 
 
-def _run_mode(eng: ParseEngine, mode: str, prompts: list[str], max_new_tokens: int, seed: int):
-    if mode == "draft":
-        return generate(eng.draft, prompts, max_new_tokens=max_new_tokens, seed=seed)
-    return eng.generate(prompts, mode=mode, max_new_tokens=max_new_tokens, seed=seed)
+def provenance(config: dict | None = None, seed: int | None = None) -> dict:
+    """What made a result: commit (and whether the tree had uncommitted changes), versions, device, config, seed."""
+    here = Path(__file__).parent
+
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", *args], capture_output=True, text=True, cwd=here, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    devices = jax.devices()
+    return {"git_commit": commit or "unknown", "git_dirty": None if status is None else bool(status),
+            "jax": jax.__version__, "device": str(devices[0]), "device_kind": devices[0].device_kind,
+            "device_count": len(devices), "platform": platform.platform(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "config": config, "seed": seed}
 
 
 def check_modes(modes: Sequence[str]) -> list[str]:
-    """The requested modes, deduplicated, in order; an unknown one (or none) is an InputError."""
-    modes = list(dict.fromkeys(modes))
+    """The requested modes, deduplicated, in order ("all" = every bench mode); an unknown one is an InputError."""
+    expanded: list[str] = []
+    for m in modes:
+        expanded += list(BENCH_MODES) if m == "all" else [m]
+    modes = list(dict.fromkeys(expanded))
     unknown = [m for m in modes if m not in BENCH_MODES]
     if unknown or not modes:
-        raise InputError(f"unknown mode(s) {unknown or modes}; available: {', '.join(BENCH_MODES)}")
+        raise InputError(f"unknown mode(s) {unknown or modes}; available: {', '.join(BENCH_MODES)} (or all)")
     return modes
 
 
-def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("target", "sequential", "parse"),
-              max_new_tokens: int = 64, batch_size: int = 16, repeats: int = 3, seed: int = 0,
-              progress: bool = True, log: Callable[[str], None] = print) -> dict:
-    modes = check_modes(modes)
-    if "target" not in modes:
-        modes = ["target", *modes]  # the baseline every speed-up is measured against
+def mode_config(config: ParseConfig, mode: str) -> tuple[ParseConfig, str]:
+    """(config, engine mode) a bench mode runs with: `X-multi` is X with rounds="multi"; X alone is single round."""
+    if mode.endswith(MULTI_SUFFIX) and mode[: -len(MULTI_SUFFIX)] in MULTI_ROUND_MODES:
+        return dataclasses.replace(config, rounds="multi"), mode[: -len(MULTI_SUFFIX)]
+    if mode in MULTI_ROUND_MODES:
+        return dataclasses.replace(config, rounds="single"), mode
+    return config, mode
+
+
+def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperature: float = 0.0) -> Runner:
+    """A callable that generates with `mode` (a bench mode); `draft` may be None for "target" only."""
+    check_modes([mode])
+    if mode == "target" or mode == "draft":
+        model = target if mode == "target" else draft
+        if model is None:
+            raise ConfigError("mode 'draft' needs a draft model")
+        return lambda prompts, max_new, seed: generate(model, prompts, max_new_tokens=max_new,
+                                                       temperature=temperature, seed=seed)
+    if draft is None:
+        raise ConfigError(f"mode {mode!r} needs a draft model")
+    cfg, engine_mode = mode_config(config or ParseConfig(), mode)
+    eng = ParseEngine(target, draft, cfg)
+    return lambda prompts, max_new, seed: eng.generate(prompts, mode=engine_mode, max_new_tokens=max_new,
+                                                       temperature=temperature, seed=seed)
+
+
+def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]], max_new_tokens: int,
+            batch_size: int, repeats: int, seed: int, baseline: str = "target", progress: bool = True) -> dict:
+    """Run every runner on the same problems, interleaved (the first runner rotates per batch) and repeated.
+
+    Returns {name: row}; speed-ups are per-repeat tokens/s ratios against `baseline` (which must be a runner)."""
+    if baseline not in runners:
+        raise InputError(f"the baseline {baseline!r} is not among the runs")
+    n = len(problems)
     if n < 1 or batch_size < 1 or repeats < 1:
         raise InputError("n, batch_size and repeats must be >= 1")
-    problems = task.problems(n, seed)
+    names = list(runners)
     prompts = [p for p, _ in problems]
     chunks = [prompts[i:i + batch_size] for i in range(0, n, batch_size)]
-    for mode in modes:  # warm-up: compile every program the timed runs use
-        for shape in {len(c) for c in chunks}:
-            _run_mode(eng, mode, next(c for c in chunks if len(c) == shape), max_new_tokens, seed)
-    seconds = {m: np.zeros(repeats) for m in modes}
-    outputs: dict[str, list] = {m: [None] * n for m in modes}
-    stats_sum: dict[str, dict] = {m: {} for m in modes}
-    bar = tqdm(total=repeats * len(chunks) * len(modes), desc="bench", disable=not progress)
+    for name in names:  # warm-up: compile every program the timed runs use
+        for shape in sorted({len(c) for c in chunks}):
+            runners[name](next(c for c in chunks if len(c) == shape), max_new_tokens, seed)
+    seconds = {m: np.zeros(repeats) for m in names}
+    outputs: dict[str, list] = {m: [None] * n for m in names}
+    stats_sum: dict[str, dict] = {m: {} for m in names}
+    bar = tqdm(total=repeats * len(chunks) * len(names), desc="bench", disable=not progress)
     for r in range(repeats):
         for ci, chunk in enumerate(chunks):
-            order = modes[ci % len(modes):] + modes[:ci % len(modes)]  # interleave: rotate who goes first
-            for mode in order:
+            order = names[ci % len(names):] + names[:ci % len(names)]  # interleave: rotate who goes first
+            for name in order:
                 t0 = time.perf_counter()
-                res = _run_mode(eng, mode, chunk, max_new_tokens, seed)
-                seconds[mode][r] += time.perf_counter() - t0
+                res = runners[name](chunk, max_new_tokens, seed)
+                seconds[name][r] += time.perf_counter() - t0
                 if r == 0:
-                    outputs[mode][ci * batch_size: ci * batch_size + len(chunk)] = list(zip(res.texts, res.tokens))
+                    outputs[name][ci * batch_size: ci * batch_size + len(chunk)] = list(zip(res.texts, res.tokens))
+                    acc = stats_sum[name]
                     for key, value in res.stats.items():
                         if isinstance(value, (int, float)) and not isinstance(value, bool):
-                            stats_sum[mode][key] = stats_sum[mode].get(key, 0) + value
+                            acc[key] = acc.get(key, 0) + value
                     # passes are batched: per request, each pass of this chunk counts once per row
-                    acc = stats_sum[mode]
                     acc["row_passes"] = acc.get("row_passes", 0) + res.stats.get("target_passes", 0) * len(chunk)
                     checks = res.stats.get("verify_passes", res.stats.get("target_passes", 0))
                     acc["row_checks"] = acc.get("row_checks", 0) + checks * len(chunk)
                 bar.update(1)
-                bar.set_postfix(mode=mode, repeat=r)
+                bar.set_postfix(mode=name, repeat=r)
     bar.close()
-    result = {"modes": {}, "n": n, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "repeats": repeats,
-              "seed": seed, "parse_config": eng.config.__dict__, "provenance": provenance(),
-              "compiled_programs": compiled_programs()}
-    for mode in modes:
-        texts_tokens = outputs[mode]
-        new_tokens = sum(len(t) for _, t in texts_tokens)
-        correct = [bool(task.grade(p, text)) for p, (text, _) in zip(prompts, texts_tokens)]
-        tps = new_tokens / seconds[mode]
-        speedups = seconds["target"] / seconds[mode] * (new_tokens / max(sum(len(t) for _, t in outputs["target"]),
-                                                                         1))
-        s = stats_sum[mode]
-        passes = s.get("target_passes", 0)
-        row = {
-            "tokens_per_s": float(np.median(tps)),
-            "tokens_per_s_all": tps.tolist(),
-            "seconds_median": float(np.median(seconds[mode])),
-            "seconds_all": seconds[mode].tolist(),
+    tps = {m: sum(len(t) for _, t in outputs[m]) / seconds[m] for m in names}
+    rows = {}
+    for name in names:
+        new_tokens = sum(len(t) for _, t in outputs[name])
+        correct = [bool(task.grade(p, text)) for p, (text, _) in zip(prompts, outputs[name])]
+        speedups = tps[name] / tps[baseline]
+        s = stats_sum[name]
+        lo, hi = wilson(int(sum(correct)), n)
+        rows[name] = {
+            "tokens_per_s": float(np.median(tps[name])),
+            "tokens_per_s_all": tps[name].tolist(),
+            "seconds_median": float(np.median(seconds[name])),
+            "seconds_all": seconds[name].tolist(),
             "speedup_vs_target": float(np.median(speedups)),
+            "speedup_all": speedups.tolist(),
             "speedup_min": float(np.min(speedups)), "speedup_max": float(np.max(speedups)),
             "accuracy": float(np.mean(correct)),
+            "correct": int(sum(correct)),
+            "accuracy_ci95": [lo, hi],
             "new_tokens": int(new_tokens),
-            "target_passes": int(passes),
+            "target_passes": int(s.get("target_passes", 0)),
             "target_passes_per_100_tokens": 100.0 * s.get("row_passes", 0) / max(new_tokens, 1),
             "accepted_per_pass": (s["accepted_tokens"] / max(s.get("row_checks", 0), 1)
                                   if "accepted_tokens" in s else None),
@@ -121,32 +168,125 @@ def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("tar
             "verify_tokens": int(s.get("verify_tokens", 0)),
             "verify_passes": int(s.get("verify_passes", 0)),
         }
-        result["modes"][mode] = row
-    if "draft" in result["modes"] and "parse" in result["modes"]:
-        result["parse_fraction_of_draft_only"] = (result["modes"]["parse"]["tokens_per_s"]
-                                                  / result["modes"]["draft"]["tokens_per_s"])
+    return rows
+
+
+def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("target", "sequential", "parse"),
+              max_new_tokens: int = 64, batch_size: int = 16, repeats: int = 3, seed: int = 0,
+              progress: bool = True, log: Callable[[str], None] = print, models: dict | None = None,
+              skip_unavailable: bool = False) -> dict:
+    """Every mode in `modes` (plus `target`, the baseline) on `n` held-out problems of `task`: the bench result.
+
+    `skip_unavailable`: drop (and say so) a mode this pair cannot run (a ConfigError on a first call, e.g. a mode
+    that needs a head the pair lacks) instead of failing: what `--modes all` wants."""
+    modes = check_modes(modes)
+    if "target" not in modes:
+        modes = ["target", *modes]  # the baseline every speed-up is measured against
+    if n < 1:
+        raise InputError("n, batch_size and repeats must be >= 1")
+    problems = task.problems(n, seed)
+    runners, skipped = {}, {}
+    for m in modes:
+        try:
+            runners[m] = mode_runner(eng.target, eng.draft, eng.config, m)
+            if skip_unavailable and m != "target":
+                runners[m]([problems[0][0]], 1, seed)
+        except ConfigError as e:
+            if not skip_unavailable or m == "target":
+                raise
+            runners.pop(m, None)
+            skipped[m] = str(e)
+            log(f"skipping mode {m}: {e}")
+    rows = measure(runners, task, problems, max_new_tokens, batch_size, repeats, seed, progress=progress)
+    settings = {"n": n, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "repeats": repeats,
+                "seed": seed, "task": getattr(task, "name", None), "split": "test", "temperature": 0.0}
+    config = {**settings, "parse_config": dataclasses.asdict(eng.config), "models": models}
+    result = {"modes": rows, **settings, "parse_config": dataclasses.asdict(eng.config),
+              "provenance": provenance(config, seed), "compiled_programs": compiled_programs()}
+    if skipped:
+        result["skipped_modes"] = skipped
+    if "draft" in rows and "parse" in rows:
+        result["parse_fraction_of_draft_only"] = rows["parse"]["tokens_per_s"] / rows["draft"]["tokens_per_s"]
     log(format_table(result))
     return result
 
 
 def format_table(result: dict) -> str:
-    lines = ["| mode | tok/s | speed-up vs target (min-max) | accuracy | accepted / pass | target passes / 100 tok |",
-             "|---|---|---|---|---|---|"]
+    """The bench table (Markdown); one row per mode."""
+    lines = ["| mode | tok/s | speed-up vs target (min-max) | accuracy (95% CI) | accepted / pass | "
+             "target passes / 100 tok |", "|---|---|---|---|---|---|"]
     for mode, r in result["modes"].items():
-        acc_pass = "-" if r["accepted_per_pass"] is None else f"{r['accepted_per_pass']:.1f}"
-        lines.append(f"| {mode} | {r['tokens_per_s']:.1f} | {r['speedup_vs_target']:.2f}x "
-                     f"({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | {100 * r['accuracy']:.1f}% | {acc_pass} | "
-                     f"{r['target_passes_per_100_tokens']:.1f} |")
+        lines.append(format_row(mode, r))
     return "\n".join(lines)
 
 
-def write_json(result: dict, path: str | Path) -> Path:
+def format_row(name: str, r: dict) -> str:
+    acc_pass = "-" if r["accepted_per_pass"] is None else f"{r['accepted_per_pass']:.2f}"
+    ci = r.get("accuracy_ci95")
+    ci_text = f" ({100 * ci[0]:.1f}-{100 * ci[1]:.1f})" if ci else ""
+    return (f"| {name} | {r['tokens_per_s']:.1f} | {r['speedup_vs_target']:.2f}x "
+            f"({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | {100 * r['accuracy']:.1f}%{ci_text} | {acc_pass} | "
+            f"{r['target_passes_per_100_tokens']:.1f} |")
+
+
+def format_provenance(p: dict) -> str:
+    dirty = " (uncommitted changes)" if p.get("git_dirty") else ""
+    return (f"Commit {p['git_commit'][:12]}{dirty}; jax {p['jax']} on {p['device']} ({p['device_count']} device(s), "
+            f"{p.get('cpu_count')} CPU cores); {p['time_utc']}; seed {p.get('seed')}.")
+
+
+def bench_markdown(result: dict) -> str:
+    """bench.md: settings, the table, provenance."""
+    lines = ["# parse-jax bench", ""]
+    if result.get("command"):
+        lines += [f"Command: `{result['command']}`", ""]
+    lines += [f"{result['n']} held-out problems of task `{result.get('task')}`, batches of {result['batch_size']}, "
+              f"{result['repeats']} repeats interleaved, greedy, at most {result['max_new_tokens']} new tokens. "
+              "Speed-up: median (min-max) over repeats of tokens/s against `target` in the same repeat; "
+              "accuracy: final answers, 95% Wilson interval.", "", format_table(result), ""]
+    if "parse_fraction_of_draft_only" in result:
+        lines += [f"PARSE reaches {100 * result['parse_fraction_of_draft_only']:.1f}% of the draft-only throughput.",
+                  ""]
+    for mode, why in result.get("skipped_modes", {}).items():
+        lines += [f"Skipped `{mode}`: {why}", ""]
+    lines += [format_provenance(result["provenance"]), ""]
+    return "\n".join(lines)
+
+
+def check_writable(folder: str | Path) -> Path:
+    """Create `folder` if needed and prove a file can be written there: fail before any work, not after it."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".parse-jax-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"cannot write to output folder {folder}: {e.strerror or e}") from None
+    return folder
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write through a temporary file and rename, so an interrupted write never leaves half a file."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        tmp.write_text(text)
         tmp.replace(path)
     except OSError as e:
-        raise InputError(f"cannot write {path}: {e}") from None
+        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
     return path
+
+
+def write_json(result: dict, path: str | Path) -> Path:
+    return write_text(path, json.dumps(result, indent=2, default=str) + "\n")
+
+
+def write_bench(result: dict, folder: str | Path) -> list[Path]:
+    """bench.json, bench.md and the PNG plots into `folder`."""
+    from parse_jax.plots import bench_plots
+
+    folder = check_writable(folder)
+    paths = [write_json(result, folder / "bench.json"), write_text(folder / "bench.md", bench_markdown(result))]
+    return paths + bench_plots(result, folder)

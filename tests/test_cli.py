@@ -97,3 +97,80 @@ def test_pair_and_mode_errors_are_one_line_messages(pair_dir, tmp_path, hf_dir):
     assert r.returncode == 2 and "--draft" in r.stderr and "Traceback" not in r.stderr
     r = _cli("bench", "--pair", str(pair_dir), "--n", "2", "--json", "/proc/nope/bench.json")
     assert r.returncode == 2 and "cannot write" in r.stderr and "Traceback" not in r.stderr
+
+
+# --- bench --out, sweep, calibrate, eval: through `main()` in this process (the console script's code path, without
+# paying a jax import per call)
+
+def _main(capsys, *args):
+    from parse_jax.cli import main
+
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_bench_out_writes_every_file(pair_dir, tmp_path, capsys):
+    out = tmp_path / "bench"
+    rc, stdout, err = _main(capsys, "bench", "--pair", str(pair_dir), "--n", "5", "--modes", "target",
+                            "--max-new-tokens", "10", "--batch-size", "5", "--repeats", "2", "--out", str(out),
+                            "--no-progress")
+    assert rc == 0, err
+    assert {p.name for p in out.iterdir()} == {"bench.json", "bench.md", "bench_throughput.png", "bench_accuracy.png"}
+    import json
+
+    res = json.loads((out / "bench.json").read_text())
+    assert res["command"].startswith("parse-jax bench") and res["provenance"]["config"]["models"]["pair"]
+    assert res["repeats"] == 2 and len(res["modes"]["target"]["tokens_per_s_all"]) == 2
+    assert "| target |" in (out / "bench.md").read_text() and "| target |" in stdout
+
+
+def test_new_commands_fail_early_with_one_line(pair_dir, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cases = [
+        (["bench", "--pair", str(pair_dir), "--n", "2", "--out", str(blocker / "d")], "cannot write to output folder"),
+        (["bench", "--pair", str(pair_dir), "--rounds", "multi"], "parse-multi"),
+        (["sweep", "--pair", str(pair_dir), "--param", "threshold", "--values", "0.1,x", "--out", str(tmp_path)],
+         "must be numbers"),
+        (["sweep", "--pair", str(pair_dir), "--param", "max_prefixes", "--values", "0", "--out", str(tmp_path)],
+         "max_prefixes must be >= 1"),
+        (["calibrate", "--pair", str(pair_dir), "--thresholds", "a", "--out", str(tmp_path)], "--thresholds"),
+        (["calibrate", "--pair", str(pair_dir), "--out", str(blocker / "d")], "cannot write to output folder"),
+        (["eval", "--data", str(tmp_path / "none.jsonl"), "--pair", str(pair_dir), "--out", str(tmp_path / "r.jsonl")],
+         "cannot read data file"),
+        (["eval", "--data", str(blocker), "--pair", str(pair_dir), "--mode", "warp", "--out", str(tmp_path / "r")],
+         "unknown mode"),
+    ]
+    for args, message in cases:
+        rc, _, err = _main(capsys, *args)
+        assert rc == 2 and message in err and "Traceback" not in err, (args, err)
+        assert err.count("\n") == 1, err
+
+
+def test_eval_cli_bad_lines_resume_and_summary(pair_dir, tmp_path, capsys):
+    import json
+
+    from parse_jax.tasks import load_task
+
+    probs = load_task().problems(3, 11)
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join([json.dumps({"prompt": probs[0][0]}), "{broken", json.dumps({"prompt": probs[1][0]}),
+                               json.dumps({"prompt": probs[2][0], "solution": probs[2][1]})]) + "\n")
+    out = tmp_path / "res" / "results.jsonl"
+    args = ["eval", "--data", str(data), "--pair", str(pair_dir), "--mode", "target", "--max-new-tokens", "6",
+            "--batch-size", "3", "--out", str(out), "--no-progress"]
+    rc, _, err = _main(capsys, *args)
+    assert rc == 2 and "line 2: not valid JSON" in err and not out.exists()
+    rc, stdout, err = _main(capsys, *args, "--on-bad-line", "skip")
+    assert rc == 0, err
+    assert "skipping bad line 2" in err and "accuracy" in stdout
+    lines = out.read_text().splitlines()
+    assert len(lines) == 4 and [json.loads(x)["line"] for x in lines[1:]] == [1, 3, 4]
+    summary = json.loads((tmp_path / "res" / "results.summary.json").read_text())
+    assert summary["n"] == 3 and summary["bad_lines"][0]["line"] == 2
+    assert summary["provenance"]["git_commit"] and summary["provenance"]["config"]["mode"] == "target"
+    rc, stdout, _ = _main(capsys, *args, "--on-bad-line", "skip")
+    assert rc == 0 and "3 of 3 records already done" in stdout and len(out.read_text().splitlines()) == 4
+    rc, _, err = _main(capsys, *[a if a != "6" else "7" for a in args], "--on-bad-line", "skip")
+    assert rc == 2 and "max_new_tokens: 6 then, 7 now" in err

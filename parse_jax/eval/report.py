@@ -1,0 +1,51 @@
+"""Accuracy with a 95% Wilson interval, and the summary of an eval's results file.
+
+Wilson, not the normal approximation: it stays inside [0, 1] and is honest at 0 or n successes and small n,
+which is where quick evals live.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion; (0, 1) when there is no trial."""
+    if n <= 0:
+        return 0.0, 1.0
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must lie in [0, {n}], got {successes}")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def summarize(results: Iterable[dict]) -> dict:
+    """Totals over result records (one per record key; a repeated key counts once, the last one)."""
+    by_key = {r["key"]: r for r in results}
+    rows = list(by_key.values())
+    n = len(rows)
+    correct = sum(bool(r["correct"]) for r in rows)
+    lo, hi = wilson(correct, n)
+    tokens = sum(int(r.get("new_tokens", 0)) for r in rows)
+    seconds = sum(float(r.get("seconds", 0.0)) for r in rows)
+    kinds: dict[str, int] = {}
+    for r in rows:
+        kinds[r.get("kind", "?")] = kinds.get(r.get("kind", "?"), 0) + 1
+    return {"n": n, "correct": correct, "accuracy": correct / n if n else None, "accuracy_ci95": [lo, hi],
+            "no_answer": sum(r.get("extracted") is None for r in rows), "new_tokens": tokens,
+            "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None, "kinds": kinds}
+
+
+def format_summary(s: dict) -> str:
+    if not s["n"]:
+        return "no records evaluated"
+    lo, hi = s["accuracy_ci95"]
+    tps = f", {s['tokens_per_s']:.1f} tok/s" if s.get("tokens_per_s") else ""
+    return (f"accuracy {100 * s['accuracy']:.1f}% ({s['correct']}/{s['n']}; 95% CI {100 * lo:.1f}-{100 * hi:.1f}%), "
+            f"{s['no_answer']} without an answer, {s['new_tokens']} new tokens{tps}")
