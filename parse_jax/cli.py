@@ -1,9 +1,11 @@
-"""`parse-jax` command line: generate, bench, convert, train."""
+"""`parse-jax` command line: generate, bench, sweep, calibrate, eval, convert, train."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from pathlib import Path
 
 from parse_jax.errors import ConfigError, ParseJaxError
 
@@ -17,15 +19,51 @@ def _models(args: argparse.Namespace, need_draft: bool):
     if args.model is None:
         if args.draft is not None:
             raise ConfigError("--draft needs --model (the target it drafts for)")
-        return load_pair(args.pair, dtype=args.dtype)
+        target, draft = load_pair(args.pair, dtype=args.dtype)
+        _attach_eagle3(args, target)
+        return _sharded(args, target), _sharded(args, draft, fallback_replicated=True)
     if args.pair is not None:
         raise ConfigError("give either --pair or --model/--draft, not both")
-    target = load_model(args.model, dtype=args.dtype, check_finite=check)
+    mesh = getattr(args, "mesh_obj", None)
+    load = functools.partial(load_model, dtype=args.dtype, check_finite=check)
+    load_draft = load
+    if mesh is not None:  # Orbax restores straight into the sharded layout
+        from parse_jax.distributed import load_sharded
+
+        load = functools.partial(load_sharded, mesh=mesh, dtype=args.dtype, check_finite=check)
+        load_draft = functools.partial(load, fallback_replicated=True)
+    target = load(args.model)
+    _attach_eagle3(args, target)
     if args.draft is None:
         if need_draft:
             raise ConfigError("this mode needs a draft model: add --draft DIR")
         return target, None
-    return target, load_model(args.draft, dtype=args.dtype, check_finite=check)
+    return target, load_draft(args.draft)
+
+
+def _sharded(args: argparse.Namespace, model, fallback_replicated: bool = False):
+    """The model placed on --mesh (weights over `model`, requests over `data`), or as it is without a mesh."""
+    mesh = getattr(args, "mesh_obj", None)
+    if mesh is None:
+        return model
+    from parse_jax.distributed import shard_model
+
+    return shard_model(model, mesh, fallback_replicated=fallback_replicated)
+
+
+def _writer() -> bool:
+    """Only process 0 of a multi-host job writes results (every process computes the same ones)."""
+    from parse_jax.distributed import is_writer
+
+    return is_writer()
+
+
+def _attach_eagle3(args: argparse.Namespace, target) -> None:
+    """--eagle3 DIR: the EAGLE-3 head for modes eagle3 / parse+eagle3 (checked against the target)."""
+    if getattr(args, "eagle3", None) is not None:
+        from parse_jax.eagle3 import load_eagle3
+
+        target.eagle3 = load_eagle3(args.eagle3, target)
 
 
 def _parse_config(args: argparse.Namespace):
@@ -49,43 +87,175 @@ def _generate(args: argparse.Namespace) -> int:
         prompts = [target.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed)
+    n = len(prompts)
+    if getattr(args, "per_host", False):  # each process serves its own share of the prompts
+        from parse_jax.distributed import process_slice
+
+        prompts = process_slice(prompts)
     if mode == "target":
         res = generate(target, prompts, add_bos=not args.chat, **kw)
     else:
         if args.chat:
             raise ConfigError("--chat works with --mode target only")
         res = ParseEngine(target, draft, _parse_config(args)).generate(prompts, mode=mode, **kw)
-    for text in res.texts:
+    texts = res.texts
+    if getattr(args, "per_host", False):
+        from parse_jax.distributed import gather_token_lists
+
+        texts = [target.tokenizer.decode(t) for t in gather_token_lists(res.tokens, n)]
+    if not _writer():
+        return 0
+    for text in texts:
         print(text)
     if args.stats:
         print(res.stats, file=sys.stderr)
     return 0
 
 
+def _command(args: argparse.Namespace) -> str:
+    return "parse-jax " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
+
+
+def _model_desc(args: argparse.Namespace) -> dict:
+    """Which models a result came from, for its provenance."""
+    def where(path):
+        return None if path is None else str(Path(path).resolve())
+
+    return {"pair": where(args.pair) or ("embedded" if args.model is None else None), "target": where(args.model),
+            "draft": where(args.draft), "dtype": args.dtype}
+
+
+def _no_rounds(args: argparse.Namespace) -> None:
+    if getattr(args, "rounds", None) is not None:
+        raise ConfigError("--rounds does not apply here: the mode name sets it (parse = single round, "
+                          "parse-multi = multi round)")
+
+
 def _bench(args: argparse.Namespace) -> int:
-    from parse_jax.bench import check_modes, run_bench, write_json
+    from parse_jax.bench import check_modes, check_writable, run_bench, write_bench, write_json
     from parse_jax.engine import ParseEngine
     from parse_jax.tasks import load_task
 
-    modes = check_modes([m.strip() for m in args.modes.split(",") if m.strip()])
+    _no_rounds(args)
+    names = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = check_modes(names)
     if args.json is not None:  # fail before the run, not after it
         write_json({"status": "running"}, args.json)
+    if args.out is not None:
+        check_writable(args.out)
     target, draft = _models(args, need_draft=True)
     eng = ParseEngine(target, draft, _parse_config(args))
     res = run_bench(eng, load_task(args.task), n=args.n, modes=modes, max_new_tokens=args.max_new_tokens,
                     batch_size=args.batch_size, repeats=args.repeats, seed=args.seed,
-                    progress=not args.no_progress)
-    res["command"] = "parse-jax " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
+                    progress=not args.no_progress, models=_model_desc(args), skip_unavailable="all" in names)
+    res["command"] = _command(args)
+    if not _writer():
+        return 0
     if args.json is not None:
         print(f"wrote {write_json(res, args.json)}")
+    if args.out is not None:
+        for path in write_bench(res, args.out):
+            print(f"wrote {path}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from parse_jax.bench import check_writable
+    from parse_jax.sweep import run_sweep, sweep_configs, sweep_table, write_sweep
+    from parse_jax.tasks import load_task
+
+    _no_rounds(args)
+    values = [v for v in args.values.split(",") if v.strip()]
+    base = _parse_config(args)
+    sweep_configs(base, args.param, values)  # bad values fail before models load
+    check_writable(args.out)
+    target, draft = _models(args, need_draft=True)
+    res = run_sweep(target, draft, base, load_task(args.task), args.param, values, n=args.n, mode=args.mode,
+                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, repeats=args.repeats,
+                    seed=args.seed, progress=not args.no_progress, models=_model_desc(args))
+    res["command"] = _command(args)
+    if not _writer():
+        return 0
+    print(sweep_table(res))
+    for path in write_sweep(res, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from parse_jax.bench import check_writable
+    from parse_jax.sweep import calibrate, write_sweep
+    from parse_jax.tasks import load_task
+
+    _no_rounds(args)
+    if args.threshold is not None:
+        raise ConfigError("calibrate chooses the threshold: give candidates with --thresholds, not --threshold")
+    try:
+        thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
+    except ValueError:
+        raise ConfigError(f"--thresholds must be comma-separated numbers, got {args.thresholds!r}") from None
+    check_writable(args.out)
+    target, draft = _models(args, need_draft=True)
+    res = calibrate(target, draft, _parse_config(args), load_task(args.task), tolerance=args.tolerance,
+                    thresholds=thresholds, n=args.n, mode=args.mode, seed=args.seed,
+                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, repeats=args.repeats,
+                    progress=not args.no_progress, models=_model_desc(args))
+    res["command"] = _command(args)
+    if not _writer():
+        return 0
+    for path in write_sweep(res, args.out, stem="calibrate", title="Threshold calibration (dev split)"):
+        print(f"wrote {path}")
+    chosen = res["calibration"]
+    print(chosen["message"])
+    if chosen["threshold"] is None:
+        return 1
+    print(f"threshold: {chosen['threshold']:g}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from parse_jax.bench import check_modes, mode_runner, provenance
+    from parse_jax.eval.data import file_sha256, load_records
+    from parse_jax.eval.harness import ResultsFile, make_header, run_eval, write_summary
+    from parse_jax.tasks import load_task
+
+    mode = args.mode or ("target" if args.model is not None and args.draft is None else "parse")
+    if mode == "all":
+        raise ConfigError("eval runs one mode; give --mode MODE")
+    check_modes([mode])
+    _no_rounds(args)
+    task = load_task(args.task)
+    records, bad = load_records(args.data, task, args.on_bad_line)
+    for b in bad:
+        print(f"parse-jax eval: skipping bad {b}", file=sys.stderr)
+    cfg = _parse_config(args)
+    settings = {"mode": mode, "models": _model_desc(args), "parse_config": cfg.__dict__, "task": args.task,
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
+                "chat": args.chat, "instruction": args.instruction}
+    if not _writer():
+        raise ConfigError("eval appends to one results file: run it as a single process (a mesh of one host's "
+                          "devices is fine)")
+    results = ResultsFile.open(args.out, make_header(args.data, file_sha256(args.data), settings))
+    target, draft = _models(args, need_draft=mode not in ("target",))
+    runner = mode_runner(target, draft, cfg, mode, temperature=args.temperature)
+    summary = run_eval(records, lambda prompts, offset: runner(prompts, args.max_new_tokens, args.seed + offset),
+                       results, tokenizer=target.tokenizer, task=task, batch_size=args.batch_size, chat=args.chat,
+                       instruction=args.instruction, progress=not args.no_progress)
+    prov = provenance({**settings, "command": _command(args)}, args.seed)
+    print(f"wrote {args.out} and {write_summary(results, summary, prov, bad)}")
     return 0
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", default=None, help="folder with target/ and draft/ (default: the embedded pair)")
-    p.add_argument("--model", default=None, help="target model folder (HF or Orbax) instead of a pair")
+    p.add_argument("--model", "--target", dest="model", default=None,
+                   help="target model folder (HF or Orbax) instead of a pair")
     p.add_argument("--draft", default=None, help="draft model folder (with --model)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    p.add_argument("--eagle3", default=None, help="EAGLE-3 head folder for the target (default: the pair's eagle3/)")
+    from parse_jax.distributed import add_distributed_args
+
+    add_distributed_args(p)
 
 
 def _parse_args(p: argparse.ArgumentParser) -> None:
@@ -117,6 +287,19 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_eagle3(args: argparse.Namespace) -> int:
+    from parse_jax.tasks import load_task
+    from parse_jax.train.eagle3 import Eagle3Spec, train_eagle3
+
+    target, _ = _models(args, need_draft=False)
+    spec = Eagle3Spec(steps=args.steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
+                      samples=args.samples, seed=args.seed)
+    train_eagle3(target, load_task(args.task), args.out, spec, mode=args.mode, progress=not args.no_progress)
+    print(f"wrote {Path(args.out) / 'eagle3'} (load with pj.load_eagle3(DIR, target), or --eagle3 DIR; copy it to "
+          "PAIR/eagle3 to make it the pair's default head)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parse-jax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -140,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="every mode on the same held-out problems of the embedded task, one process")
     _model_args(b)
     b.add_argument("--n", type=int, default=500, help="held-out problems")
-    b.add_argument("--modes", default="target,sd,sequential,parse,draft",
-                   help="comma-separated: target, sd, sequential, parse, draft (the draft alone: the ceiling)")
+    b.add_argument("--modes", default="all",
+                   help="comma-separated bench modes, or all (every mode this pair can run): the engine's modes, "
+                        "parse-multi (PARSE with rounds=multi; parse is single round) and draft (the draft alone)")
     _parse_args(b)
     b.add_argument("--task", default="default", help="embedded task preset")
     b.add_argument("--max-new-tokens", type=int, default=32)
@@ -149,8 +333,59 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", default=None, help="write the results (DESIGN §4 schema) here")
+    b.add_argument("--out", default=None, help="folder for bench.json, bench.md and PNG plots")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=_bench)
+
+    def run_args(p: argparse.ArgumentParser, n: int) -> None:
+        _model_args(p)
+        _parse_args(p)
+        p.add_argument("--mode", default="parse", help="the PARSE mode to vary (parse, parse-multi, sequential, ...)")
+        p.add_argument("--n", type=int, default=n, help="problems")
+        p.add_argument("--task", default="default", help="embedded task preset")
+        p.add_argument("--max-new-tokens", type=int, default=32)
+        p.add_argument("--batch-size", type=int, default=16)
+        p.add_argument("--repeats", type=int, default=3)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--no-progress", action="store_true")
+
+    s = sub.add_parser("sweep", help="target once, then a PARSE mode per value of one parameter (held-out problems)")
+    run_args(s, 200)
+    s.add_argument("--param", required=True, choices=["threshold", "max_prefixes", "segmenter", "max_draft_tokens"])
+    s.add_argument("--values", required=True,
+                   help="comma-separated values; segmenter: delimiter, hybrid, stride or stride:DELTA")
+    s.add_argument("--out", required=True, help="folder for sweep_PARAM.json/.md/.png and sweep_PARAM_pareto.png")
+    s.set_defaults(func=_sweep)
+
+    k = sub.add_parser("calibrate", help="the fastest threshold whose accuracy stays within a tolerance of the "
+                                         "target's, on dev problems (the task's train split, never the test split)")
+    run_args(k, 200)
+    k.add_argument("--tolerance", type=float, default=0.01, help="allowed accuracy loss (0.01 = 1 point)")
+    k.add_argument("--thresholds", default="0.05,0.1,0.2,0.3,0.5,0.7,0.8,0.9,0.95,0.99")
+    k.add_argument("--out", required=True, help="folder for calibrate.json/.md/.png")
+    k.set_defaults(func=_calibrate)
+
+    e = sub.add_parser("eval", help="accuracy on a JSONL file (GSM8K-style or embedded-task records), resumable")
+    e.add_argument("--data", required=True, help="JSONL: {question, answer: '... #### N'} or {prompt[, solution]}")
+    _model_args(e)
+    e.add_argument("--mode", default=None, help="a bench mode (default: parse on a pair, target with --model alone)")
+    _parse_args(e)
+    e.add_argument("--out", required=True, help="results JSONL (appended per record; rerun to resume); the summary "
+                                                "goes to OUT.summary.json")
+    e.add_argument("--task", default="default", help="embedded task preset that grades task records")
+    e.add_argument("--max-new-tokens", type=int, default=256)
+    e.add_argument("--temperature", type=float, default=0.0)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--on-bad-line", choices=["error", "skip"], default="error",
+                   help="a missing or malformed line: stop with the list of bad lines, or skip them (reported)")
+    e.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
+                   help="GSM8K questions through the model's chat template (auto: when it has one)")
+    e.add_argument("--instruction", default="Please reason step by step, and put your final answer within "
+                                            "\\boxed{}.", help="appended to each question in chat format")
+    e.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=_eval)
 
     c = sub.add_parser("convert", help="convert an HF folder (config.json + safetensors) to an Orbax folder")
     c.add_argument("--hf", required=True, help="HF model folder")
@@ -171,6 +406,23 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, default=None, help="override both phases' step counts (quick runs)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
+
+    h = sub.add_parser("train-eagle3", help="train an EAGLE-3 head for a target on the embedded task (resumable)")
+    _model_args(h)
+    h.add_argument("--out", required=True, help="run folder: samples, checkpoints, and the head in OUT/eagle3")
+    h.add_argument("--task", default="default", help="embedded task preset")
+    h.add_argument("--steps", type=int, default=600)
+    h.add_argument("--batch-size", type=int, default=32)
+    h.add_argument("--lr", type=float, default=4e-3)
+    h.add_argument("--unroll", type=int, default=4, help="training-time-test steps")
+    h.add_argument("--samples", type=int, default=4000, help="train problems the target solves for the data")
+    h.add_argument("--seed", type=int, default=0)
+    hm = h.add_mutually_exclusive_group()
+    hm.add_argument("--resume", dest="mode", action="store_const", const="resume")
+    hm.add_argument("--fresh", dest="mode", action="store_const", const="fresh")
+    h.set_defaults(mode="auto")
+    h.add_argument("--no-progress", action="store_true")
+    h.set_defaults(func=_train_eagle3)
     return parser
 
 
@@ -178,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
+        if hasattr(args, "mesh"):  # multi-host start-up and the device mesh, before anything touches a device
+            from parse_jax.distributed import initialize_from_args
+
+            args.mesh_obj = initialize_from_args(args)
         return args.func(args)
     except ParseJaxError as e:
         print(f"parse-jax {args.command}: error: {e}", file=sys.stderr)

@@ -117,12 +117,14 @@ def register_program(program):
     return program
 
 
-def forward_fn(module: Decoder, params):
-    """`(tokens, positions, cache, limit, group) -> (logits, cache)` of `module` with `params` (inside a jit)."""
+def forward_fn(module: Decoder, params, return_hidden: bool = False):
+    """`(tokens, positions, cache, limit, group) -> (logits, cache)` of `module` with `params` (inside a jit);
+    with `return_hidden`, `(logits, cache, hiddens)` (see `Decoder`)."""
 
     def forward(tokens, positions, cache, limit, group):
-        logits, cache, _ = module.apply({"params": params}, tokens, positions, cache, limit, group)
-        return logits, cache
+        logits, cache, hiddens = module.apply({"params": params}, tokens, positions, cache, limit, group,
+                                              return_hidden)
+        return (logits, cache, hiddens) if return_hidden else (logits, cache)
 
     return forward
 
@@ -240,6 +242,11 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_to
     prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
     eos = resolve_eos(model, eos_ids)
     program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.greedy, sampling.top_k)
+    mesh = getattr(model, "mesh", None)
+    if mesh is not None:  # a sharded model (parse_jax.distributed): its requests go over the `data` axis
+        from parse_jax.distributed import shard_rows
+
+        prompt, lens, max_new = (shard_rows(x, mesh) for x in (prompt, lens, max_new))
     t0 = time.perf_counter()
     tokens, num_new, steps = program(model.params, prompt, lens, max_new, eos,
                                      np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),

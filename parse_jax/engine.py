@@ -9,7 +9,9 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+from jax.sharding import Mesh
 
+from parse_jax import distributed
 from parse_jax.decode import (
     GenerateResult,
     SamplingParams,
@@ -20,6 +22,8 @@ from parse_jax.decode import (
     generate,
     resolve_eos,
 )
+from parse_jax.eagle3 import Eagle3, eagle3_generate
+from parse_jax.eagle3 import continue_program as eagle3_continue_program
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.layout import (
     cap_boundaries,
@@ -34,7 +38,7 @@ from parse_jax.speculative import check_pair, speculative_generate
 from parse_jax.tasks import DELIMITER, JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
 from parse_jax.verify import POLICIES, accept, judge_token_id, verify_pass
 
-MODES = ("target", "sd", "sequential", "parse")
+MODES = ("target", "sd", "sequential", "parse", "eagle3", "parse+eagle3")
 SEGMENTERS = ("delimiter", "stride", "hybrid")
 
 
@@ -56,6 +60,7 @@ class ParseConfig:
     rounds: str = "single"
     max_draft_tokens: int = 64
     gamma: int = 4
+    eagle3_gamma: int = 5
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -64,7 +69,8 @@ class ParseConfig:
             raise ConfigError(f"unknown segmenter {self.segmenter!r}; available: {', '.join(SEGMENTERS)}")
         if self.rounds not in ("single", "multi"):
             raise ConfigError(f"rounds must be 'single' or 'multi', got {self.rounds!r}")
-        for name in ("stride", "min_segment", "max_segment", "max_prefixes", "max_draft_tokens", "gamma"):
+        for name in ("stride", "min_segment", "max_segment", "max_prefixes", "max_draft_tokens", "gamma",
+                     "eagle3_gamma"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.min_segment > self.max_segment:
@@ -76,10 +82,26 @@ class ParseConfig:
 
 
 class ParseEngine:
-    def __init__(self, target, draft, config: ParseConfig | None = None) -> None:
-        self.target, self.draft = target, draft
+    """PARSE and its baselines over one target/draft pair. `eagle3`: an EAGLE-3 head for the target (modes
+    `eagle3` and `parse+eagle3`); by default the head that came with the target (`pj.load_pair()` attaches the
+    embedded pair's)."""
+
+    def __init__(self, target, draft, config: ParseConfig | None = None, eagle3: Eagle3 | None = None,
+                 mesh: Mesh | None = None) -> None:
         self.config = config or ParseConfig()
         check_pair(target, draft)
+        eagle3 = eagle3 if eagle3 is not None else getattr(target, "eagle3", None)
+        if eagle3 is not None:
+            eagle3.config.check_target(target.config)
+        if mesh is not None:  # weights over `model`, requests over `data` (see parse_jax.distributed)
+            target = distributed.shard_model(target, mesh)
+            draft = distributed.shard_model(draft, mesh, fallback_replicated=True)
+            if eagle3 is not None:
+                eagle3 = dataclasses.replace(eagle3, params=distributed.replicate(eagle3.params, mesh))
+        self.target, self.draft, self.eagle3 = target, draft, eagle3
+        # a sharded target verifies its requests' blocks with shard_map over `data`
+        self._verify = (distributed.sharded_verify_pass if isinstance(target, distributed.ShardedModel)
+                        else verify_pass)
         tok = target.tokenizer
         if tok is None:
             raise ConfigError("the target has no tokenizer: the suffix and judge words cannot be encoded")
@@ -117,7 +139,7 @@ class ParseEngine:
         block = pack(0, context + draft, [c + b for b in bounds], self.suffix_ids)
         length = bucket(block.length)
         cache = self.target.init_cache(1, length)
-        out = verify_pass(self.target, cache, [block], self.yes_id, self.no_id, length, bucket(len(bounds), 1))
+        out = self._verify(self.target, cache, [block], self.yes_id, self.no_id, length, bucket(len(bounds), 1))
         return out.scores[0, : len(bounds)].astype(np.float64)
 
     def _check_ids(self, ids: Sequence[int]) -> None:
@@ -137,16 +159,26 @@ class ParseEngine:
         if int(max_new_tokens) < 1:
             raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        if "eagle3" in mode and self.eagle3 is None:
+            raise ConfigError(f"mode {mode!r} needs an EAGLE-3 head for the target: pass "
+                              "ParseEngine(..., eagle3=pj.load_eagle3(DIR, target)); train one with "
+                              "`parse-jax train-eagle3` (the embedded pair ships one)")
         if mode == "target":
             res = generate(self.target, prompts, **kw)
         elif mode == "sd":
             res = speculative_generate(self.target, self.draft, prompts, gamma=self.config.gamma, **kw)
+        elif mode == "eagle3":
+            res = eagle3_generate(self.target, self.eagle3, prompts, gamma=self.config.eagle3_gamma, **kw)
         else:
             ids = encode_prompts(self.target, prompts)
+            if mode == "parse+eagle3" and self.config.rounds == "multi":
+                raise ConfigError("mode 'parse+eagle3' runs single-round PARSE (the target's continuation is "
+                                  "decoded with EAGLE-3); set rounds='single'")
             if mode == "parse" and self.config.rounds == "multi":
                 res = self._parse_multi(ids, int(max_new_tokens), sampling)
             else:
-                res = self._verify_then_continue(ids, int(max_new_tokens), sampling, sequential=mode == "sequential")
+                res = self._verify_then_continue(ids, int(max_new_tokens), sampling, sequential=mode == "sequential",
+                                                  eagle=mode == "parse+eagle3")
         res.stats["mode"] = mode
         res.stats["compiled_programs"] = compiled_programs()
         return res
@@ -159,31 +191,47 @@ class ParseEngine:
         return res.tokens, time.perf_counter() - t0
 
     def _verify_then_continue(self, ids: list[list[int]], max_new: int, sampling: SamplingParams,
-                              sequential: bool) -> GenerateResult:
-        """Single round: draft everything, verify (one pass, or one per segment), accept, continue."""
+                              sequential: bool, eagle: bool = False) -> GenerateResult:
+        """Single round: draft everything, verify (one pass, or one per segment), accept, continue (token by token,
+        or with EAGLE-3 from the features of that same verification pass)."""
         drafts, t_draft = self._draft(ids, max_new, sampling)
         bounds = [self.boundaries(d) for d in drafts]
         t0 = time.perf_counter()
         if sequential:
             accepted_b, cache, first_logits, passes, vtokens = self._verify_sequential(ids, drafts, bounds, max_new)
         else:
-            accepted_b, cache, first_logits, passes, vtokens = self._verify_parallel(ids, drafts, bounds, max_new)
+            accepted_b, cache, first_logits, passes, vtokens, out = self._verify_parallel(ids, drafts, bounds,
+                                                                                          max_new, eagle)
         t_verify = time.perf_counter() - t0
         eos = resolve_eos(self.target)
         done_in_draft = [b > 0 and drafts[i][b - 1] in eos for i, b in enumerate(accepted_b)]
         remaining = np.array([0 if done_in_draft[i] else max(0, max_new - accepted_b[i]) for i in range(len(ids))]
                              + [0] * (cache.batch - len(ids)), np.int32)
         t0 = time.perf_counter()
-        program = continue_program(self.target.config, self.target.attention_impl, bucket(max_new, 16),
-                                   sampling.greedy, sampling.top_k)
-        state = program(self.target.params, cache, first_logits, remaining, eos,
-                        np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
-                        prng_key(sampling.seed + 1))
-        cont, cont_n, steps = np.asarray(state.tokens), np.asarray(state.num_new), int(state.step)
+        temperature, top_p = np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p)
+        extra = {}
+        if eagle:
+            head = self.eagle3
+            program = eagle3_continue_program(self.target.config, head.config, self.target.attention_impl,
+                                              self.config.eagle3_gamma, bucket(max_new, 16), sampling.greedy,
+                                              sampling.top_k)
+            n_ctx = np.asarray(cache.lengths)
+            cont, cont_n, rounds, acc, prop = program(self.target.params, head.params, cache, first_logits,
+                                                      out.tokens, out.features, n_ctx, remaining, eos, temperature,
+                                                      top_p, prng_key(sampling.seed + 1))
+            cont, cont_n, cont_passes = np.asarray(cont), np.asarray(cont_n), int(rounds)
+            extra = {"eagle3_accepted_tokens": int(np.asarray(acc)[: len(ids)].sum()),
+                     "eagle3_draft_tokens": int(np.asarray(prop)[: len(ids)].sum())}
+        else:
+            program = continue_program(self.target.config, self.target.attention_impl, bucket(max_new, 16),
+                                       sampling.greedy, sampling.top_k)
+            state = program(self.target.params, cache, first_logits, remaining, eos, temperature, top_p,
+                            prng_key(sampling.seed + 1))
+            cont, cont_n, steps = np.asarray(state.tokens), np.asarray(state.num_new), int(state.step)
+            cont_passes = steps - 1 if remaining.any() else 0  # the first continuation token comes from verification
         t_cont = time.perf_counter() - t0
         tokens = [drafts[i][: accepted_b[i]] + cont[i, : cont_n[i]].tolist() for i in range(len(ids))]
-        cont_passes = steps - 1 if remaining.any() else 0  # the first continuation token comes from verification
-        stats = {
+        stats = {**extra,
             "target_passes": passes + cont_passes,
             "verify_passes": passes,
             "new_tokens": sum(len(t) for t in tokens),
@@ -200,7 +248,7 @@ class ParseEngine:
         texts = [self.target.tokenizer.decode(t) for t in tokens]
         return GenerateResult(texts=texts, tokens=tokens, stats=stats)
 
-    def _verify_parallel(self, ids, drafts, bounds, max_new):
+    def _verify_parallel(self, ids, drafts, bounds, max_new, taps: bool = False):
         """Prompt + draft + K suffix copies in ONE pass over an empty cache; commit prompt + accepted prefix."""
         blocks = [pack(0, p + d, [len(p) + x for x in b], self.suffix_ids) for p, d, b in zip(ids, drafts, bounds)]
         length = bucket(max(blk.length for blk in blocks))
@@ -210,7 +258,8 @@ class ParseEngine:
         cache = self.target.init_cache(batch, cache_len)
         blocks = blocks + [pack(0, [0], [1], self.suffix_ids)] * (batch - len(ids))
         before = [len(p) - 1 for p in ids] + [0] * (batch - len(ids))
-        out = verify_pass(self.target, cache, blocks, self.yes_id, self.no_id, length, k_max, before)
+        out = self._verify(self.target, cache, blocks, self.yes_id, self.no_id, length, k_max, before,
+                          taps=self.eagle3.config.taps if taps else ())
         valid = ~np.isnan(out.scores)
         idx = accept(np.nan_to_num(out.scores), valid, self.config.threshold, self.config.policy)
         accepted_b = [bounds[i][idx[i]] if idx[i] >= 0 else 0 for i in range(len(ids))]
@@ -218,7 +267,7 @@ class ParseEngine:
         first_logits = out.boundary_logits[np.arange(batch), take]
         lengths = np.array([len(p) + b for p, b in zip(ids, accepted_b)] + [1] * (batch - len(ids)), np.int32)
         vtokens = int(sum(b.length for b in blocks[: len(ids)]))
-        return accepted_b, out.cache.set_lengths(lengths), first_logits, 1, vtokens
+        return accepted_b, out.cache.set_lengths(lengths), first_logits, 1, vtokens, out
 
     def _verify_sequential(self, ids, drafts, bounds, max_new):
         """SpecReason-style: prefill the prompt, then one target pass per segment (segment + suffix)."""
@@ -232,7 +281,7 @@ class ParseEngine:
         prompt_blocks = [pack(0, p, [len(p)], self.suffix_ids) for p in rows]
         # the prefill pass also scores the empty prefix, which nothing reads; it gives the context's logits
         plen = bucket(max(b.length for b in prompt_blocks))
-        out = verify_pass(self.target, cache, prompt_blocks, self.yes_id, self.no_id, plen, 1,
+        out = self._verify(self.target, cache, prompt_blocks, self.yes_id, self.no_id, plen, 1,
                           [len(p) - 1 for p in rows])
         cache = out.cache.commit(np.array([len(p) for p in rows], np.int32))
         first_logits = out.boundary_logits[:, 1]
@@ -255,7 +304,7 @@ class ParseEngine:
                 else:
                     blocks.append(pack(int(lengths[i]), [0], [1], self.suffix_ids))
                     seg_lens.append(0)
-            out = verify_pass(self.target, cache, blocks, self.yes_id, self.no_id, length, 1)
+            out = self._verify(self.target, cache, blocks, self.yes_id, self.no_id, length, 1)
             passes += 1
             vtokens += sum(blocks[i].length for i in active)
             ok = out.scores[:, 0] >= self.config.threshold
@@ -287,7 +336,7 @@ class ParseEngine:
         rows = list(ids) + [[0]] * (batch - n)
         width = bucket(max(len(p) for p in rows))
         prefill = [pack(0, p[:-1] or [0], [max(len(p) - 1, 1)], self.suffix_ids) for p in rows]
-        out = verify_pass(self.target, cache, prefill, self.yes_id, self.no_id, bucket(width + len(self.suffix_ids)),
+        out = self._verify(self.target, cache, prefill, self.yes_id, self.no_id, bucket(width + len(self.suffix_ids)),
                           1)
         cache = out.cache.commit(np.array([len(p) - 1 for p in rows], np.int32))
         last = [p[-1] for p in rows]
@@ -315,7 +364,7 @@ class ParseEngine:
                 else:
                     blocks.append(pack(int(lengths[i]), [last[i]], [1], self.suffix_ids))
             t0 = time.perf_counter()
-            res = verify_pass(self.target, cache, blocks, self.yes_id, self.no_id, block_max, k_max, [0] * batch)
+            res = self._verify(self.target, cache, blocks, self.yes_id, self.no_id, block_max, k_max, [0] * batch)
             stats["seconds_verify"] += time.perf_counter() - t0
             stats["target_passes"] += 1
             stats["verify_passes"] += 1

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parse_jax.eagle3 import load_eagle3
 from parse_jax.errors import CheckpointError
 from parse_jax.models.checkpoint import load_model
 from parse_jax.models.model import Model
 
 PAIR_DIR = Path(__file__).resolve().parent / "assets" / "pair"
+EAGLE3_DIR = "eagle3"
 
 
 def load_pair(path: str | Path | None = None, dtype: str | None = None) -> tuple[Model, Model]:
     """(target, draft) from a folder holding `target/` and `draft/` model folders (Orbax or HF); no argument: the
-    pair shipped in the package. A folder written by `parse-jax train --out DIR` is such a folder."""
+    pair shipped in the package. A folder written by `parse-jax train --out DIR` is such a folder. An `eagle3/`
+    head folder beside them (`parse-jax train-eagle3`) is loaded as `target.eagle3`."""
     folder = PAIR_DIR if path is None else Path(path)
     missing = [name for name in ("target", "draft") if not (folder / name).is_dir()]
     if missing:
@@ -25,4 +28,6 @@ def load_pair(path: str | Path | None = None, dtype: str | None = None) -> tuple
     if target.config.vocab_size != draft.config.vocab_size:
         raise CheckpointError(f"{folder}: target and draft vocabularies differ ({target.config.vocab_size} vs "
                               f"{draft.config.vocab_size})")
+    if (folder / EAGLE3_DIR).is_dir() and dtype in (None, target.config.dtype):
+        target.eagle3 = load_eagle3(folder / EAGLE3_DIR, target)  # ParseEngine's default head for this target
     return target, draft

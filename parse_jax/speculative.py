@@ -50,10 +50,61 @@ class SpecState:
     proposed: jax.Array   # [B] draft tokens proposed in total
 
 
-def _probs(logits, greedy, temperature, top_k, top_p):
+def probs(logits, greedy, temperature, top_k, top_p):
+    """The distribution a token is drawn from: one-hot argmax when greedy, else filtered softmax."""
     if greedy:
         return jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
     return jax.nn.softmax(filter_logits(logits, temperature, top_k, top_p), axis=-1)
+
+
+def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, greedy: bool, k_accept: jax.Array,
+                     k_fix: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Lossless acceptance of `gamma` proposals: p [B, gamma + 1, V] target, q [B, gamma, V] drafter, props
+    [B, gamma]. Returns (n_acc [B], emitted [B, gamma + 1]): the accepted proposals, then the correction (or the
+    bonus token when all are kept) at index n_acc."""
+    b, gamma = props.shape
+    rows = jnp.arange(b)
+    p_prop = jnp.take_along_axis(p[:, :gamma], props[..., None], -1)[..., 0]
+    q_prop = jnp.take_along_axis(q, props[..., None], -1)[..., 0]
+    if greedy:
+        keep = p_prop > 0.5
+    else:
+        u = jax.random.uniform(k_accept, (b, gamma))
+        keep = u * q_prop < p_prop  # u < p/q without dividing by a zero q
+    n_acc = jnp.argmin(jnp.concatenate([keep, jnp.zeros((b, 1), bool)], 1), axis=1)  # first rejection
+    p_at = p[rows, n_acc]
+    q_at = jnp.where((n_acc < gamma)[:, None], q[rows, jnp.minimum(n_acc, gamma - 1)], 0.0)
+    residual = jnp.maximum(p_at - q_at, 0.0)
+    residual = jnp.where(residual.sum(-1, keepdims=True) > 0, residual, p_at)
+    if greedy:
+        fix = jnp.argmax(residual, -1).astype(jnp.int32)
+    else:
+        fix = jax.random.categorical(k_fix, jnp.log(residual), axis=-1).astype(jnp.int32)
+    emitted = jnp.where(jnp.arange(gamma + 1)[None] < n_acc[:, None],
+                        jnp.concatenate([props, props[:, :1]], 1), fix[:, None])
+    return n_acc, emitted
+
+
+def emit_accepted(tokens: jax.Array, num_new: jax.Array, done: jax.Array, last: jax.Array, emitted: jax.Array,
+                  n_acc: jax.Array, eos_ids: jax.Array, max_new: jax.Array):
+    """Append each live row's emitted tokens (stopping at EOS and its budget) to `tokens` [B, width].
+    Returns (tokens, num_new, done, last, commit): `commit` = tokens that enter the caches (last + accepted)."""
+    b, width = tokens.shape
+    n = emitted.shape[1]
+    rows = jnp.arange(b)
+    n_emit = n_acc + 1
+    is_eos = jnp.any(emitted[..., None] == eos_ids[None, None, :], -1) & (jnp.arange(n)[None] < n_emit[:, None])
+    eos_at = jnp.where(is_eos.any(1), jnp.argmax(is_eos, 1) + 1, n + 1)
+    count = jnp.minimum(jnp.minimum(n_emit, eos_at), max_new - num_new)
+    count = jnp.where(done, 0, count)
+    slots = num_new[:, None] + jnp.arange(n)[None]
+    slots = jnp.where(jnp.arange(n)[None] < count[:, None], slots, width)  # dropped
+    tokens = tokens.at[rows[:, None], slots].set(emitted, mode="drop")
+    num = num_new + count
+    live = (~done).astype(jnp.int32)
+    new_done = done | (eos_at <= n_emit) | (num >= max_new)
+    new_last = jnp.where(done, last, emitted[rows, n_acc])
+    return tokens, num, new_done, new_last, n_emit * live
 
 
 @functools.cache
@@ -87,7 +138,7 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
                 cache, tok = carry
                 logits, cache = draft_fwd(tok[:, None], cache.lengths[:, None], cache, one_limit, one_group)
                 cache = cache.commit(1)
-                q = _probs(logits[:, 0], greedy, temperature, top_k, top_p)
+                q = probs(logits[:, 0], greedy, temperature, top_k, top_p)
                 nxt = sample_token(logits[:, 0], jax.random.fold_in(key, i), greedy, temperature, top_k, top_p)
                 return (cache, nxt), (nxt, q)
 
@@ -105,39 +156,11 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
             blk_limit, blk_group = causal_metadata(b, gamma + 1)
             pos = state.target_cache.lengths[:, None] + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
             logits, t_cache = target_fwd(block, pos, state.target_cache, blk_limit, blk_group)
-            p = _probs(logits, greedy, temperature, top_k, top_p)  # [B, gamma + 1, V]
-            p_prop = jnp.take_along_axis(p[:, :gamma], props[..., None], -1)[..., 0]
-            q_prop = jnp.take_along_axis(q, props[..., None], -1)[..., 0]
-            if greedy:
-                keep = p_prop > 0.5
-            else:
-                u = jax.random.uniform(k_accept, (b, gamma))
-                keep = u * q_prop < p_prop  # u < p/q without dividing by a zero q
-            n_acc = jnp.argmin(jnp.concatenate([keep, jnp.zeros((b, 1), bool)], 1), axis=1)  # first rejection
-            p_at = p[rows, n_acc]
-            q_at = jnp.where((n_acc < gamma)[:, None], q[rows, jnp.minimum(n_acc, gamma - 1)], 0.0)
-            residual = jnp.maximum(p_at - q_at, 0.0)
-            residual = jnp.where(residual.sum(-1, keepdims=True) > 0, residual, p_at)
-            if greedy:
-                fix = jnp.argmax(residual, -1).astype(jnp.int32)
-            else:
-                fix = jax.random.categorical(k_fix, jnp.log(residual), axis=-1).astype(jnp.int32)
-            emitted = jnp.where(jnp.arange(gamma + 1)[None] < n_acc[:, None],
-                                jnp.concatenate([props, props[:, :1]], 1), fix[:, None])  # [B, gamma + 1]
-            n_emit = n_acc + 1
-            is_eos = jnp.any(emitted[..., None] == eos_ids[None, None, :], -1) & (
-                jnp.arange(gamma + 1)[None] < n_emit[:, None])
-            eos_at = jnp.where(is_eos.any(1), jnp.argmax(is_eos, 1) + 1, gamma + 2)
-            count = jnp.minimum(jnp.minimum(n_emit, eos_at), max_new - state.num_new)
-            count = jnp.where(state.done, 0, count)
-            slots = state.num_new[:, None] + jnp.arange(gamma + 1)[None]
-            slots = jnp.where(jnp.arange(gamma + 1)[None] < count[:, None], slots, width)  # dropped
-            tokens = state.tokens.at[rows[:, None], slots].set(emitted, mode="drop")
-            num = state.num_new + count
-            done = state.done | (eos_at <= n_emit) | (num >= max_new)
+            p = probs(logits, greedy, temperature, top_k, top_p)  # [B, gamma + 1, V]
+            n_acc, emitted = accept_proposals(p, q, props, greedy, k_accept, k_fix)
+            tokens, num, done, last, commit = emit_accepted(state.tokens, state.num_new, state.done, state.last,
+                                                            emitted, n_acc, eos_ids, max_new)
             live = (~state.done).astype(jnp.int32)
-            last = jnp.where(state.done, state.last, emitted[rows, n_acc])
-            commit = n_emit * live  # last + accepted proposals enter both caches
             return state.replace(
                 target_cache=t_cache.commit(commit),
                 draft_cache=d_cache.set_lengths(state.draft_cache.lengths + commit),

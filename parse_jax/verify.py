@@ -63,28 +63,33 @@ class VerifyOutput:
     boundary_logits: jax.Array  # [B, K + 1, V] next-token logits after each boundary; the last entry is at
     #                             `before_index` (e.g. the context's last token, for "nothing accepted")
     cache: KVCache            # block written, lengths unchanged: commit the accepted boundary
+    tokens: np.ndarray | None = None     # [B, L] the padded block (with `taps`)
+    features: jax.Array | None = None    # [B, L, len(taps) * d] the target's tapped hidden states (EAGLE-3)
 
 
 @functools.cache
-def _verify_program(cfg: ModelConfig, attention_impl: str):
+def _verify_program(cfg: ModelConfig, attention_impl: str, taps: tuple[int, ...] = ()):
     module = Decoder(cfg, attention_impl)
 
     def run(params, cache, tokens, positions, limit, group, score_index, boundary_index, yes_id, no_id):
-        logits, cache = forward_fn(module, params)(tokens, positions, cache, limit, group)
+        logits, cache, hiddens = forward_fn(module, params, return_hidden=True)(tokens, positions, cache, limit,
+                                                                                 group)
         at_scores = jnp.take_along_axis(logits, score_index[..., None], axis=1)
         scores = scores_from_logits(at_scores, yes_id, no_id)
         boundary_logits = jnp.take_along_axis(logits, boundary_index[..., None], axis=1)
-        return scores, boundary_logits, cache
+        features = jnp.concatenate([hiddens[i] for i in taps], axis=-1) if taps else None
+        return scores, boundary_logits, cache, features
 
     return register_program(jax.jit(run, donate_argnums=(1,)))
 
 
 def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: int, no_id: int,
                 length: int | None = None, num_prefixes: int | None = None,
-                before_index: Sequence[int] | None = None) -> VerifyOutput:
+                before_index: Sequence[int] | None = None, taps: Sequence[int] = ()) -> VerifyOutput:
     """One target pass over `cache` + each row's packed block (padded to `length`, K padded to
     `num_prefixes` so shapes stay in buckets). Row i of `blocks` belongs to cache row i.
-    `before_index[i]` (block index, default 0) adds the logits of one more block token per row."""
+    `before_index[i]` (block index, default 0) adds the logits of one more block token per row.
+    `taps`: also return those hidden states (indices into the decoder's `hiddens`) of every block token."""
     if len(blocks) != cache.batch:
         raise InputError(f"{len(blocks)} blocks for a cache of batch {cache.batch}")
     length = length or max(b.length for b in blocks)
@@ -108,9 +113,10 @@ def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: in
         # draft token b - 1 predicts the token after a boundary b; copies sit at limit == b
         boundary_index[i, :k] = blk.limit[blk.score_index] - 1
         valid[i, :k] = True
-    program = _verify_program(model.config, model.attention_impl)
-    scores, boundary_logits, cache = program(model.params, cache, arrays["tokens"], arrays["positions"],
-                                             arrays["limit"], arrays["group"], score_index, boundary_index,
-                                             np.int32(yes_id), np.int32(no_id))
+    program = _verify_program(model.config, model.attention_impl, tuple(int(t) for t in taps))
+    scores, boundary_logits, cache, features = program(model.params, cache, arrays["tokens"], arrays["positions"],
+                                                       arrays["limit"], arrays["group"], score_index, boundary_index,
+                                                       np.int32(yes_id), np.int32(no_id))
     scores = np.where(valid, np.asarray(scores), np.nan)
-    return VerifyOutput(scores=scores, boundary_logits=boundary_logits, cache=cache)
+    return VerifyOutput(scores=scores, boundary_logits=boundary_logits, cache=cache,
+                        tokens=arrays["tokens"] if taps else None, features=features)

@@ -58,3 +58,20 @@ def test_the_default_config_fits_the_pair(pair):
 def test_a_folder_without_a_pair_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="not a pair folder.*target/ or draft/"):
         pj.load_pair(tmp_path)
+
+
+def test_the_shipped_eagle3_head_is_lossless_and_drafts_well(pair):
+    """The pair ships an EAGLE-3 head (parse_jax/assets/pair/eagle3): loaded with the pair, greedy decoding with it
+    equals the target's, and it drafts several tokens per target pass (bar on 500 problems: tau >= 2.5)."""
+    target, draft = pair
+    assert target.eagle3 is not None
+    task = pj.load_task()
+    from parse_jax.train.data import Encoder
+
+    enc = Encoder(target.tokenizer, task)
+    ids = [enc.prompt_ids(p) for p, _ in task.problems(64, 3)]
+    expect = pj.generate(target, ids, max_new_tokens=24)
+    res = pj.eagle3_generate(target, target.eagle3, ids, gamma=4, max_new_tokens=24)
+    assert res.tokens == expect.tokens
+    per_row_passes = expect.stats["target_passes"]  # the batch's passes alone, a row's tokens + 1 at most
+    assert res.stats["target_passes"] * 2 <= per_row_passes  # >= 2 tokens per target pass on these rows

@@ -16,11 +16,11 @@ from parse_jax.models.config import ModelConfig, rope_inv_freq
 from parse_jax.models.decoder import apply_rope
 
 
-def _rms(x, scale, eps):
+def rms_norm(x, scale, eps):
     return scale * (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps))
 
 
-def _dense(p, x):
+def linear(p, x):
     y = x @ p["kernel"]
     return y + p["bias"] if "bias" in p else y
 
@@ -29,6 +29,14 @@ def train_logits(params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Arr
                  limit: jax.Array | None = None, group: jax.Array | None = None) -> jax.Array:
     """int [B, T] -> float32 logits [B, T, V] (float32 models). Without metadata: causal, positions 0..T-1; with
     `positions`, `limit` and `group` [B, T]: the multi-prefix mask of DESIGN §2 over the row alone (no cache)."""
+    return train_forward(params, cfg, tokens, positions, limit, group)[0]
+
+
+def train_forward(params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
+                  limit: jax.Array | None = None, group: jax.Array | None = None
+                  ) -> tuple[jax.Array, list[jax.Array]]:
+    """`train_logits` and the hidden states the `Decoder` returns with `return_hidden` (each layer's input, then
+    the final pre-norm state): the EAGLE-3 head's features."""
     b, t = tokens.shape
     h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     emb = params["embed_tokens"]["embedding"]
@@ -40,26 +48,29 @@ def train_logits(params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Arr
         mask = jnp.tril(jnp.ones((t, t), bool))
     else:
         mask = visibility(jnp.zeros((b,), jnp.int32), limit, group, t)[:, None]
+    hiddens = []
     for i in range(cfg.num_layers):
+        hiddens.append(x)
         lp = params[f"layers_{i}"]
         a = lp["self_attn"]
-        y = _rms(x, lp["input_layernorm"]["scale"], cfg.rms_norm_eps)
-        q = _dense(a["q_proj"], y).reshape(b, t, h, d)
-        k = _dense(a["k_proj"], y).reshape(b, t, kvh, d)
-        v = _dense(a["v_proj"], y).reshape(b, t, kvh, d)
+        y = rms_norm(x, lp["input_layernorm"]["scale"], cfg.rms_norm_eps)
+        q = linear(a["q_proj"], y).reshape(b, t, h, d)
+        k = linear(a["k_proj"], y).reshape(b, t, kvh, d)
+        v = linear(a["v_proj"], y).reshape(b, t, kvh, d)
         if cfg.qk_norm:
-            q = _rms(q, a["q_norm"]["scale"], cfg.rms_norm_eps)
-            k = _rms(k, a["k_norm"]["scale"], cfg.rms_norm_eps)
+            q = rms_norm(q, a["q_norm"]["scale"], cfg.rms_norm_eps)
+            k = rms_norm(k, a["k_norm"]["scale"], cfg.rms_norm_eps)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         if kvh != h:
             k, v = jnp.repeat(k, h // kvh, axis=2), jnp.repeat(v, h // kvh, axis=2)
         s = jnp.einsum("bthd,bshd->bhts", q, k) * d ** -0.5
         s = jnp.where(mask, s, -1e30)
         o = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s, axis=-1), v).reshape(b, t, h * d)
-        x = x + _dense(a["o_proj"], o)
+        x = x + linear(a["o_proj"], o)
         m = lp["mlp"]
-        y = _rms(x, lp["post_attention_layernorm"]["scale"], cfg.rms_norm_eps)
-        x = x + _dense(m["down_proj"], jax.nn.silu(_dense(m["gate_proj"], y)) * _dense(m["up_proj"], y))
-    x = _rms(x, params["norm"]["scale"], cfg.rms_norm_eps)
-    logits = x @ emb.T if cfg.tie_word_embeddings else _dense(params["lm_head"], x)
-    return logits.astype(jnp.float32)
+        y = rms_norm(x, lp["post_attention_layernorm"]["scale"], cfg.rms_norm_eps)
+        x = x + linear(m["down_proj"], jax.nn.silu(linear(m["gate_proj"], y)) * linear(m["up_proj"], y))
+    hiddens.append(x)
+    x = rms_norm(x, params["norm"]["scale"], cfg.rms_norm_eps)
+    logits = x @ emb.T if cfg.tie_word_embeddings else linear(params["lm_head"], x)
+    return logits.astype(jnp.float32), hiddens

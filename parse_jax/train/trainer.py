@@ -56,12 +56,20 @@ def loss_fn(params, cfg: ModelConfig, batch: dict[str, jax.Array], judge_weight:
     return lm + judge_weight * judge, (lm, judge)
 
 
-def make_train_step(cfg: ModelConfig, opt: optax.GradientTransformation, judge_weight: float):
+def make_train_step(cfg: ModelConfig, opt: optax.GradientTransformation, judge_weight: float,
+                    loss: Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]] | None = None):
+    """A jitted donated AdamW step. `loss(params, batch) -> (loss, metrics)` replaces the decoder's LM + judge loss
+    (the EAGLE-3 head trains through this same loop)."""
+    if loss is None:
+        def loss(params, batch):
+            total, (lm, judge) = loss_fn(params, cfg, batch, judge_weight)
+            return total, {"lm": lm, "judge": judge}
+
     def step(params, opt_state, batch):
-        (loss, (lm, judge)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, cfg, batch, judge_weight)
+        (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params, batch)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "lm": lm, "judge": judge, "grad_norm": optax.tree.norm(grads)}
+        return params, opt_state, {"loss": value, **metrics, "grad_norm": optax.tree.norm(grads)}
 
     return jax.jit(step, donate_argnums=(0, 1))
 
@@ -105,13 +113,14 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable[[int], dict[str, np.ndarray]],
                 folder: str | Path, fingerprint: dict[str, Any], *, judge_weight: float = 0.0,
                 mode: str = "auto", on_step: Callable[[int], None] | None = None,
-                progress: bool = True, init: dict[str, Any] | None = None
+                progress: bool = True, init: dict[str, Any] | None = None,
+                loss: Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]] | None = None,
                 ) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """Train `cfg` for `spec.steps` steps on `batch_fn(step)`; returns (params, per-step metrics of this process).
 
     mode: "auto" resumes when checkpoints exist, "resume" requires one, "fresh" deletes the run folder first.
     `on_step(step)` is called after each finished step (tests use it to simulate a crash). `init`: params to start
-    from instead of a random init (fine-tuning; name its origin in `fingerprint`)."""
+    from instead of a random init (fine-tuning; name its origin in `fingerprint`). `loss`: see `make_train_step`."""
     folder = Path(folder)
     fingerprint = {"phase": name, "model": cfg.to_dict(), "spec": dataclasses.asdict(spec), **fingerprint}
     fingerprint = json.loads(json.dumps(fingerprint))
@@ -148,7 +157,7 @@ def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable
                                   "match this run (corrupt, or written by another config)")
         params, opt_state = restored["state"]["params"], restored["state"]["opt_state"]
         start = latest
-    step_fn = make_train_step(cfg, opt, judge_weight)
+    step_fn = make_train_step(cfg, opt, judge_weight, loss)
     history: list[dict[str, float]] = []
     bar = tqdm(total=spec.steps, initial=start, desc=name, disable=not progress, dynamic_ncols=True,
                mininterval=1.0)
@@ -163,8 +172,8 @@ def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable
                 metrics = {k: float(v) for k, v in metrics.items()}
                 history.append({"step": done, **metrics})
                 now = time.perf_counter()
-                bar.set_postfix(loss=f"{metrics['loss']:.4f}", lm=f"{metrics['lm']:.3f}",
-                                judge=f"{metrics['judge']:.3f}", tok_s=f"{tokens_since / (now - t_last):.0f}")
+                shown = {k: f"{v:.4f}" if k == "loss" else f"{v:.3f}" for k, v in metrics.items() if k != "grad_norm"}
+                bar.set_postfix(**shown, tok_s=f"{tokens_since / (now - t_last):.0f}")
                 t_last, tokens_since = now, 0
             bar.update(1)
             if done % spec.checkpoint_every == 0 or done == spec.steps:

@@ -1,0 +1,172 @@
+"""Train an EAGLE-3 head for a target on the task: the target's own greedy solutions, its features and its
+next-token distributions (distillation), with training-time test (the head unrolled on its own outputs).
+
+The run is a folder: `samples.json` (the target's solutions, reused on resume), `head_run/` (the trainer's
+Orbax checkpoints, fingerprinted; a killed run resumes from the last one) and, when done, `eagle3/` (the head,
+loadable with `pj.load_eagle3(DIR/eagle3, target)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from parse_jax.decode import PAD_ID
+from parse_jax.eagle3 import Eagle3, Eagle3Config, init_head, save_eagle3, target_taps, ttt_logits
+from parse_jax.errors import ConfigError
+from parse_jax.tasks import Task
+from parse_jax.train.data import Encoder
+from parse_jax.train.evaluate import solve_many
+from parse_jax.train.forward import train_forward
+from parse_jax.train.recipe import PhaseSpec
+from parse_jax.train.trainer import train_phase
+
+SAMPLES_FILE = "samples.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Spec:
+    """Head training settings. `unroll`: training-time-test steps; step k's loss weighs `step_decay ** k`."""
+
+    steps: int = 1500
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 100
+    unroll: int = 4
+    step_decay: float = 0.8
+    samples: int = 6000
+    seq_len: int = 40
+    seed: int = 0
+    checkpoint_every: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "unroll", "samples", "seq_len", "checkpoint_every"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"EAGLE-3 training: {name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.step_decay <= 1:
+            raise ConfigError(f"EAGLE-3 training: step_decay must lie in (0, 1], got {self.step_decay}")
+
+    def phase(self) -> PhaseSpec:
+        return PhaseSpec(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
+                         checkpoint_every=self.checkpoint_every, seed=self.seed)
+
+
+def target_rows(target, task: Task, spec: Eagle3Spec, folder: Path, progress: bool = True) -> np.ndarray:
+    """[N, seq_len + 1] rows: prompt, the target's greedy solution, EOS, then padding; column 0 of a second array
+    (returned as the last column) is the prompt length. Cached in `folder/samples.json` (keyed by the spec)."""
+    path = folder / SAMPLES_FILE
+    key = {"samples": spec.samples, "seed": spec.seed, "seq_len": spec.seq_len}
+    if path.is_file():
+        try:
+            d = json.loads(path.read_text())
+            if d["key"] == key:
+                return np.asarray(d["rows"], np.int32)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            pass  # damaged or stale: solve again
+    enc = Encoder(target.tokenizer, task)
+    rng = random.Random(f"eagle3:{spec.seed}")
+    prompts = [task.sample(rng, "train") for _ in range(spec.samples)]
+    t0 = time.perf_counter()
+    texts = solve_many(target, task, prompts, max_new_tokens=spec.seq_len, batch=256)
+    eos = target.tokenizer.eos_id
+    rows = np.full((len(prompts), spec.seq_len + 1), PAD_ID, np.int32)
+    for i, (p, text) in enumerate(zip(prompts, texts)):
+        ids = enc.prompt_ids(p)
+        sol = target.tokenizer.encode(text) + ([eos] if eos is not None else [])
+        row = (ids + sol)[: spec.seq_len]
+        rows[i, : len(row)] = row
+        rows[i, -1] = len(ids)
+    if progress:
+        print(f"target solved {len(prompts)} train problems in {time.perf_counter() - t0:.1f}s", flush=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, "rows": rows.tolist()}))
+    os.replace(tmp, path)
+    return rows
+
+
+def teacher_arrays(target, cfg: Eagle3Config, rows: np.ndarray, batch: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """The target's taps [N, T, 3d] and next-token distributions [N, T, V] on `rows`, computed once (the target is
+    frozen, so every training step would recompute the same numbers)."""
+    tokens = rows[:, :-1]
+
+    @jax.jit
+    def run(ids):
+        logits, hiddens = train_forward(target.params, target.config, ids)
+        return target_taps(hiddens, cfg.taps), jax.nn.softmax(logits, axis=-1)
+
+    feats, teacher = [], []
+    for i in range(0, len(tokens), batch):
+        chunk = tokens[i: i + batch]
+        pad = batch - len(chunk)
+        f, p = run(np.concatenate([chunk, np.zeros((pad, chunk.shape[1]), np.int32)]) if pad else chunk)
+        feats.append(np.asarray(f)[: len(chunk)])
+        teacher.append(np.asarray(p)[: len(chunk)])
+    return np.concatenate(feats), np.concatenate(teacher)
+
+
+def make_loss(target, cfg: Eagle3Config, spec: Eagle3Spec):
+    """`loss(head_params, batch) -> (loss, metrics)`: soft cross-entropy to the target's distribution at every
+    solution position, for each unroll step, weighted by step_decay ** k; also each step's top-1 agreement."""
+    target_cfg, target_params = target.config, target.params
+
+    def loss(head_params, batch):
+        tokens, prompt_len, teacher = batch["tokens"], batch["prompt_len"], batch["teacher"]
+        t = tokens.shape[1]
+        real = tokens != PAD_ID
+        steps = ttt_logits(head_params, cfg, target_params, target_cfg, tokens, batch["features"], spec.unroll)
+        total, metrics, weight_sum = 0.0, {}, 0.0
+        for k, head_logits in enumerate(steps):
+            u = jnp.arange(t) + 1 + k  # the target position whose distribution step k predicts, per t
+            u_c = jnp.minimum(u, t - 1)
+            nxt = jnp.minimum(u + 1, t - 1)
+            # valid: the token after u is a real solution token
+            valid = (u + 1 < t)[None] & ((u + 1)[None] >= prompt_len[:, None]) & real[:, nxt]
+            target_p = teacher[:, u_c]
+            ce = optax.softmax_cross_entropy(head_logits, target_p)
+            n = jnp.maximum(valid.sum(), 1)
+            step_loss = (ce * valid).sum() / n
+            agree = ((jnp.argmax(head_logits, -1) == jnp.argmax(target_p, -1)) * valid).sum() / n
+            w = spec.step_decay ** k
+            total, weight_sum = total + w * step_loss, weight_sum + w
+            metrics[f"acc{k}"] = agree
+        return total / weight_sum, metrics
+
+    return loss
+
+
+def train_eagle3(target, task: Task, out: str | Path, spec: Eagle3Spec | None = None, mode: str = "auto",
+                 progress: bool = True, on_step=None) -> Eagle3:
+    """Train (or resume) a head for `target` into `out`; returns it, also saved in `out/eagle3/`."""
+    spec = spec or Eagle3Spec()
+    out = Path(out)
+    cfg = Eagle3Config.for_target(target.config)
+    rows = target_rows(target, task, spec, out, progress)
+    n = len(rows)
+
+    feats, teacher = teacher_arrays(target, cfg, rows)
+
+    def batch_fn(step: int) -> dict[str, np.ndarray]:
+        idx = np.random.default_rng([spec.seed, step]).integers(0, n, spec.batch_size)
+        return {"tokens": rows[idx, :-1], "prompt_len": rows[idx, -1], "features": feats[idx],
+                "teacher": teacher[idx]}
+
+    fingerprint: dict[str, Any] = {"eagle3": cfg.to_dict(), "eagle3_spec": dataclasses.asdict(spec),
+                                   "target_params": float(sum(float(jnp.sum(jnp.abs(x)))
+                                                              for x in jax.tree.leaves(target.params)))}
+    params, _ = train_phase("eagle3", cfg.layer, spec.phase(), batch_fn, out / "head_run", fingerprint, mode=mode,
+                            progress=progress, init=init_head(cfg, spec.seed), loss=make_loss(target, cfg, spec),
+                            on_step=on_step)
+    head = Eagle3(cfg, jax.device_get(params), target.attention_impl)
+    save_eagle3(head, out / "eagle3", overwrite=True)
+    return head
