@@ -16,6 +16,9 @@ def _models(args: argparse.Namespace, need_draft: bool):
     from parse_jax.pair import load_pair
 
     check = not getattr(args, "skip_finite_check", False)
+    if getattr(args, "per_host", False) and args.command != "generate":
+        raise ConfigError("--per-host (each host serves its own share of the prompts) works with generate only; "
+                          f"{args.command} runs one program over the whole mesh")
     if args.model is None:
         if args.draft is not None:
             raise ConfigError("--draft needs --model (the target it drafts for)")
@@ -70,7 +73,8 @@ def _parse_config(args: argparse.Namespace):
     from parse_jax.engine import ParseConfig
 
     kw = {k: getattr(args, k) for k in ("threshold", "max_prefixes", "rounds", "segmenter", "gamma",
-                                         "max_draft_tokens") if getattr(args, k, None) is not None}
+                                         "max_draft_tokens", "eagle3_gamma", "eagle3_tree")
+          if getattr(args, k, None) is not None}
     return ParseConfig(**kw)
 
 
@@ -265,6 +269,9 @@ def _parse_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segmenter", choices=["delimiter", "stride", "hybrid"], default=None)
     p.add_argument("--gamma", type=int, default=None, help="draft tokens per step in sd mode")
     p.add_argument("--max-draft-tokens", type=int, default=None)
+    p.add_argument("--eagle3-gamma", type=int, default=None, help="EAGLE-3 chain length per target pass")
+    p.add_argument("--eagle3-tree", type=int, default=None,
+                   help="EAGLE-3 sibling leaves per target pass, chosen by draft confidence (0: chain; greedy only)")
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -307,8 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text: the target alone or with PARSE / speculative decoding")
     g.add_argument("prompt", nargs="+", help="one or more prompts (a batch)")
     _model_args(g)
-    g.add_argument("--mode", default=None, help="target | sd | sequential | parse (default: parse on a pair, "
-                   "target with --model alone)")
+    g.add_argument("--mode", default=None, help="target | sd | sequential | parse | eagle3 | parse+eagle3 (default: "
+                   "parse on a pair, target with --model alone)")
     _parse_args(g)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

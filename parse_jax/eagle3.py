@@ -54,11 +54,13 @@ HEAD_PARAMS_DIR = "params"
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
     """EAGLE-3's low / middle / high layers (outputs of layers 2, L/2 and L-3), as indices into the decoder's
-    `hiddens` (index i = the input of layer i = the output of layer i - 1), clamped for shallow targets."""
+    `hiddens` (index i = the input of layer i = the output of layer i - 1); a target of 5 layers or fewer gets
+    them clamped and sorted, some repeated."""
     def clamp(i: int) -> int:
         return min(max(i, 1), num_layers)
 
-    return clamp(3), clamp(num_layers // 2 + 1), clamp(num_layers - 2)
+    low, mid, high = sorted((clamp(3), clamp(num_layers // 2 + 1), clamp(num_layers - 2)))
+    return low, mid, high
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,11 +140,11 @@ class Eagle3Head(nn.Module):
 
 @dataclasses.dataclass
 class Eagle3:
-    """A trained head: its config and params. `pj.load_eagle3(path, target)` returns one."""
+    """A trained head: its config and params. `pj.load_eagle3(path, target)` returns one; it runs with its
+    target's `attention_impl`."""
 
     config: Eagle3Config
     params: dict[str, Any]
-    attention_impl: str = "xla"
 
     def __repr__(self) -> str:
         return f"Eagle3(hidden={self.config.layer.hidden_size}, taps={self.config.taps})"
@@ -247,9 +249,10 @@ def save_eagle3(head: Eagle3, path: str | Path, overwrite: bool = False) -> Path
     return path
 
 
-def load_eagle3(path: str | Path, target, attention_impl: str | None = None) -> Eagle3:
+def load_eagle3(path: str | Path, target) -> Eagle3:
     """A head saved by `save_eagle3` / `parse-jax train-eagle3`, checked against `target`: a head trained for another
-    target (hidden size, layer count, vocabulary) is a clear error, not silently wrong drafts."""
+    target (hidden size, layer count, vocabulary) is a clear error, not silently wrong drafts. A target loaded in
+    another dtype gets the head cast to it; a sharded target gets it replicated on its mesh."""
     path = Path(path)
     cfg_file = path / HEAD_CONFIG_FILE
     if not cfg_file.is_file():
@@ -258,8 +261,12 @@ def load_eagle3(path: str | Path, target, attention_impl: str | None = None) -> 
         cfg = Eagle3Config.from_dict(json.loads(cfg_file.read_text()))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
+    stored_dtype = cfg.layer.dtype
+    if stored_dtype != target.config.dtype:  # e.g. --dtype bfloat16: follow the target
+        cfg = dataclasses.replace(cfg, layer=cfg.layer.replace(dtype=target.config.dtype))
     cfg.check_target(target.config)
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, jax.eval_shape(lambda: init_head(cfg)))
+    stored = dataclasses.replace(cfg, layer=cfg.layer.replace(dtype=stored_dtype))
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, jax.eval_shape(lambda: init_head(stored)))
     try:
         with ocp.StandardCheckpointer() as ckpt:
             params = ckpt.restore((path / HEAD_PARAMS_DIR).absolute(), abstract)
@@ -267,7 +274,13 @@ def load_eagle3(path: str | Path, target, attention_impl: str | None = None) -> 
         raise CheckpointError(f"cannot restore the EAGLE-3 head params in {path / HEAD_PARAMS_DIR}: {e}") from None
     if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params)):
         raise CheckpointError(f"the EAGLE-3 head in {path} has NaN or infinite weights")
-    return Eagle3(cfg, params, attention_impl or target.attention_impl)
+    params = jax.tree.map(lambda x: np.asarray(x).astype(jnp.dtype(cfg.layer.dtype)), params)
+    mesh = getattr(target, "mesh", None)
+    if mesh is not None:
+        from parse_jax.distributed import replicate
+
+        params = replicate(params, mesh)
+    return Eagle3(cfg, params)
 
 
 @functools.cache
@@ -293,12 +306,54 @@ class EagleState:
     proposed: jax.Array      # [B] drafted tokens proposed
 
 
+def tree_leaves(props: jax.Array, head_logits: jax.Array, num_leaves: int) -> tuple[jax.Array, jax.Array]:
+    """EAGLE-2's dynamic expansion, restricted to siblings of the chain: a node replacing proposal i by token c has
+    confidence prod_{j<i} p_j(props_j) * p_i(c) under the head; the `num_leaves` most confident become leaves.
+    Returns (depth [B, M] = i, token [B, M])."""
+    b, gamma, v = head_logits.shape
+    p = jax.nn.softmax(head_logits.astype(jnp.float32), axis=-1)
+    p_chain = jnp.take_along_axis(p, props[..., None], -1)[..., 0]
+    prefix = jnp.cumprod(jnp.concatenate([jnp.ones((b, 1)), p_chain[:, :-1]], axis=1), axis=1)
+    conf = prefix[..., None] * p
+    conf = jnp.where(jax.nn.one_hot(props, v, dtype=bool), -1.0, conf)  # the chain's own tokens are not leaves
+    _, flat = jax.lax.top_k(conf.reshape(b, gamma * v), num_leaves)
+    return (flat // v).astype(jnp.int32), (flat % v).astype(jnp.int32)
+
+
+def tree_block(trunk: jax.Array, leaf_depth: jax.Array, leaf_tok: jax.Array, start: jax.Array):
+    """The tree as a set of prefixes (DESIGN §2 metadata): the chain [last, d_1..d_gamma] is group 0 (causal), leaf
+    m (replacing d_{i+1}) is group m + 1, sees the chain up to d_i and sits at RoPE position start + i + 1."""
+    b, g1 = trunk.shape
+    m = leaf_tok.shape[1]
+    block = jnp.concatenate([trunk, leaf_tok], axis=1)
+    chain_pos = jnp.arange(g1, dtype=jnp.int32)[None]
+    pos = start + jnp.concatenate([jnp.broadcast_to(chain_pos, (b, g1)), leaf_depth + 1], axis=1)
+    limit = jnp.concatenate([jnp.broadcast_to(chain_pos + 1, (b, g1)), leaf_depth + 1], axis=1)
+    group = jnp.concatenate([jnp.zeros((b, g1), jnp.int32),
+                             jnp.broadcast_to(jnp.arange(1, m + 1, dtype=jnp.int32)[None], (b, m))], axis=1)
+    return block, pos, limit, group
+
+
+def move_kv(cache: KVCache, src: jax.Array, dst: jax.Array, where: jax.Array) -> KVCache:
+    """Copy each row's KV entry at slot `src` to slot `dst` where `where` (an accepted leaf takes the place of the
+    rejected chain token); the entry was computed at the right RoPE position, so nothing is recomputed."""
+    rows = jnp.arange(cache.batch)
+    src = jnp.clip(src, 0, cache.max_len - 1)
+    dst = jnp.where(where, jnp.clip(dst, 0, cache.max_len - 1), cache.max_len)  # out of range: dropped
+
+    def move(buf):
+        return buf.at[rows, dst].set(buf[rows, src], mode="drop")
+
+    return cache.replace(k=tuple(move(x) for x in cache.k), v=tuple(move(x) for x in cache.v))
+
+
 def _eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVCache, head_cache: KVCache,
                 first_logits, ctx_tokens, ctx_feats, n, max_new, eos_ids, rng, gamma: int, num_new: int,
-                greedy: bool, temperature, top_k: int, top_p, first_pass: int):
+                greedy: bool, temperature, top_k: int, top_p, first_pass: int, tree: int = 0):
     """From a target cache holding `n` context tokens and the target's taps at those positions: emit the first token
     from `first_logits`, fill the head's cache, then rounds of (gamma head steps -> one target pass -> lossless
-    acceptance) until every row is done."""
+    acceptance) until every row is done. `tree` > 0 (greedy only): the chain plus that many sibling leaves picked by
+    draft confidence, verified in the same target pass (`tree_block`)."""
     b = first_logits.shape[0]
     rows = jnp.arange(b)
     width = num_new + gamma + 1
@@ -320,11 +375,12 @@ def _eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVC
     one_limit, one_group = causal_metadata(b, 1)
 
     def draft_chain(state: EagleState, key):
-        """gamma proposals: the first from `logits_last`, then gamma - 1 head steps on the head's own outputs."""
+        """gamma proposals: the first from `logits_last`, then gamma - 1 head steps on the head's own outputs.
+        Returns (props [B, gamma], q [B, gamma, V] the distributions they were drawn from, head logits)."""
         q1 = probs(state.logits_last, greedy, temperature, top_k, top_p)
         d1 = sample_token(state.logits_last, jax.random.fold_in(key, 0), greedy, temperature, top_k, top_p)
         if gamma == 1:
-            return d1[:, None], q1[:, None]
+            return d1[:, None], q1[:, None], state.logits_last[:, None]
         base = state.head_cache.lengths
 
         def step(carry, k):
@@ -334,11 +390,12 @@ def _eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVC
             cache = cache.commit(1)
             logits = lm(normed[:, 0])
             nxt = sample_token(logits, jax.random.fold_in(key, k), greedy, temperature, top_k, top_p)
-            return (cache, nxt, out[:, 0]), (nxt, probs(logits, greedy, temperature, top_k, top_p))
+            return (cache, nxt, out[:, 0]), (nxt, probs(logits, greedy, temperature, top_k, top_p), logits)
 
-        _, (rest, qs) = jax.lax.scan(step, (state.head_cache, d1, state.h_last), jnp.arange(1, gamma))
+        _, (rest, qs, ls) = jax.lax.scan(step, (state.head_cache, d1, state.h_last), jnp.arange(1, gamma))
         props = jnp.concatenate([d1[:, None], rest.T], axis=1)
-        return props, jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+        q = jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+        return props, q, jnp.concatenate([state.logits_last[:, None], jnp.swapaxes(ls, 0, 1)], axis=1)
 
     def cond(state: EagleState):
         return ~jnp.all(state.done)
@@ -346,24 +403,46 @@ def _eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVC
     def body(state: EagleState):
         key = jax.random.fold_in(rng, state.rounds)
         k_draft, k_accept, k_fix = jax.random.split(key, 3)
-        props, q = draft_chain(state, k_draft)
-        block = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
-        blk_limit, blk_group = causal_metadata(b, gamma + 1)
-        pos = state.target_cache.lengths[:, None] + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+        props, q, head_logits = draft_chain(state, k_draft)
+        trunk = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
+        start = state.target_cache.lengths[:, None]
+        if tree:
+            leaf_depth, leaf_tok = tree_leaves(props, head_logits, tree)
+            block, pos, blk_limit, blk_group = tree_block(trunk, leaf_depth, leaf_tok, start)
+        else:
+            block = trunk
+            blk_limit, blk_group = causal_metadata(b, gamma + 1)
+            pos = start + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
         logits, t_cache, feats = target_fwd(block, pos, state.target_cache, blk_limit, blk_group)
-        p = probs(logits, greedy, temperature, top_k, top_p)
+        p = probs(logits[:, : gamma + 1], greedy, temperature, top_k, top_p)
         n_acc, emitted = accept_proposals(p, q, props, greedy, k_accept, k_fix)
+        path = jnp.broadcast_to(jnp.arange(gamma + 1 + bool(tree), dtype=jnp.int32), (b, gamma + 1 + bool(tree)))
+        if tree:  # greedy: a leaf at the first rejected depth that equals the target's token is accepted too
+            hit = ((leaf_depth == n_acc[:, None]) & (leaf_tok == emitted[rows, n_acc][:, None])
+                   & (n_acc < gamma)[:, None])
+            leaf_ok = hit.any(axis=1)
+            leaf_at = gamma + 1 + jnp.argmax(hit, axis=1)  # its block index
+            bonus = jnp.argmax(logits[rows, leaf_at], axis=-1).astype(jnp.int32)
+            emitted = jnp.concatenate([emitted, jnp.full((b, 1), PAD_ID, jnp.int32)], axis=1)
+            emitted = emitted.at[rows, n_acc + 1].set(jnp.where(leaf_ok, bonus, emitted[rows, n_acc + 1]))
+            path = path.at[rows, n_acc + 1].set(jnp.where(leaf_ok, leaf_at, n_acc + 1))
+            t_cache = move_kv(t_cache, start[:, 0] + leaf_at, start[:, 0] + n_acc + 1, leaf_ok)
+            n_acc = n_acc + leaf_ok.astype(jnp.int32)
+            feats = jnp.take_along_axis(feats, path[..., None], axis=1)
         tokens, num, done, last, commit = emit_accepted(state.tokens, state.num_new, state.done, state.last,
                                                         emitted, n_acc, eos_ids, max_new)
         live = (~state.done).astype(jnp.int32)
-        # the head's entries for the verified positions: tokens emitted, features from this same target pass
-        out, normed, h_cache = head_apply(emitted, feats, True, pos + 1, state.head_cache, blk_limit, blk_group)
+        # the head's entries for the verified path: tokens emitted, features from this same target pass
+        w = emitted.shape[1]
+        h_limit, h_group = causal_metadata(b, w)
+        h_pos = start + 1 + jnp.arange(w, dtype=jnp.int32)[None]
+        out, normed, h_cache = head_apply(emitted, feats[:, :w], True, h_pos, state.head_cache, h_limit, h_group)
         return state.replace(
             target_cache=t_cache.commit(commit), head_cache=h_cache.commit(commit),
             h_last=jnp.where(live[:, None] > 0, out[rows, n_acc], state.h_last),
             logits_last=jnp.where(live[:, None] > 0, lm(normed[rows, n_acc]), state.logits_last),
             tokens=tokens, num_new=num, done=done, last=last, rounds=state.rounds + 1,
-            accepted=state.accepted + n_acc * live, proposed=state.proposed + gamma * live)
+            accepted=state.accepted + n_acc * live, proposed=state.proposed + (gamma + tree) * live)
 
     return jax.lax.while_loop(cond, body, state)
 
@@ -392,7 +471,7 @@ def _applies(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, target_param
 
 @functools.cache
 def generate_program(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, gamma: int, num_new: int,
-                     cache_len: int, greedy: bool, top_k: int):
+                     cache_len: int, greedy: bool, top_k: int, tree: int = 0):
     """Target + EAGLE-3 from prompts: one target prefill (with feature taps), then `_eagle_loop`."""
 
     def run(target_params, head_params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
@@ -404,7 +483,7 @@ def generate_program(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, gamm
         first_logits = logits[jnp.arange(b), prompt_lens - 1]
         state = _eagle_loop(target_fwd, head_apply, lm, cfg, t_cache.commit(prompt_lens),
                             KVCache.init(cfg.layer, b, cache_len), first_logits, prompt, feats, prompt_lens, max_new,
-                            eos_ids, rng, gamma, num_new, greedy, temperature, top_k, top_p, 1)
+                            eos_ids, rng, gamma, num_new, greedy, temperature, top_k, top_p, 1, tree)
         return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
 
     return register_program(jax.jit(run))
@@ -412,7 +491,7 @@ def generate_program(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, gamm
 
 @functools.cache
 def continue_program(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, gamma: int, num_new: int,
-                     greedy: bool, top_k: int):
+                     greedy: bool, top_k: int, tree: int = 0):
     """The target's continuation with EAGLE-3 from a committed cache (PARSE's accepted boundary): the context's
     taps come from the verification pass that scored the prefixes, so nothing is recomputed."""
 
@@ -422,7 +501,7 @@ def continue_program(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, gamm
         b = first_logits.shape[0]
         state = _eagle_loop(target_fwd, head_apply, lm, cfg, cache, KVCache.init(cfg.layer, b, cache.max_len),
                             first_logits, ctx_tokens, ctx_feats, n, max_new, eos_ids, rng, gamma, num_new, greedy,
-                            temperature, top_k, top_p, 0)
+                            temperature, top_k, top_p, 0, tree)
         return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
 
     return register_program(jax.jit(run))
@@ -430,34 +509,46 @@ def continue_program(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, gamm
 
 def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequence[int]], gamma: int = 4,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                    seed: int = 0, add_bos: bool = True, eos_ids: Sequence[int] | None = None) -> GenerateResult:
-    """Target + EAGLE-3 chain drafting, lossless: greedy output equals the target's; sampled output follows the
-    target's distribution (rejection sampling against the head's distribution)."""
+                    seed: int = 0, add_bos: bool = True, eos_ids: Sequence[int] | None = None,
+                    tree: int = 0) -> GenerateResult:
+    """Target + EAGLE-3 drafting, lossless: greedy output equals the target's; sampled output follows the target's
+    distribution (rejection sampling against the head's distribution). `tree` > 0: the chain of `gamma` plus that
+    many sibling leaves chosen by draft confidence, all verified in one target pass (greedy only)."""
     head.config.check_target(target.config)
     if int(gamma) < 1:
         raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+    check_tree(tree, temperature)
     sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
     if int(max_new_tokens) < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     ids = encode_prompts(target, prompts, add_bos)
     capacity = target.config.max_position_embeddings
     for i, p in enumerate(ids):
-        if len(p) + max_new_tokens + gamma + 1 > capacity:
-            raise InputError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} and "
-                             f"gamma={gamma} it needs {len(p) + max_new_tokens + gamma + 1} cache slots but the "
-                             f"cache holds {capacity}")
+        if len(p) + max_new_tokens + gamma + 1 + tree > capacity:
+            raise InputError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens}, "
+                             f"gamma={gamma} and tree={tree} it needs {len(p) + max_new_tokens + gamma + 1 + tree} "
+                             f"cache slots but the cache holds {capacity}")
     b, p, n = bucket(len(ids), 1), bucket(max(len(x) for x in ids)), bucket(max_new_tokens, 16)
-    cache_len = min(bucket(p + n + gamma + 1), capacity)
+    cache_len = min(bucket(p + n + gamma + 1 + tree), capacity)
     prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
     eos = resolve_eos(target, eos_ids)
     program = generate_program(target.config, head.config, target.attention_impl, int(gamma), n, cache_len,
-                               sampling.greedy, sampling.top_k)
+                               sampling.greedy, sampling.top_k, int(tree))
     t0 = time.perf_counter()
     out = program(target.params, head.params, prompt, lens, max_new, eos, np.float32(max(sampling.temperature, 1e-6)),
                   np.float32(sampling.top_p), prng_key(sampling.seed))
     tokens, num_new, rounds, accepted, proposed = (np.asarray(x) for x in out)
     seconds = time.perf_counter() - t0
-    return _result(target, ids, tokens, num_new, rounds, accepted, proposed, seconds, gamma)
+    res = _result(target, ids, tokens, num_new, rounds, accepted, proposed, seconds, gamma)
+    res.stats["tree"] = int(tree)
+    return res
+
+
+def check_tree(tree: int, temperature: float) -> None:
+    if int(tree) < 0:
+        raise ConfigError(f"tree (sibling leaves per round) must be >= 0, got {tree}")
+    if tree and temperature > 0:
+        raise ConfigError("EAGLE-3 tree drafting is greedy only (temperature 0); use the chain (tree=0) to sample")
 
 
 def _result(target, ids, tokens, num_new, rounds, accepted, proposed, seconds, gamma) -> GenerateResult:
@@ -470,6 +561,4 @@ def _result(target, ids, tokens, num_new, rounds, accepted, proposed, seconds, g
              "draft_tokens": int(proposed[: len(ids)].sum()), "accepted_tokens": int(accepted[: len(ids)].sum()),
              "acceptance_rate": float(accepted[: len(ids)].sum() / max(proposed[: len(ids)].sum(), 1)),
              "gamma": int(gamma)}
-    # tau: tokens per target pass, per request (a batch shares passes: count each row's own rounds)
-    stats["accepted_per_pass"] = stats["accepted_tokens"] / max(int(rounds), 1)
     return GenerateResult(texts=texts, tokens=toks, stats=stats)

@@ -22,7 +22,7 @@ from parse_jax.decode import (
     generate,
     resolve_eos,
 )
-from parse_jax.eagle3 import Eagle3, eagle3_generate
+from parse_jax.eagle3 import Eagle3, check_tree, eagle3_generate
 from parse_jax.eagle3 import continue_program as eagle3_continue_program
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.layout import (
@@ -61,6 +61,7 @@ class ParseConfig:
     max_draft_tokens: int = 64
     gamma: int = 4
     eagle3_gamma: int = 5
+    eagle3_tree: int = 0      # EAGLE-3 sibling leaves per round (0: chain); greedy only
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -73,6 +74,8 @@ class ParseConfig:
                      "eagle3_gamma"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if int(self.eagle3_tree) < 0:
+            raise ConfigError(f"eagle3_tree must be >= 0, got {self.eagle3_tree}")
         if self.min_segment > self.max_segment:
             raise ConfigError(f"min_segment ({self.min_segment}) > max_segment ({self.max_segment})")
         if not np.isfinite(self.threshold):
@@ -96,8 +99,9 @@ class ParseEngine:
         if mesh is not None:  # weights over `model`, requests over `data` (see parse_jax.distributed)
             target = distributed.shard_model(target, mesh)
             draft = distributed.shard_model(draft, mesh, fallback_replicated=True)
-            if eagle3 is not None:
-                eagle3 = dataclasses.replace(eagle3, params=distributed.replicate(eagle3.params, mesh))
+        mesh = mesh if mesh is not None else getattr(target, "mesh", None)
+        if eagle3 is not None and mesh is not None:  # the head runs beside the sharded target: replicate it
+            eagle3 = dataclasses.replace(eagle3, params=distributed.replicate(eagle3.params, mesh))
         self.target, self.draft, self.eagle3 = target, draft, eagle3
         # a sharded target verifies its requests' blocks with shard_map over `data`
         self._verify = (distributed.sharded_verify_pass if isinstance(target, distributed.ShardedModel)
@@ -168,9 +172,12 @@ class ParseEngine:
         elif mode == "sd":
             res = speculative_generate(self.target, self.draft, prompts, gamma=self.config.gamma, **kw)
         elif mode == "eagle3":
-            res = eagle3_generate(self.target, self.eagle3, prompts, gamma=self.config.eagle3_gamma, **kw)
+            res = eagle3_generate(self.target, self.eagle3, prompts, gamma=self.config.eagle3_gamma,
+                                  tree=self.config.eagle3_tree, **kw)
         else:
             ids = encode_prompts(self.target, prompts)
+            if mode == "parse+eagle3":
+                check_tree(self.config.eagle3_tree, sampling.temperature)
             if mode == "parse+eagle3" and self.config.rounds == "multi":
                 raise ConfigError("mode 'parse+eagle3' runs single-round PARSE (the target's continuation is "
                                   "decoded with EAGLE-3); set rounds='single'")
@@ -214,7 +221,7 @@ class ParseEngine:
             head = self.eagle3
             program = eagle3_continue_program(self.target.config, head.config, self.target.attention_impl,
                                               self.config.eagle3_gamma, bucket(max_new, 16), sampling.greedy,
-                                              sampling.top_k)
+                                              sampling.top_k, self.config.eagle3_tree)
             n_ctx = np.asarray(cache.lengths)
             cont, cont_n, rounds, acc, prop = program(self.target.params, head.params, cache, first_logits,
                                                       out.tokens, out.features, n_ctx, remaining, eos, temperature,
@@ -254,7 +261,9 @@ class ParseEngine:
         length = bucket(max(blk.length for blk in blocks))
         k_max = bucket(self.config.max_prefixes, 1)
         batch = bucket(len(ids), 1)
-        cache_len = bucket(max(length, max(len(p) for p in ids) + max_new + 1))
+        # an EAGLE-3 continuation writes a chain (+ tree leaves) past the last token it may emit
+        margin = 1 + (self.config.eagle3_gamma + self.config.eagle3_tree if taps else 0)
+        cache_len = bucket(max(length, max(len(p) for p in ids) + max_new + margin))
         cache = self.target.init_cache(batch, cache_len)
         blocks = blocks + [pack(0, [0], [1], self.suffix_ids)] * (batch - len(ids))
         before = [len(p) - 1 for p in ids] + [0] * (batch - len(ids))

@@ -28,6 +28,6 @@ def load_pair(path: str | Path | None = None, dtype: str | None = None) -> tuple
     if target.config.vocab_size != draft.config.vocab_size:
         raise CheckpointError(f"{folder}: target and draft vocabularies differ ({target.config.vocab_size} vs "
                               f"{draft.config.vocab_size})")
-    if (folder / EAGLE3_DIR).is_dir() and dtype in (None, target.config.dtype):
+    if (folder / EAGLE3_DIR).is_dir():
         target.eagle3 = load_eagle3(folder / EAGLE3_DIR, target)  # ParseEngine's default head for this target
     return target, draft

@@ -75,3 +75,26 @@ def test_the_shipped_eagle3_head_is_lossless_and_drafts_well(pair):
     assert res.tokens == expect.tokens
     per_row_passes = expect.stats["target_passes"]  # the batch's passes alone, a row's tokens + 1 at most
     assert res.stats["target_passes"] * 2 <= per_row_passes  # >= 2 tokens per target pass on these rows
+
+
+def test_parse_eagle3_continues_like_eagle3_from_the_accepted_prefix(pair):
+    """parse+eagle3 builds the head's context from the verification pass's features; starting EAGLE-3 from the
+    accepted prefix with its own prefill must give the same tokens and accept the same proposals (the trained head
+    accepts most of them, so a wrong feature, position or length shows in the count)."""
+    target, draft = pair
+    task = pj.load_task()
+    prompts = [p for p, _ in task.problems(8, 5)]
+    eng = pj.ParseEngine(target, draft, pj.ParseConfig(threshold=0.0, max_draft_tokens=12))
+    res = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=24)
+    from parse_jax.decode import encode_prompts
+
+    ids = encode_prompts(target, prompts)
+    expect = 0
+    for i, p in enumerate(ids):
+        acc = res.stats["accepted_per_request"][i]
+        assert acc == 12  # threshold 0: the whole draft
+        alone = pj.eagle3_generate(target, target.eagle3, [p + res.tokens[i][:acc]], gamma=5,
+                                   max_new_tokens=24 - acc)
+        assert res.tokens[i][acc:] == alone.tokens[0]
+        expect += alone.stats["accepted_tokens"]
+    assert res.stats["eagle3_accepted_tokens"] == expect > 0

@@ -65,7 +65,8 @@ def target_rows(target, task: Task, spec: Eagle3Spec, folder: Path, progress: bo
     """[N, seq_len + 1] rows: prompt, the target's greedy solution, EOS, then padding; column 0 of a second array
     (returned as the last column) is the prompt length. Cached in `folder/samples.json` (keyed by the spec)."""
     path = folder / SAMPLES_FILE
-    key = {"samples": spec.samples, "seed": spec.seed, "seq_len": spec.seq_len}
+    key = {"samples": spec.samples, "seed": spec.seed, "seq_len": spec.seq_len, "task": repr(task),
+           "target": target_fingerprint(target)}
     if path.is_file():
         try:
             d = json.loads(path.read_text())
@@ -95,10 +96,26 @@ def target_rows(target, task: Task, spec: Eagle3Spec, folder: Path, progress: bo
     return rows
 
 
+MAX_TEACHER_BYTES = 4 << 30
+
+
+def target_fingerprint(target) -> float:
+    """A cheap stand-in for the target's identity in run fingerprints: the sum of |params|."""
+    return float(sum(float(jnp.sum(jnp.abs(x))) for x in jax.tree.leaves(target.params)))
+
+
 def teacher_arrays(target, cfg: Eagle3Config, rows: np.ndarray, batch: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """The target's taps [N, T, 3d] and next-token distributions [N, T, V] on `rows`, computed once (the target is
-    frozen, so every training step would recompute the same numbers)."""
+    frozen, so every training step would recompute the same numbers). Sized for small vocabularies: a large one is
+    refused up front instead of running out of memory."""
     tokens = rows[:, :-1]
+    n, t = tokens.shape
+    size = n * t * (3 * cfg.layer.hidden_size + cfg.layer.vocab_size) * 4
+    if size > MAX_TEACHER_BYTES:
+        raise ConfigError(f"EAGLE-3 training keeps the target's features and distributions for {n} samples x {t} "
+                          f"tokens in memory: {size / 2**30:.1f} GiB for vocabulary {cfg.layer.vocab_size} and width "
+                          f"{cfg.layer.hidden_size}, over the {MAX_TEACHER_BYTES / 2**30:.0f} GiB limit; use fewer "
+                          "--samples")
 
     @jax.jit
     def run(ids):
@@ -162,11 +179,10 @@ def train_eagle3(target, task: Task, out: str | Path, spec: Eagle3Spec | None = 
                 "teacher": teacher[idx]}
 
     fingerprint: dict[str, Any] = {"eagle3": cfg.to_dict(), "eagle3_spec": dataclasses.asdict(spec),
-                                   "target_params": float(sum(float(jnp.sum(jnp.abs(x)))
-                                                              for x in jax.tree.leaves(target.params)))}
+                                   "target_params": target_fingerprint(target)}
     params, _ = train_phase("eagle3", cfg.layer, spec.phase(), batch_fn, out / "head_run", fingerprint, mode=mode,
                             progress=progress, init=init_head(cfg, spec.seed), loss=make_loss(target, cfg, spec),
                             on_step=on_step)
-    head = Eagle3(cfg, jax.device_get(params), target.attention_impl)
+    head = Eagle3(cfg, jax.device_get(params))
     save_eagle3(head, out / "eagle3", overwrite=True)
     return head

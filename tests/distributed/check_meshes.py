@@ -20,6 +20,7 @@ import numpy as np
 
 from parse_jax import distributed as dist
 from parse_jax.decode import _generate_program, encode_prompts, pad_prompts, resolve_eos
+from parse_jax.eagle3 import Eagle3, Eagle3Config, init_head
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ParseJaxError
 from parse_jax.layout import pack
@@ -44,7 +45,12 @@ DRAFT_SHARDED_ON = (2, 4)  # elsewhere the draft stays on one device (a small dr
 def models() -> tuple[Model, Model]:
     target = random_model("qwen3", 70, **SHAPE)
     draft = random_model("llama3", 71, **SHAPE)
-    return Model(target.config, target.params, TOK), Model(draft.config, draft.params, TOK)
+    target = Model(target.config, target.params, TOK)
+    cfg = Eagle3Config.for_target(target.config)  # a random EAGLE-3 head: modes eagle3 and parse+eagle3 run too
+    rng = np.random.default_rng(72)
+    target.eagle3 = Eagle3(cfg, jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.05, x.shape).astype(np.float32),
+                                             init_head(cfg, 72)))
+    return target, Model(draft.config, draft.params, TOK)
 
 
 def requests(rng: np.random.Generator):
@@ -97,7 +103,8 @@ def main(out_dir: Path) -> dict:
     ref_logits = target.logits(ids)
     contexts, drafts, bounds = requests(np.random.default_rng(2))
     ref_scores = [eng.prefix_scores(c, d, b) for c, d, b in zip(contexts, drafts, bounds)]  # one pass each
-    ref_gen = {mode: eng.generate(PROMPTS, mode=mode, max_new_tokens=20) for mode in ("target", "parse")}
+    ref_gen = {mode: eng.generate(PROMPTS, mode=mode, max_new_tokens=20)
+               for mode in ("target", "parse", "sd", "eagle3", "parse+eagle3")}
     # the verification pass itself: shard_map version vs the single-device one, cache included
     ref_v = verify_case(target, verify_pass, np.random.default_rng(3), eng.suffix_ids, eng.yes_id, eng.no_id)
     ref_v_cache = jax.tree.map(np.asarray, ref_v.cache)
