@@ -108,6 +108,16 @@ def decode_loop(forward, cache: KVCache, first_logits: jax.Array, max_new: jax.A
     return jax.lax.while_loop(cond, body, state)
 
 
+def to_host(x) -> np.ndarray:
+    """A program's output as a numpy array on this host, gathered from every process when it is sharded across
+    hosts (a multi-host mesh whose `data` axis spans processes); plain `np.asarray` otherwise."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
 _PROGRAMS: list = []
 
 
@@ -251,7 +261,7 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_to
     tokens, num_new, steps = program(model.params, prompt, lens, max_new, eos,
                                      np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
                                      prng_key(sampling.seed))
-    tokens, num_new = np.asarray(tokens), np.asarray(num_new)
+    tokens, num_new = to_host(tokens), to_host(num_new)
     seconds = time.perf_counter() - t0
     out = [tokens[i, : num_new[i]].tolist() for i in range(len(ids))]
     texts = [model.tokenizer.decode(t) if model.tokenizer is not None else "" for t in out]

@@ -34,16 +34,16 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from parse_jax.decode import bucket, register_program
+from parse_jax.decode import bucket, register_program, to_host
 from parse_jax.errors import CheckpointError, ConfigError, InputError
-from parse_jax.layout import PackedBlock, check_boundaries, pack, pad_blocks
+from parse_jax.layout import PackedBlock, check_boundaries, pack
 from parse_jax.models.cache import KVCache
 from parse_jax.models.checkpoint import CONFIG_FILE, PARAMS_DIR, _checkpointer, _mismatches, load_model
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.hf_import import check_vocab, expected_params
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
-from parse_jax.verify import VerifyOutput, _verify_program
+from parse_jax.verify import VerifyOutput, _verify_program, verify_arrays
 
 AXES = ("data", "model")
 T = TypeVar("T")
@@ -301,15 +301,6 @@ def shard_rows(x: np.ndarray, mesh: Mesh) -> jax.Array:
     return _global_array(x, NamedSharding(mesh, P(axis)))
 
 
-def to_host(x: jax.Array) -> np.ndarray:
-    """The whole of a (possibly multi-host) array on this host."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
-
 def pad_cache(cache: KVCache, batch: int) -> KVCache:
     """`cache` with empty rows (length 0) appended up to `batch` rows."""
     extra = batch - cache.batch
@@ -317,24 +308,6 @@ def pad_cache(cache: KVCache, batch: int) -> KVCache:
         return cache
     grow = lambda x: jnp.concatenate([x, jnp.zeros((extra, *x.shape[1:]), x.dtype)])  # noqa: E731
     return KVCache(k=tuple(map(grow, cache.k)), v=tuple(map(grow, cache.v)), lengths=grow(cache.lengths))
-
-
-def _verify_arrays(blocks: Sequence[PackedBlock], length: int, k_max: int,
-                   before_index: Sequence[int] | None) -> dict[str, np.ndarray]:
-    """The host inputs of one verification pass, as `verify.verify_pass` builds them (same index rules)."""
-    arrays = pad_blocks(blocks, length)
-    b = len(blocks)
-    arrays["score_index"] = np.zeros((b, k_max), np.int32)
-    arrays["boundary_index"] = np.zeros((b, k_max + 1), np.int32)
-    if before_index is not None:
-        arrays["boundary_index"][: len(before_index), k_max] = np.asarray(before_index, np.int32)
-    arrays["valid"] = np.zeros((b, k_max), bool)
-    for i, blk in enumerate(blocks):
-        k = len(blk.score_index)
-        arrays["score_index"][i, :k] = blk.score_index
-        arrays["boundary_index"][i, :k] = blk.limit[blk.score_index] - 1
-        arrays["valid"][i, :k] = True
-    return arrays
 
 
 @functools.cache
@@ -377,7 +350,7 @@ def sharded_verify_pass(model: Model, cache: KVCache, blocks: Sequence[PackedBlo
     data = mesh_shape(mesh)[0]
     padded = -(-n // data) * data
     blocks = list(blocks) + [pack(0, [0], [1], [0])] * (padded - n)  # 2 tokens: fits any block length
-    arrays = _verify_arrays(blocks, length, k_max, before_index)
+    arrays = verify_arrays(blocks, length, k_max, before_index)
     rows = NamedSharding(mesh, P("data"))
     inputs = [_global_array(arrays[name], rows) for name in
               ("tokens", "positions", "limit", "group", "score_index", "boundary_index")]

@@ -39,6 +39,7 @@ from parse_jax.decode import (
     pad_prompts,
     register_program,
     resolve_eos,
+    to_host,
 )
 from parse_jax.errors import CheckpointError, ConfigError, InputError
 from parse_jax.models.cache import KVCache
@@ -537,7 +538,7 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
     t0 = time.perf_counter()
     out = program(target.params, head.params, prompt, lens, max_new, eos, np.float32(max(sampling.temperature, 1e-6)),
                   np.float32(sampling.top_p), prng_key(sampling.seed))
-    tokens, num_new, rounds, accepted, proposed = (np.asarray(x) for x in out)
+    tokens, num_new, rounds, accepted, proposed = (to_host(x) for x in out)
     seconds = time.perf_counter() - t0
     res = _result(target, ids, tokens, num_new, rounds, accepted, proposed, seconds, gamma)
     res.stats["tree"] = int(tree)

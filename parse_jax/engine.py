@@ -21,6 +21,7 @@ from parse_jax.decode import (
     encode_prompts,
     generate,
     resolve_eos,
+    to_host,
 )
 from parse_jax.eagle3 import Eagle3, check_tree, eagle3_generate
 from parse_jax.eagle3 import continue_program as eagle3_continue_program
@@ -222,19 +223,19 @@ class ParseEngine:
             program = eagle3_continue_program(self.target.config, head.config, self.target.attention_impl,
                                               self.config.eagle3_gamma, bucket(max_new, 16), sampling.greedy,
                                               sampling.top_k, self.config.eagle3_tree)
-            n_ctx = np.asarray(cache.lengths)
+            n_ctx = to_host(cache.lengths)
             cont, cont_n, rounds, acc, prop = program(self.target.params, head.params, cache, first_logits,
                                                       out.tokens, out.features, n_ctx, remaining, eos, temperature,
                                                       top_p, prng_key(sampling.seed + 1))
-            cont, cont_n, cont_passes = np.asarray(cont), np.asarray(cont_n), int(rounds)
-            extra = {"eagle3_accepted_tokens": int(np.asarray(acc)[: len(ids)].sum()),
-                     "eagle3_draft_tokens": int(np.asarray(prop)[: len(ids)].sum())}
+            cont, cont_n, cont_passes = to_host(cont), to_host(cont_n), int(rounds)
+            extra = {"eagle3_accepted_tokens": int(to_host(acc)[: len(ids)].sum()),
+                     "eagle3_draft_tokens": int(to_host(prop)[: len(ids)].sum())}
         else:
             program = continue_program(self.target.config, self.target.attention_impl, bucket(max_new, 16),
                                        sampling.greedy, sampling.top_k)
             state = program(self.target.params, cache, first_logits, remaining, eos, temperature, top_p,
                             prng_key(sampling.seed + 1))
-            cont, cont_n, steps = np.asarray(state.tokens), np.asarray(state.num_new), int(state.step)
+            cont, cont_n, steps = to_host(state.tokens), to_host(state.num_new), int(state.step)
             cont_passes = steps - 1 if remaining.any() else 0  # the first continuation token comes from verification
         t_cont = time.perf_counter() - t0
         tokens = [drafts[i][: accepted_b[i]] + cont[i, : cont_n[i]].tolist() for i in range(len(ids))]
@@ -303,7 +304,7 @@ class ParseEngine:
             if not active:
                 break
             blocks, seg_lens = [], []
-            lengths = np.asarray(cache.lengths)
+            lengths = to_host(cache.lengths)
             for i in range(batch):
                 if i in active:
                     start = bounds[i][k - 1] if k else 0
@@ -363,7 +364,7 @@ class ParseEngine:
             drafts_active, t = self._draft([ids[i] + outs[i] for i in active], budget, sampling)
             stats["seconds_draft"] += t
             drafts = {i: d[: max(1, max_new - len(outs[i]))] for i, d in zip(active, drafts_active)}
-            lengths = np.asarray(cache.lengths)
+            lengths = to_host(cache.lengths)
             blocks, bounds = [], {}
             for i in range(batch):
                 if i in drafts:
@@ -401,7 +402,7 @@ class ParseEngine:
             state = program(self.target.params, cache, first_logits, remaining, seg_stop,
                             np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
                             prng_key(sampling.seed + stats["rounds"]))
-            cont, cont_n = np.asarray(state.tokens), np.asarray(state.num_new)
+            cont, cont_n = to_host(state.tokens), to_host(state.num_new)
             stats["seconds_continue"] += time.perf_counter() - t0
             stats["target_passes"] += int(state.step) - 1
             cache = state.cache

@@ -29,6 +29,7 @@ from parse_jax.decode import (
     pad_prompts,
     register_program,
     resolve_eos,
+    to_host,
 )
 from parse_jax.errors import InputError
 from parse_jax.models.cache import KVCache
@@ -209,7 +210,7 @@ def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequen
     out = program(target.params, draft.params, prompt, lens, max_new, eos,
                   np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
                   prng_key(sampling.seed))
-    tokens, num_new, rounds, accepted, proposed = (np.asarray(x) for x in out)
+    tokens, num_new, rounds, accepted, proposed = (to_host(x) for x in out)
     seconds = time.perf_counter() - t0
     rows = range(len(ids))
     toks = [tokens[i, : num_new[i]].tolist() for i in rows]

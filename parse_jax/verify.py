@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from parse_jax.decode import forward_fn, register_program
+from parse_jax.decode import forward_fn, register_program, to_host
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.layout import PackedBlock, pad_blocks
 from parse_jax.models.cache import KVCache
@@ -83,6 +83,27 @@ def _verify_program(cfg: ModelConfig, attention_impl: str, taps: tuple[int, ...]
     return register_program(jax.jit(run, donate_argnums=(1,)))
 
 
+def verify_arrays(blocks: Sequence[PackedBlock], length: int, k_max: int,
+                  before_index: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+    """The host inputs of one verification pass: the padded blocks (`pad_blocks`), and per row the block index of
+    each prefix's score (`score_index`), of the logits after each boundary (`boundary_index`: draft token b - 1
+    predicts the token after a boundary b; copies sit at limit == b; the last column is `before_index`) and
+    which prefixes are real (`valid`)."""
+    arrays = pad_blocks(blocks, length)
+    b = len(blocks)
+    arrays["score_index"] = np.zeros((b, k_max), np.int32)
+    arrays["boundary_index"] = np.zeros((b, k_max + 1), np.int32)
+    if before_index is not None:
+        arrays["boundary_index"][: len(before_index), k_max] = np.asarray(before_index, np.int32)
+    arrays["valid"] = np.zeros((b, k_max), bool)
+    for i, blk in enumerate(blocks):
+        k = len(blk.score_index)
+        arrays["score_index"][i, :k] = blk.score_index
+        arrays["boundary_index"][i, :k] = blk.limit[blk.score_index] - 1
+        arrays["valid"][i, :k] = True
+    return arrays
+
+
 def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: int, no_id: int,
                 length: int | None = None, num_prefixes: int | None = None,
                 before_index: Sequence[int] | None = None, taps: Sequence[int] = ()) -> VerifyOutput:
@@ -94,29 +115,18 @@ def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: in
         raise InputError(f"{len(blocks)} blocks for a cache of batch {cache.batch}")
     length = length or max(b.length for b in blocks)
     k_max = num_prefixes or max(len(b.score_index) for b in blocks)
-    lengths = np.asarray(cache.lengths)
+    lengths = to_host(cache.lengths)
     for i, blk in enumerate(blocks):
         if lengths[i] + length > cache.max_len:
             raise InputError(f"row {i}: context of {lengths[i]} tokens plus a verification block of {length} "
                              f"does not fit the cache ({cache.max_len} slots)")
         if len(blk.score_index) > k_max:
             raise InputError(f"row {i} has {len(blk.score_index)} prefixes, more than num_prefixes={k_max}")
-    arrays = pad_blocks(blocks, length)
-    score_index = np.zeros((len(blocks), k_max), np.int32)
-    boundary_index = np.zeros((len(blocks), k_max + 1), np.int32)
-    if before_index is not None:
-        boundary_index[:, k_max] = np.asarray(before_index, np.int32)
-    valid = np.zeros((len(blocks), k_max), bool)
-    for i, blk in enumerate(blocks):
-        k = len(blk.score_index)
-        score_index[i, :k] = blk.score_index
-        # draft token b - 1 predicts the token after a boundary b; copies sit at limit == b
-        boundary_index[i, :k] = blk.limit[blk.score_index] - 1
-        valid[i, :k] = True
+    arrays = verify_arrays(blocks, length, k_max, before_index)
     program = _verify_program(model.config, model.attention_impl, tuple(int(t) for t in taps))
     scores, boundary_logits, cache, features = program(model.params, cache, arrays["tokens"], arrays["positions"],
-                                                       arrays["limit"], arrays["group"], score_index, boundary_index,
-                                                       np.int32(yes_id), np.int32(no_id))
-    scores = np.where(valid, np.asarray(scores), np.nan)
+                                                       arrays["limit"], arrays["group"], arrays["score_index"],
+                                                       arrays["boundary_index"], np.int32(yes_id), np.int32(no_id))
+    scores = np.where(arrays["valid"], to_host(scores), np.nan)
     return VerifyOutput(scores=scores, boundary_logits=boundary_logits, cache=cache,
                         tokens=arrays["tokens"] if taps else None, features=features)
