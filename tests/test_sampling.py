@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from parse_jax.sampling import filter_logits, sample_token
@@ -11,6 +11,7 @@ from parse_jax.sampling import filter_logits, sample_token
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.floats(-5, 5), min_size=2, max_size=12), st.floats(0.05, 1.0), st.integers(0, 12))
+@example([0.0, 0.0, 1.0, 1.0, 2.0], 0.5, 2)  # top-k keeps a tie, then the nucleus within it is one token
 def test_filter_keeps_the_smallest_nucleus_within_top_k(logits, top_p, top_k):
     x = np.array(logits, np.float32)
     kept = np.isfinite(np.asarray(filter_logits(jnp.asarray(x), 1.0, top_k, top_p)))
@@ -24,12 +25,15 @@ def test_filter_keeps_the_smallest_nucleus_within_top_k(logits, top_p, top_k):
         assert x[kept].min() >= x[~kept].max()
     # never more than top_k (ties at the k-th value aside)
     assert kept.sum() <= k or np.sum(x >= np.sort(x)[-k]) > k
-    # nucleus minimality: the kept tokens strictly above the smallest kept value (ties are kept together)
-    # hold less than top_p; and the kept mass covers top_p unless top-k cut first
+    # the nucleus is taken within the top-k set, renormalised (top-k first, then top-p, as in HF): the kept
+    # tokens strictly above the smallest kept value (ties are kept together) hold less than top_p of that
+    # mass, and all kept tokens cover top_p of it
+    in_k = x >= np.sort(x)[-k]
+    probs_k = np.where(in_k, probs, 0.0)
+    probs_k /= probs_k.sum()
     floor = x[kept].min()
-    assert probs[kept & (x > floor)].sum() < top_p + 1e-5
-    if kept.sum() < k:
-        assert probs[kept].sum() >= top_p - 1e-5
+    assert probs_k[kept & (x > floor)].sum() < top_p + 1e-5
+    assert probs_k[kept].sum() >= top_p - 1e-5
 
 
 def test_temperature_sampling_matches_softmax():
