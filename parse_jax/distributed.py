@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -38,12 +37,12 @@ from parse_jax.decode import bucket, register_program, to_host
 from parse_jax.errors import CheckpointError, ConfigError, InputError
 from parse_jax.layout import PackedBlock, check_boundaries, pack
 from parse_jax.models.cache import KVCache
-from parse_jax.models.checkpoint import CONFIG_FILE, PARAMS_DIR, _checkpointer, _mismatches, load_model
+from parse_jax.models.checkpoint import CONFIG_FILE, load_model, restore_params
 from parse_jax.models.config import ModelConfig
-from parse_jax.models.hf_import import check_vocab, expected_params
+from parse_jax.models.hf_import import check_vocab, expected_params, unflatten
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
-from parse_jax.verify import VerifyOutput, _verify_program, verify_arrays
+from parse_jax.verify import VerifyOutput, _verify_program, check_blocks, verify_arrays
 
 AXES = ("data", "model")
 T = TypeVar("T")
@@ -200,16 +199,6 @@ def _spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh, rules: Sharding
     return P(*out)
 
 
-def _tree(flat: Mapping[tuple[str, ...], Any]) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for path, value in flat.items():
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return tree
-
-
 def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules | None = None) -> dict[str, Any]:
     """NamedSharding of every param, as a tree shaped like the params."""
     return jax.tree.map(lambda leaf: leaf.sharding, abstract_params(cfg, mesh, rules))
@@ -224,7 +213,7 @@ def abstract_params(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules | None = 
     for path, leaf in expected_params(cfg).items():
         sharding = NamedSharding(mesh, _spec(param_logical_axes(path), leaf.shape, mesh, rules))
         flat[path] = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
-    return _tree(flat)
+    return unflatten(flat)
 
 
 def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch: int, rules: ShardingRules | None = None) -> KVCache:
@@ -336,17 +325,7 @@ def sharded_verify_pass(model: Model, cache: KVCache, blocks: Sequence[PackedBlo
     if mesh is None:
         raise ConfigError("sharded_verify_pass needs a mesh: pass mesh=... or a model from shard_model")
     n = len(blocks)
-    if n != cache.batch:
-        raise InputError(f"{n} blocks for a cache of batch {cache.batch}")
-    length = length or max(b.length for b in blocks)
-    k_max = num_prefixes or max(len(b.score_index) for b in blocks)
-    lengths = to_host(cache.lengths)
-    for i, blk in enumerate(blocks):
-        if lengths[i] + length > cache.max_len:
-            raise InputError(f"row {i}: context of {lengths[i]} tokens plus a verification block of {length} "
-                             f"does not fit the cache ({cache.max_len} slots)")
-        if len(blk.score_index) > k_max:
-            raise InputError(f"row {i} has {len(blk.score_index)} prefixes, more than num_prefixes={k_max}")
+    length, k_max = check_blocks(cache, blocks, length, num_prefixes)
     data = mesh_shape(mesh)[0]
     padded = -(-n // data) * data
     blocks = list(blocks) + [pack(0, [0], [1], [0])] * (padded - n)  # 2 tokens: fits any block length
@@ -402,23 +381,7 @@ def restore_sharded_params(folder: str | Path, cfg: ModelConfig, mesh: Mesh,
     """Orbax restore of a parse-jax checkpoint's params straight into their sharded layout: the target is an
     abstract tree of `ShapeDtypeStruct`s with NamedShardings, so each device reads only its own slices, whatever
     device count or layout wrote the checkpoint."""
-    params_dir = Path(folder).absolute() / PARAMS_DIR
-    if not params_dir.is_dir():
-        raise CheckpointError(f"parse-jax checkpoint {folder} has no {PARAMS_DIR}/ folder")
-    target = abstract_params(cfg, mesh, rules)
-    try:
-        with _checkpointer() as checkpointer:
-            stored = checkpointer.metadata(params_dir).item_metadata
-            if stored is None:
-                raise CheckpointError(f"{params_dir} holds no readable Orbax metadata (damaged or incomplete)")
-            problems = _mismatches(getattr(stored, "tree", stored), cfg)
-            if problems:
-                raise CheckpointError(f"params in {params_dir} do not match {CONFIG_FILE}: " + "; ".join(problems))
-            return checkpointer.restore(params_dir, args=ocp.args.StandardRestore(target))
-    except CheckpointError:
-        raise
-    except Exception as e:  # Orbax/TensorStore raise many types for damaged data
-        raise CheckpointError(f"cannot restore params in {params_dir}: {e}") from None
+    return restore_params(Path(folder), cfg, abstract_params(cfg, mesh, rules))
 
 
 def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = None, dtype: str | None = None,

@@ -32,21 +32,15 @@ from flax import struct
 from parse_jax.decode import (
     PAD_ID,
     GenerateResult,
-    SamplingParams,
-    bucket,
-    encode_prompts,
     forward_fn,
-    pad_prompts,
     register_program,
-    resolve_eos,
-    to_host,
 )
-from parse_jax.errors import CheckpointError, ConfigError, InputError
+from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig, rope_inv_freq
 from parse_jax.models.decoder import MLP, Attention, Decoder, RMSNorm, apply_rope, causal_metadata
 from parse_jax.sampling import prng_key, sample_token
-from parse_jax.speculative import accept_proposals, emit_accepted, probs
+from parse_jax.speculative import accept_proposals, emit_accepted, probs, spec_batch, spec_result
 from parse_jax.train.forward import linear, rms_norm
 
 HEAD_CONFIG_FILE = "eagle3.json"
@@ -275,7 +269,7 @@ def load_eagle3(path: str | Path, target) -> Eagle3:
         raise CheckpointError(f"cannot restore the EAGLE-3 head params in {path / HEAD_PARAMS_DIR}: {e}") from None
     if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params)):
         raise CheckpointError(f"the EAGLE-3 head in {path} has NaN or infinite weights")
-    params = jax.tree.map(lambda x: np.asarray(x).astype(jnp.dtype(cfg.layer.dtype)), params)
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(cfg.layer.dtype)), params)  # on device once
     mesh = getattr(target, "mesh", None)
     if mesh is not None:
         from parse_jax.distributed import replicate
@@ -516,31 +510,17 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
     distribution (rejection sampling against the head's distribution). `tree` > 0: the chain of `gamma` plus that
     many sibling leaves chosen by draft confidence, all verified in one target pass (greedy only)."""
     head.config.check_target(target.config)
-    if int(gamma) < 1:
-        raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
     check_tree(tree, temperature)
-    sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
-    if int(max_new_tokens) < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    ids = encode_prompts(target, prompts, add_bos)
-    capacity = target.config.max_position_embeddings
-    for i, p in enumerate(ids):
-        if len(p) + max_new_tokens + gamma + 1 + tree > capacity:
-            raise InputError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens}, "
-                             f"gamma={gamma} and tree={tree} it needs {len(p) + max_new_tokens + gamma + 1 + tree} "
-                             f"cache slots but the cache holds {capacity}")
-    b, p, n = bucket(len(ids), 1), bucket(max(len(x) for x in ids)), bucket(max_new_tokens, 16)
-    cache_len = min(bucket(p + n + gamma + 1 + tree), capacity)
-    prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
-    eos = resolve_eos(target, eos_ids)
-    program = generate_program(target.config, head.config, target.attention_impl, int(gamma), n, cache_len,
-                               sampling.greedy, sampling.top_k, int(tree))
+    sb = spec_batch(target, prompts, gamma, max_new_tokens, temperature, top_k, top_p, seed, add_bos, eos_ids,
+                    target.config.max_position_embeddings, extra_slots=int(tree))
+    program = generate_program(target.config, head.config, target.attention_impl, int(gamma), sb.num_new,
+                               sb.cache_len, sb.sampling.greedy, sb.sampling.top_k, int(tree))
     t0 = time.perf_counter()
-    out = program(target.params, head.params, prompt, lens, max_new, eos, np.float32(max(sampling.temperature, 1e-6)),
-                  np.float32(sampling.top_p), prng_key(sampling.seed))
-    tokens, num_new, rounds, accepted, proposed = (to_host(x) for x in out)
-    seconds = time.perf_counter() - t0
-    res = _result(target, ids, tokens, num_new, rounds, accepted, proposed, seconds, gamma)
+    out = program(target.params, head.params, sb.prompt, sb.lens, sb.max_new, sb.eos,
+                  np.float32(max(sb.sampling.temperature, 1e-6)), np.float32(sb.sampling.top_p),
+                  prng_key(sb.sampling.seed))
+    out = jax.block_until_ready(out)
+    res = spec_result(target, sb.ids, out, time.perf_counter() - t0, gamma)
     res.stats["tree"] = int(tree)
     return res
 
@@ -550,16 +530,3 @@ def check_tree(tree: int, temperature: float) -> None:
         raise ConfigError(f"tree (sibling leaves per round) must be >= 0, got {tree}")
     if tree and temperature > 0:
         raise ConfigError("EAGLE-3 tree drafting is greedy only (temperature 0); use the chain (tree=0) to sample")
-
-
-def _result(target, ids, tokens, num_new, rounds, accepted, proposed, seconds, gamma) -> GenerateResult:
-    rows = range(len(ids))
-    toks = [tokens[i, : num_new[i]].tolist() for i in rows]
-    texts = [target.tokenizer.decode(t) if target.tokenizer is not None else "" for t in toks]
-    total = int(num_new[: len(ids)].sum())
-    stats = {"target_passes": int(rounds), "new_tokens": total, "seconds": seconds,
-             "tokens_per_s": total / seconds if seconds > 0 else float("inf"),
-             "draft_tokens": int(proposed[: len(ids)].sum()), "accepted_tokens": int(accepted[: len(ids)].sum()),
-             "acceptance_rate": float(accepted[: len(ids)].sum() / max(proposed[: len(ids)].sum(), 1)),
-             "gamma": int(gamma)}
-    return GenerateResult(texts=texts, tokens=toks, stats=stats)

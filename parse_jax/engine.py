@@ -223,10 +223,9 @@ class ParseEngine:
             program = eagle3_continue_program(self.target.config, head.config, self.target.attention_impl,
                                               self.config.eagle3_gamma, bucket(max_new, 16), sampling.greedy,
                                               sampling.top_k, self.config.eagle3_tree)
-            n_ctx = to_host(cache.lengths)
             cont, cont_n, rounds, acc, prop = program(self.target.params, head.params, cache, first_logits,
-                                                      out.tokens, out.features, n_ctx, remaining, eos, temperature,
-                                                      top_p, prng_key(sampling.seed + 1))
+                                                      out.tokens, out.features, cache.lengths, remaining, eos,
+                                                      temperature, top_p, prng_key(sampling.seed + 1))
             cont, cont_n, cont_passes = to_host(cont), to_host(cont_n), int(rounds)
             extra = {"eagle3_accepted_tokens": int(to_host(acc)[: len(ids)].sum()),
                      "eagle3_draft_tokens": int(to_host(prop)[: len(ids)].sum())}

@@ -10,6 +10,7 @@ Both caches hold the prompt and every emitted token but the last, which is the n
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -181,37 +182,47 @@ def check_pair(target, draft) -> None:
                          f"{target.config.vocab_size} tokens); token-level speculation needs the same one")
 
 
-def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequence[int]], gamma: int = 4,
-                         max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                         seed: int = 0, max_cache_len: int | None = None, add_bos: bool = True,
-                         eos_ids: Sequence[int] | None = None) -> GenerateResult:
-    """Lossless speculative decoding: same output distribution as `generate(target, ...)`."""
-    check_pair(target, draft)
+@dataclasses.dataclass
+class SpecBatch:
+    """Host inputs of one token-speculation program (draft model or EAGLE-3): prompts padded to buckets."""
+
+    ids: list[list[int]]
+    sampling: SamplingParams
+    prompt: np.ndarray
+    lens: np.ndarray
+    max_new: np.ndarray
+    eos: np.ndarray
+    num_new: int       # the new-token bucket
+    cache_len: int
+
+
+def spec_batch(target, prompts, gamma: int, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
+               seed: int, add_bos: bool, eos_ids: Sequence[int] | None, capacity: int,
+               extra_slots: int = 0) -> SpecBatch:
+    """Checks and padding shared by speculative decoding and EAGLE-3. A round writes `gamma + 1` (+ `extra_slots`)
+    tokens past the last emitted one, so each prompt needs that much cache beyond its budget."""
     if int(gamma) < 1:
         raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
     sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
     if int(max_new_tokens) < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     ids = encode_prompts(target, prompts, add_bos)
-    capacity = int(max_cache_len) if max_cache_len is not None else min(
-        target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    margin = gamma + 1 + extra_slots
+    extra = f" (+{extra_slots} tree leaves)" if extra_slots else ""
     for i, p in enumerate(ids):
-        if len(p) + max_new_tokens + gamma + 1 > capacity:
+        if len(p) + max_new_tokens + margin > capacity:
             raise InputError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} and "
-                             f"gamma={gamma} it needs {len(p) + max_new_tokens + gamma + 1} cache slots but the "
+                             f"gamma={gamma}{extra} it needs {len(p) + max_new_tokens + margin} cache slots but the "
                              f"cache holds {capacity}")
     b, p, n = bucket(len(ids), 1), bucket(max(len(x) for x in ids)), bucket(max_new_tokens, 16)
-    cache_len = min(bucket(p + n + gamma + 1), capacity)
     prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
-    eos = resolve_eos(target, eos_ids)
-    program = _spec_program(target.config, draft.config, target.attention_impl, int(gamma), n, cache_len,
-                            sampling.greedy, sampling.top_k)
-    t0 = time.perf_counter()
-    out = program(target.params, draft.params, prompt, lens, max_new, eos,
-                  np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
-                  prng_key(sampling.seed))
+    return SpecBatch(ids, sampling, prompt, lens, max_new, resolve_eos(target, eos_ids), n,
+                     min(bucket(p + n + margin), capacity))
+
+
+def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -> GenerateResult:
+    """Texts, tokens and stats of a speculation program's `(tokens, num_new, rounds, accepted, proposed)`."""
     tokens, num_new, rounds, accepted, proposed = (to_host(x) for x in out)
-    seconds = time.perf_counter() - t0
     rows = range(len(ids))
     toks = [tokens[i, : num_new[i]].tolist() for i in rows]
     texts = [target.tokenizer.decode(t) if target.tokenizer is not None else "" for t in toks]
@@ -222,3 +233,23 @@ def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequen
              "acceptance_rate": float(accepted[: len(ids)].sum() / max(proposed[: len(ids)].sum(), 1)),
              "gamma": int(gamma)}
     return GenerateResult(texts=texts, tokens=toks, stats=stats)
+
+
+def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequence[int]], gamma: int = 4,
+                         max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                         seed: int = 0, max_cache_len: int | None = None, add_bos: bool = True,
+                         eos_ids: Sequence[int] | None = None) -> GenerateResult:
+    """Lossless speculative decoding: same output distribution as `generate(target, ...)`."""
+    check_pair(target, draft)
+    capacity = int(max_cache_len) if max_cache_len is not None else min(
+        target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    sb = spec_batch(target, prompts, gamma, max_new_tokens, temperature, top_k, top_p, seed, add_bos, eos_ids,
+                    capacity)
+    program = _spec_program(target.config, draft.config, target.attention_impl, int(gamma), sb.num_new,
+                            sb.cache_len, sb.sampling.greedy, sb.sampling.top_k)
+    t0 = time.perf_counter()
+    out = program(target.params, draft.params, sb.prompt, sb.lens, sb.max_new, sb.eos,
+                  np.float32(max(sb.sampling.temperature, 1e-6)), np.float32(sb.sampling.top_p),
+                  prng_key(sb.sampling.seed))
+    out = jax.block_until_ready(out)
+    return spec_result(target, sb.ids, out, time.perf_counter() - t0, gamma)

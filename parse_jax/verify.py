@@ -83,6 +83,24 @@ def _verify_program(cfg: ModelConfig, attention_impl: str, taps: tuple[int, ...]
     return register_program(jax.jit(run, donate_argnums=(1,)))
 
 
+def check_blocks(cache: KVCache, blocks: Sequence[PackedBlock], length: int | None,
+                 num_prefixes: int | None) -> tuple[int, int]:
+    """The padded block length and prefix count of a verification pass, after checking that each row's block fits
+    its cache row and has no more prefixes than that (clear errors instead of silently dropped slots)."""
+    if len(blocks) != cache.batch:
+        raise InputError(f"{len(blocks)} blocks for a cache of batch {cache.batch}")
+    length = length or max(b.length for b in blocks)
+    k_max = num_prefixes or max(len(b.score_index) for b in blocks)
+    lengths = to_host(cache.lengths)
+    for i, blk in enumerate(blocks):
+        if lengths[i] + length > cache.max_len:
+            raise InputError(f"row {i}: context of {lengths[i]} tokens plus a verification block of {length} "
+                             f"does not fit the cache ({cache.max_len} slots)")
+        if len(blk.score_index) > k_max:
+            raise InputError(f"row {i} has {len(blk.score_index)} prefixes, more than num_prefixes={k_max}")
+    return length, k_max
+
+
 def verify_arrays(blocks: Sequence[PackedBlock], length: int, k_max: int,
                   before_index: Sequence[int] | None = None) -> dict[str, np.ndarray]:
     """The host inputs of one verification pass: the padded blocks (`pad_blocks`), and per row the block index of
@@ -111,17 +129,7 @@ def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: in
     `num_prefixes` so shapes stay in buckets). Row i of `blocks` belongs to cache row i.
     `before_index[i]` (block index, default 0) adds the logits of one more block token per row.
     `taps`: also return those hidden states (indices into the decoder's `hiddens`) of every block token."""
-    if len(blocks) != cache.batch:
-        raise InputError(f"{len(blocks)} blocks for a cache of batch {cache.batch}")
-    length = length or max(b.length for b in blocks)
-    k_max = num_prefixes or max(len(b.score_index) for b in blocks)
-    lengths = to_host(cache.lengths)
-    for i, blk in enumerate(blocks):
-        if lengths[i] + length > cache.max_len:
-            raise InputError(f"row {i}: context of {lengths[i]} tokens plus a verification block of {length} "
-                             f"does not fit the cache ({cache.max_len} slots)")
-        if len(blk.score_index) > k_max:
-            raise InputError(f"row {i} has {len(blk.score_index)} prefixes, more than num_prefixes={k_max}")
+    length, k_max = check_blocks(cache, blocks, length, num_prefixes)
     arrays = verify_arrays(blocks, length, k_max, before_index)
     program = _verify_program(model.config, model.attention_impl, tuple(int(t) for t in taps))
     scores, boundary_logits, cache, features = program(model.params, cache, arrays["tokens"], arrays["positions"],

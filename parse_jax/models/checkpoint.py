@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import ModelConfig
-from parse_jax.models.hf_import import INDEX_FILE, SINGLE_FILE, check_vocab, expected_params, load_hf
+from parse_jax.models.hf_import import INDEX_FILE, SINGLE_FILE, check_vocab, expected_params, load_hf, unflatten
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
 
@@ -92,19 +92,18 @@ def save_model(model: Model, path: str | Path, overwrite: bool = False) -> Path:
     return path
 
 
-def _restore_params(folder: Path, cfg: ModelConfig) -> dict[str, Any]:
+def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check the stored tree against `cfg` from Orbax's metadata first (one clear message, and no failing
-    reads left in flight), then restore with the config's shapes/dtypes so bfloat16 stays bfloat16."""
+    reads left in flight), then restore with the config's shapes/dtypes so bfloat16 stays bfloat16.
+    `target`: an abstract tree with shardings to restore into (default: everything on the first device)."""
+    folder = Path(folder).absolute()
     params_dir = folder / PARAMS_DIR
     if not params_dir.is_dir():
         raise CheckpointError(f"parse-jax checkpoint {folder} has no {PARAMS_DIR}/ folder")
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target: dict[str, Any] = {}
-    for path, leaf in expected_params(cfg).items():
-        node = target
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+    if target is None:
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = unflatten({path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+                            for path, leaf in expected_params(cfg).items()})
     where = f"params in {params_dir} for the config in {CONFIG_FILE}"
     try:
         with _checkpointer() as checkpointer:
@@ -130,7 +129,7 @@ def _load_orbax(folder: Path, dtype: str | None, check_finite: bool, attention_i
     if not isinstance(d, dict):
         raise ConfigError(f"{folder / CONFIG_FILE} must hold a JSON object")
     cfg = ModelConfig.from_dict(d)
-    params = _restore_params(folder, cfg)
+    params = restore_params(folder, cfg)
     if check_finite:
         bad = [jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
                if not bool(jnp.isfinite(x).all())]

@@ -57,7 +57,8 @@ def expected_params(cfg: ModelConfig) -> dict[ParamPath, jax.ShapeDtypeStruct]:
     return {tuple(k.key for k in path): leaf for path, leaf in flat}
 
 
-def _unflatten(flat: dict[ParamPath, Any]) -> dict[str, Any]:
+def unflatten(flat: dict[ParamPath, Any]) -> dict[str, Any]:
+    """A nested param tree from {path tuple: leaf}."""
     tree: dict[str, Any] = {}
     for path, value in flat.items():
         node = tree
@@ -205,7 +206,7 @@ def params_from_safetensors(entries: dict[str, _Entry], cfg: ModelConfig, check_
         flat[path] = jnp.asarray(array.astype(target))
     if non_finite:
         raise CheckpointError(f"checkpoint {where} has non-finite values (inf/nan) in: {', '.join(non_finite)}")
-    return _unflatten(flat)
+    return unflatten(flat)
 
 
 def check_vocab(tokenizer: Tokenizer, cfg: ModelConfig) -> None:
