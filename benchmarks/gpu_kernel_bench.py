@@ -112,8 +112,8 @@ def make_inputs(case: Case, heads: Heads, seed: int = 0):
     keys = jax.random.split(jax.random.PRNGKey(seed), 3)
     dtype = jnp.dtype(heads.dtype)
     q = jax.random.normal(keys[0], (1, t, heads.heads, heads.head_dim), dtype)
-    k = jax.random.normal(keys[1], (1, s, heads.kv_heads, heads.head_dim), dtype)
-    v = jax.random.normal(keys[2], (1, s, heads.kv_heads, heads.head_dim), dtype)
+    k = jax.random.normal(keys[1], (1, heads.kv_heads, s, heads.head_dim), dtype)
+    v = jax.random.normal(keys[2], (1, heads.kv_heads, s, heads.head_dim), dtype)
     return q, k, v, jnp.array([case.cache], jnp.int32), jnp.asarray(limit[None]), jnp.asarray(group[None])
 
 
@@ -167,9 +167,10 @@ def run_case(case: Case, heads: Heads, cfg: KernelConfig, repeats: int, interpre
     row["proportionality"] = row["time_ratio_vs_dense_work"] / fraction  # target <= 1.3
     row["xla_s"] = median_seconds(jax.jit(attention_reference), (q, k, v, lengths, limit, group), repeats)
     mask = jax.jit(visibility, static_argnums=3)(lengths, limit, group, s)[:, None]  # [B, 1, T, S]
+    k_bshd, v_bshd = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # its layout: [B, S, KV, D]
     for impl in dense_impls:
         try:
-            row["dense_masked_s"] = median_seconds(dense_masked_fn(impl), (q, k, v, mask), repeats)
+            row["dense_masked_s"] = median_seconds(dense_masked_fn(impl), (q, k_bshd, v_bshd, mask), repeats)
             row["dense_masked_impl"] = impl or "default"
             break
         except Exception as e:  # cuDNN may refuse a shape or mask: fall back to the next implementation

@@ -66,7 +66,7 @@ def make_inputs(tokens: int, k: int, suffix: int, cache: int, heads: int, kv_hea
     bounds = np.linspace(draft / k, draft, k).round().astype(np.int32)
     limit = np.concatenate([np.arange(1, draft + 1), np.repeat(bounds, suffix)]).astype(np.int32)[None]
     group = np.concatenate([np.zeros(draft), np.repeat(np.arange(1, k + 1), suffix)]).astype(np.int32)[None]
-    shapes = [(1, t, heads, head_dim), (1, s, kv_heads, head_dim), (1, s, kv_heads, head_dim)]
+    shapes = [(1, t, heads, head_dim), (1, kv_heads, s, head_dim), (1, kv_heads, s, head_dim)]
     if abstract:
         arrays = [jax.ShapeDtypeStruct(x, jnp.float32) for x in shapes]
     else:

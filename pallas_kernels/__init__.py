@@ -47,7 +47,7 @@ def resolve(impl: str, backend: str | None = None, interpret: bool | None = None
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, limit: jax.Array, group: jax.Array,
               impl: str = "xla", interpret: bool | None = None, scale: float | None = None) -> jax.Array:
-    """q [B, T, H, D] over the cache k, v [B, S, KV, D] (block already written) -> [B, T, H, D] in q's dtype.
+    """q [B, T, H, D] over the cache k, v [B, KV, S, D] (block already written) -> [B, T, H, D] in q's dtype.
 
     Visibility follows DESIGN §2 from `lengths` [B], `limit` [B, T], `group` [B, T]; see `reference.py`.
     """

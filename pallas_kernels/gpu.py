@@ -85,7 +85,7 @@ def attention_gpu(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, 
         if size < 16 or size & (size - 1):
             raise ValueError(f"GPU {name} must be a power of two >= 16, got {size}")
     b, t, h, d = q.shape
-    s_len, kv_heads = k.shape[1], k.shape[2]
+    kv_heads, s_len = k.shape[1], k.shape[2]
     groups = h // kv_heads
     scale = d ** -0.5 if scale is None else scale
     d_real, d = d, max(16, pl.next_power_of_2(d))  # Triton dots want power-of-two sizes >= 16: pad with zeros
@@ -100,14 +100,14 @@ def attention_gpu(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, 
     pad_t = ((0, 0), (0, t_pad - t))
     pad_d = (0, d - d_real)
     qp = jnp.pad(q, (*pad_t, (0, 0), pad_d))
-    kp = jnp.pad(k, ((0, 0), (0, s_pad - s_len), (0, 0), pad_d))
-    vp = jnp.pad(v, ((0, 0), (0, s_pad - s_len), (0, 0), pad_d))
+    kp = jnp.pad(k, ((0, 0), (0, 0), (0, s_pad - s_len), pad_d))
+    vp = jnp.pad(v, ((0, 0), (0, 0), (0, s_pad - s_len), pad_d))
     qlimit = jnp.pad(limit.astype(jnp.int32), pad_t)
     qgroup = jnp.pad(group.astype(jnp.int32), pad_t)
     kgroup = key_groups_by_slot(lengths, group, s_pad)
 
     q_spec = pl.BlockSpec((None, block_q, None, d), lambda qi, bi, hi: (bi, qi, hi, 0))
-    kv_spec = pl.BlockSpec((None, s_pad, None, d), lambda qi, bi, hi: (bi, 0, hi // groups, 0))
+    kv_spec = pl.BlockSpec((None, None, s_pad, d), lambda qi, bi, hi: (bi, hi // groups, 0, 0))
     args = [meta, qp, kp, vp, qlimit, qgroup, kgroup]
     in_specs = [pl.BlockSpec((None, None, META), lambda qi, bi, hi: (bi, qi, 0)), q_spec, kv_spec, kv_spec,
                 pl.BlockSpec((None, block_q), lambda qi, bi, hi: (bi, qi)),

@@ -31,22 +31,25 @@ def visibility(lengths: jax.Array, limit: jax.Array, group: jax.Array, num_slots
 
 def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, limit: jax.Array,
                         group: jax.Array, scale: float | None = None) -> jax.Array:
-    """q [B, T, H, D]; k, v [B, S, KV, D] (block already written); returns [B, T, H, D] in q's dtype.
+    """q [B, T, H, D]; k, v [B, KV, S, D] (block already written); returns [B, T, H, D] in q's dtype.
 
     Softmax in float32. A query with no visible key gets zeros, never NaN.
     """
     b, t, h, d = q.shape
-    kv_heads = k.shape[2]
+    out_dtype = q.dtype
+    kv_heads = k.shape[1]
     groups = h // kv_heads
     scale = d ** -0.5 if scale is None else scale
+    if q.dtype != jnp.float32 and jax.default_backend() == "cpu":
+        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))  # XLA:CPU has no bf16 x bf16 -> f32 dot
     qg = q.reshape(b, t, kv_heads, groups, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
-    mask = visibility(lengths, limit, group, k.shape[1])[:, None, None, :, :]
+    scores = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    mask = visibility(lengths, limit, group, k.shape[2])[:, None, None, :, :]
     scores = jnp.where(mask, scores, -jnp.inf)
     row_max = jnp.max(scores, axis=-1, keepdims=True)
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
     p = jnp.where(mask, jnp.exp(scores - row_max), 0.0)
     denom = jnp.sum(p, axis=-1, keepdims=True)
     p = p / jnp.where(denom == 0, 1.0, denom)
-    out = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return out.reshape(b, t, h, d).astype(q.dtype)
+    out = jnp.einsum("bkgts,bksd->btkgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, h, d).astype(out_dtype)

@@ -109,7 +109,7 @@ def attention_tpu(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, 
     """
     check_blocks(block_q, block_k, compiled=not interpret)
     b, t, h, d = q.shape
-    s_len, kv_heads = k.shape[1], k.shape[2]
+    kv_heads, s_len = k.shape[1], k.shape[2]
     groups = h // kv_heads
     scale = d ** -0.5 if scale is None else scale
     d_real, d = d, (d if d <= LANES else round_up(d, LANES))  # wide heads: whole lane tiles, zero-padded
@@ -120,8 +120,8 @@ def attention_tpu(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, 
     ranges = key_block_ranges(lengths, limit, group, s_len, block_q, block_k).reshape(-1)
     lengths = lengths.astype(jnp.int32)
     qt = jnp.pad(q, ((0, 0), (0, t_pad - t), (0, 0), pad_d)).transpose(0, 2, 1, 3)  # [B, H, T_pad, D]
-    kt = jnp.pad(k, ((0, 0), (0, s_pad - s_len), (0, 0), pad_d)).transpose(0, 2, 1, 3)  # [B, KV, S_pad, D]
-    vt = jnp.pad(v, ((0, 0), (0, s_pad - s_len), (0, 0), pad_d)).transpose(0, 2, 1, 3)
+    kt = jnp.pad(k, ((0, 0), (0, 0), (0, s_pad - s_len), pad_d))  # [B, KV, S_pad, D]
+    vt = jnp.pad(v, ((0, 0), (0, 0), (0, s_pad - s_len), pad_d))
     pad_t = ((0, 0), (0, t_pad - t))
     qlimit = jnp.broadcast_to(jnp.pad(limit.astype(jnp.int32), pad_t)[:, :, None], (b, t_pad, LANES))
     qgroup = jnp.broadcast_to(jnp.pad(group.astype(jnp.int32), pad_t)[:, :, None], (b, t_pad, LANES))

@@ -133,7 +133,8 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
                         if isinstance(value, (int, float)) and not isinstance(value, bool):
                             acc[key] = acc.get(key, 0) + value
                     # passes are batched: per request, each pass of this chunk counts once per row
-                    acc["row_passes"] = acc.get("row_passes", 0) + res.stats.get("target_passes", 0) * len(chunk)
+                    acc["row_passes"] = acc.get("row_passes", 0) + res.stats.get(
+                        "request_passes", res.stats.get("target_passes", 0) * len(chunk))
                     checks = res.stats.get("verify_passes", res.stats.get("target_passes", 0))
                     acc["row_checks"] = acc.get("row_checks", 0) + checks * len(chunk)
                 bar.update(1)

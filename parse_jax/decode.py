@@ -31,6 +31,15 @@ def bucket(n: int, minimum: int = 8) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def length_bucket(n: int, minimum: int = 8) -> int:
+    """Next of 2^k and 3 * 2^(k-1) >= max(n, minimum): the buckets of sequence lengths (blocks, caches). Two per
+    octave instead of one: at most a third of a pass is padding instead of half, for twice as few extra programs as
+    doubling buys (on CPU a 42-token verification block padded to 64 cost 50% more than one padded to 48)."""
+    n = max(int(n), minimum)
+    power = bucket(n, 1)
+    return power * 3 // 4 if power >= 4 and power * 3 // 4 >= n else power
+
+
 @struct.dataclass
 class DecodeState:
     cache: KVCache
@@ -108,6 +117,9 @@ def decode_loop(forward, cache: KVCache, first_logits: jax.Array, max_new: jax.A
     return jax.lax.while_loop(cond, body, state)
 
 
+_PROGRAMS: list = []
+
+
 def to_host(x) -> np.ndarray:
     """A program's output as a numpy array on this host, gathered from every process when it is sharded across
     hosts (a multi-host mesh whose `data` axis spans processes); plain `np.asarray` otherwise."""
@@ -118,7 +130,6 @@ def to_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
-_PROGRAMS: list = []
 
 
 def register_program(program):
@@ -170,6 +181,14 @@ def continue_program(cfg: ModelConfig, attention_impl: str, num_new: int, greedy
                            greedy, temperature, top_k, top_p)
 
     return register_program(jax.jit(run, donate_argnums=(1,)))
+
+
+def take_rows(tree, rows: jax.Array):
+    """Rows `rows` of every array in `tree` (a cache, logits, ...): a smaller batch of the requests still running."""
+    return jax.tree.map(lambda x: x[rows], tree)
+
+
+take_rows = register_program(jax.jit(take_rows))
 
 
 def compiled_programs() -> int:
@@ -248,7 +267,7 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_to
     b = bucket(len(ids), 1)
     p = bucket(max(len(x) for x in ids))
     n = bucket(max_new_tokens, 16)
-    cache_len = min(bucket(p + n), capacity)
+    cache_len = min(length_bucket(p + n), capacity)
     prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
     eos = resolve_eos(model, eos_ids)
     program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.greedy, sampling.top_k)

@@ -154,7 +154,7 @@ _PARAM_AXES: dict[tuple[str, str], tuple[str, ...]] = {
     ("norm", "scale"): ("embed",),
     ("lm_head", "kernel"): ("embed", "vocab"),
 }
-CACHE_AXES = ("batch", "sequence", "kv_heads", "head_dim")  # k/v [B, S, KV, D]; lengths [B] is ("batch",)
+CACHE_AXES = ("batch", "kv_heads", "sequence", "head_dim")  # k/v [B, KV, S, D]; lengths [B] is ("batch",)
 
 
 def param_logical_axes(path: Sequence[str]) -> tuple[str, ...]:
@@ -220,7 +220,7 @@ def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch: int, rules: ShardingRul
     """Shardings of a KV cache of `batch` rows, shaped like `KVCache`: rows on `data` (replicated when `batch`
     does not divide over it), KV heads on `model`."""
     rules = rules or ShardingRules()
-    kv = NamedSharding(mesh, _spec(CACHE_AXES, (batch, 1, cfg.num_kv_heads, cfg.head_dim), mesh, rules))
+    kv = NamedSharding(mesh, _spec(CACHE_AXES, (batch, cfg.num_kv_heads, 1, cfg.head_dim), mesh, rules))
     lengths = NamedSharding(mesh, _spec(("batch",), (batch,), mesh, rules))
     layers = range(cfg.num_layers)
     return KVCache(k=tuple(kv for _ in layers), v=tuple(kv for _ in layers), lengths=lengths)

@@ -337,7 +337,7 @@ def move_kv(cache: KVCache, src: jax.Array, dst: jax.Array, where: jax.Array) ->
     dst = jnp.where(where, jnp.clip(dst, 0, cache.max_len - 1), cache.max_len)  # out of range: dropped
 
     def move(buf):
-        return buf.at[rows, dst].set(buf[rows, src], mode="drop")
+        return buf.at[rows, :, dst].set(buf[rows, :, src], mode="drop")
 
     return cache.replace(k=tuple(move(x) for x in cache.k), v=tuple(move(x) for x in cache.v))
 

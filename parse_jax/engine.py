@@ -20,7 +20,9 @@ from parse_jax.decode import (
     continue_program,
     encode_prompts,
     generate,
+    length_bucket,
     resolve_eos,
+    take_rows,
     to_host,
 )
 from parse_jax.eagle3 import Eagle3, check_tree, eagle3_generate
@@ -203,6 +205,10 @@ class ParseEngine:
         """Single round: draft everything, verify (one pass, or one per segment), accept, continue (token by token,
         or with EAGLE-3 from the features of that same verification pass)."""
         drafts, t_draft = self._draft(ids, max_new, sampling)
+        eos = resolve_eos(self.target)
+        # a draft's closing EOS is not content to verify (the judge was never shown one): the target decides to stop,
+        # from its next-token distribution at the accepted boundary
+        drafts = [d[:-1] if len(d) > 1 and d[-1] in eos else d for d in drafts]
         bounds = [self.boundaries(d) for d in drafts]
         t0 = time.perf_counter()
         if sequential:
@@ -211,35 +217,54 @@ class ParseEngine:
             accepted_b, cache, first_logits, passes, vtokens, out = self._verify_parallel(ids, drafts, bounds,
                                                                                           max_new, eagle)
         t_verify = time.perf_counter() - t0
-        eos = resolve_eos(self.target)
         done_in_draft = [b > 0 and drafts[i][b - 1] in eos for i, b in enumerate(accepted_b)]
         remaining = np.array([0 if done_in_draft[i] else max(0, max_new - accepted_b[i]) for i in range(len(ids))]
                              + [0] * (cache.batch - len(ids)), np.int32)
         t0 = time.perf_counter()
         temperature, top_p = np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p)
-        extra = {}
-        if eagle:
-            head = self.eagle3
-            program = eagle3_continue_program(self.target.config, head.config, self.target.attention_impl,
-                                              self.config.eagle3_gamma, bucket(max_new, 16), sampling.greedy,
-                                              sampling.top_k, self.config.eagle3_tree)
-            cont, cont_n, rounds, acc, prop = program(self.target.params, head.params, cache, first_logits,
-                                                      out.tokens, out.features, cache.lengths, remaining, eos,
-                                                      temperature, top_p, prng_key(sampling.seed + 1))
-            cont, cont_n, cont_passes = to_host(cont), to_host(cont_n), int(rounds)
-            extra = {"eagle3_accepted_tokens": int(to_host(acc)[: len(ids)].sum()),
-                     "eagle3_draft_tokens": int(to_host(prop)[: len(ids)].sum())}
-        else:
-            program = continue_program(self.target.config, self.target.attention_impl, bucket(max_new, 16),
-                                       sampling.greedy, sampling.top_k)
-            state = program(self.target.params, cache, first_logits, remaining, eos, temperature, top_p,
-                            prng_key(sampling.seed + 1))
-            cont, cont_n, steps = to_host(state.tokens), to_host(state.num_new), int(state.step)
-            cont_passes = steps - 1 if remaining.any() else 0  # the first continuation token comes from verification
+        num_new = bucket(max_new, 16)
+        cont, cont_n = np.zeros((cache.batch, num_new), np.int32), np.zeros(cache.batch, np.int32)
+        cont_passes, extra = 0, {}
+        if sampling.greedy:  # rows whose next token (from the verification pass) is EOS are finished: no decoding
+            first = to_host(first_logits).argmax(-1)
+            stop = np.isin(first, eos) & (remaining > 0)
+            cont[stop, 0], cont_n[stop], remaining = first[stop], 1, np.where(stop, 0, remaining)
+        rows, rem = self._continued_rows(remaining)
+        if rows is not None:
+            # only the rows that still have tokens to write are decoded, in the smallest batch bucket that holds them
+            ctx = (cache, first_logits, out.tokens, out.features) if eagle else (cache, first_logits)
+            if len(rows) < cache.batch:
+                ctx = take_rows(ctx, rows)  # otherwise rows is every row, in order
+            if eagle:
+                head = self.eagle3
+                program = eagle3_continue_program(self.target.config, head.config, self.target.attention_impl,
+                                                  self.config.eagle3_gamma, num_new, sampling.greedy,
+                                                  sampling.top_k, self.config.eagle3_tree)
+                c_cache, c_logits, c_tokens, c_feats = ctx
+                toks, n_new, rounds, acc, prop = program(self.target.params, head.params, c_cache, c_logits, c_tokens,
+                                                         c_feats, c_cache.lengths, rem, eos, temperature, top_p,
+                                                         prng_key(sampling.seed + 1))
+                toks, n_new, cont_passes = to_host(toks), to_host(n_new), int(rounds)
+                extra = {"eagle3_accepted_tokens": int(to_host(acc)[rem > 0].sum()),
+                         "eagle3_draft_tokens": int(to_host(prop)[rem > 0].sum())}
+            else:
+                program = continue_program(self.target.config, self.target.attention_impl, num_new,
+                                           sampling.greedy, sampling.top_k)
+                state = program(self.target.params, *ctx, rem, eos, temperature, top_p, prng_key(sampling.seed + 1))
+                toks, n_new = to_host(state.tokens), to_host(state.num_new)
+                cont_passes = int(state.step) - 1  # the first continuation token comes from verification
+            live = rem > 0
+            cont[rows[live]] = toks[live, :num_new]
+            cont_n[rows[live]] = n_new[live]
+        extra["continued_requests"] = int((remaining > 0).sum())
+        extra["continue_batch"] = 0 if rows is None else len(rows)
         t_cont = time.perf_counter() - t0
         tokens = [drafts[i][: accepted_b[i]] + cont[i, : cont_n[i]].tolist() for i in range(len(ids))]
         stats = {**extra,
             "target_passes": passes + cont_passes,
+            # passes summed over requests: each request sits through every verification pass, and through the
+            # continuation's passes only when it was continued
+            "request_passes": passes * len(ids) + cont_passes * extra["continued_requests"],
             "verify_passes": passes,
             "new_tokens": sum(len(t) for t in tokens),
             "draft_tokens": sum(len(d) for d in drafts),
@@ -255,15 +280,28 @@ class ParseEngine:
         texts = [self.target.tokenizer.decode(t) for t in tokens]
         return GenerateResult(texts=texts, tokens=tokens, stats=stats)
 
+    def _continued_rows(self, remaining: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """(rows, their token budgets): the verified rows to continue, padded to a batch bucket with repeats of a
+        live row whose budget is 0; rows is None when no row has tokens left. A sharded target keeps its whole batch
+        (its rows are laid out over the `data` axis)."""
+        live = np.flatnonzero(remaining > 0)
+        if live.size == 0:
+            return None, remaining[:0]
+        if isinstance(self.target, distributed.ShardedModel) or bucket(live.size, 1) >= remaining.shape[0]:
+            return np.arange(remaining.shape[0]), remaining
+        pad = bucket(live.size, 1) - live.size
+        rows = np.concatenate([live, np.full(pad, live[0])]).astype(np.int32)
+        return rows, np.concatenate([remaining[live], np.zeros(pad, remaining.dtype)])
+
     def _verify_parallel(self, ids, drafts, bounds, max_new, taps: bool = False):
         """Prompt + draft + K suffix copies in ONE pass over an empty cache; commit prompt + accepted prefix."""
         blocks = [pack(0, p + d, [len(p) + x for x in b], self.suffix_ids) for p, d, b in zip(ids, drafts, bounds)]
-        length = bucket(max(blk.length for blk in blocks))
+        length = length_bucket(max(blk.length for blk in blocks))
         k_max = bucket(self.config.max_prefixes, 1)
         batch = bucket(len(ids), 1)
         # an EAGLE-3 continuation writes a chain (+ tree leaves) past the last token it may emit
         margin = 1 + (self.config.eagle3_gamma + self.config.eagle3_tree if taps else 0)
-        cache_len = bucket(max(length, max(len(p) for p in ids) + max_new + margin))
+        cache_len = length_bucket(max(length, max(len(p) for p in ids) + max_new + margin))
         cache = self.target.init_cache(batch, cache_len)
         blocks = blocks + [pack(0, [0], [1], self.suffix_ids)] * (batch - len(ids))
         before = [len(p) - 1 for p in ids] + [0] * (batch - len(ids))
@@ -282,14 +320,14 @@ class ParseEngine:
         """SpecReason-style: prefill the prompt, then one target pass per segment (segment + suffix)."""
         batch = bucket(len(ids), 1)
         seg_max = max(max(np.diff([0] + b)) for b in bounds)
-        length = bucket(seg_max + len(self.suffix_ids))
-        p_max = bucket(max(len(p) for p in ids))
-        cache_len = bucket(max(p_max + max(len(d) for d in drafts) + length, p_max + max_new + 1))
+        length = length_bucket(seg_max + len(self.suffix_ids))
+        p_max = length_bucket(max(len(p) for p in ids))
+        cache_len = length_bucket(max(p_max + max(len(d) for d in drafts) + length, p_max + max_new + 1))
         cache = self.target.init_cache(batch, cache_len)
         rows = list(ids) + [[0]] * (batch - len(ids))
         prompt_blocks = [pack(0, p, [len(p)], self.suffix_ids) for p in rows]
         # the prefill pass also scores the empty prefix, which nothing reads; it gives the context's logits
-        plen = bucket(max(b.length for b in prompt_blocks))
+        plen = length_bucket(max(b.length for b in prompt_blocks))
         out = self._verify(self.target, cache, prompt_blocks, self.yes_id, self.no_id, plen, 1,
                           [len(p) - 1 for p in rows])
         cache = out.cache.commit(np.array([len(p) for p in rows], np.int32))

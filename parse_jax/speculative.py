@@ -27,6 +27,7 @@ from parse_jax.decode import (
     bucket,
     encode_prompts,
     forward_fn,
+    length_bucket,
     pad_prompts,
     register_program,
     resolve_eos,
@@ -217,7 +218,7 @@ def spec_batch(target, prompts, gamma: int, max_new_tokens: int, temperature: fl
     b, p, n = bucket(len(ids), 1), bucket(max(len(x) for x in ids)), bucket(max_new_tokens, 16)
     prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
     return SpecBatch(ids, sampling, prompt, lens, max_new, resolve_eos(target, eos_ids), n,
-                     min(bucket(p + n + margin), capacity))
+                     min(length_bucket(p + n + margin), capacity))
 
 
 def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -> GenerateResult:

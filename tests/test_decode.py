@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from parse_jax.decode import bucket, compiled_programs, generate
+from parse_jax.decode import bucket, compiled_programs, generate, length_bucket
 from parse_jax.errors import InputError
 from tests.random_models import random_model
 
@@ -71,6 +71,15 @@ def test_padding_buckets_bound_the_number_of_programs():
         generate(model, [[2] * n, [3] * (n - 2)], max_new_tokens=17 + n)
     assert compiled_programs() - before <= 1  # batch 2 is a new bucket; prompt and budget buckets are shared
     assert bucket(5) == 8 and bucket(9) == 16 and bucket(1, 1) == 1
+
+
+def test_length_buckets_are_two_per_octave_and_pad_less_than_a_third():
+    sizes = sorted({length_bucket(n) for n in range(1, 1025)})
+    assert sizes[:8] == [8, 12, 16, 24, 32, 48, 64, 96] and sizes[-1] == 1024
+    for n in range(1, 1025):
+        b = length_bucket(n)
+        assert b >= max(n, 8) and (n <= 8 or b < 1.5 * n)
+        assert length_bucket(b) == b
 
 
 def test_bad_requests_are_clear_errors():

@@ -88,7 +88,7 @@ def multihost(runs) -> dict:
 def test_mesh_equals_single_device(meshes, mesh):
     row = meshes["meshes"][mesh]
     assert row["q_proj_spec"] == "P(None, 'model')" and row["down_proj_spec"] == "P('model', None)"
-    assert row["cache_k_spec_batch8"] == "P('data', None, 'model', None)"
+    assert row["cache_k_spec_batch8"] == "P('data', 'model', None, None)"  # [B, KV, S, D]
     assert row["logits_max_diff"] <= TOL
     # the shard_map verification pass (3 rows: padded on data 2, 4, 8): scores, next-token logits, cache
     assert row["verify_scores_max_diff"] <= TOL and row["verify_nan_same"]

@@ -239,9 +239,11 @@ def test_a_tree_block_equals_separate_passes_per_branch(family):
     lim, grp = causal_metadata(1, len(path))
     _, ref, _ = target.forward(jnp.asarray(path[None]), jnp.arange(len(path))[None], ref, lim, grp)
     for layer in range(target.config.num_layers):
-        np.testing.assert_allclose(np.asarray(moved.k[layer][0, : len(path)]), np.asarray(ref.k[layer][0, : len(path)]),
+        np.testing.assert_allclose(np.asarray(moved.k[layer][0, :, : len(path)]),
+                                   np.asarray(ref.k[layer][0, :, : len(path)]),
                                    atol=1e-5)
-        np.testing.assert_allclose(np.asarray(moved.v[layer][0, : len(path)]), np.asarray(ref.v[layer][0, : len(path)]),
+        np.testing.assert_allclose(np.asarray(moved.v[layer][0, :, : len(path)]),
+                                   np.asarray(ref.v[layer][0, :, : len(path)]),
                                    atol=1e-5)
     np.testing.assert_array_equal(np.asarray(moved.k[0][1]), np.asarray(cache.k[0][1]))  # row 1 untouched
 

@@ -49,6 +49,21 @@ def test_threshold_above_one_is_the_target_alone(mode):
     assert res.stats["accepted_tokens"] == 0
 
 
+@pytest.mark.parametrize("mode", ["parse", "sequential"])
+@pytest.mark.parametrize("threshold", [0.5, 0.6])  # 3 and 5 of 6 rows continue: a batch of 4 (gathered), and of 8
+def test_only_rejected_rows_are_continued_and_each_row_matches_its_own_run(mode, threshold):
+    """Rows whose whole draft is accepted need no continuation; the others are decoded in a smaller batch (gathered
+    from the verified cache). Every row must still equal the same request run alone."""
+    prompts = PROMPTS + ["( 2 + 2 ) :", "( 9 - 1 ) * 3 :", "4 * ( 4 + 4 ) :"]
+    eng = _engine(threshold=threshold, segmenter="stride", stride=3)
+    res = eng.generate(prompts, mode=mode, max_new_tokens=12)
+    assert 0 < res.stats["continued_requests"] < len(prompts)  # a mix: some rows done, the others continue
+    for p, tokens, accepted in zip(prompts, res.tokens, res.stats["accepted_per_request"]):
+        alone = eng.generate([p], mode=mode, max_new_tokens=12)
+        assert alone.stats["accepted_per_request"] == [accepted]
+        assert alone.tokens[0] == tokens
+
+
 def test_threshold_zero_accepts_every_draft():
     eng = _engine(threshold=0.0)
     drafts = generate(DRAFT, PROMPTS, max_new_tokens=12, eos_ids=[TOK.eos_id]).tokens
@@ -115,17 +130,26 @@ def test_multi_round_threshold_above_one_is_the_target_alone_and_zero_accepts_dr
 
 def test_a_long_run_compiles_a_bounded_number_of_programs():
     """After one request per shape bucket, requests of other lengths and batch sizes in the same buckets compile
-    nothing new (stats["compiled_programs"] counts real executables)."""
+    nothing new (stats["compiled_programs"] counts real executables), except one continuation program and one row
+    gather per continuation batch bucket (1, 2, 4 here) not seen yet: PARSE continues only the rows it rejected."""
     eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3, threshold=0.3))
     rng = np.random.default_rng(0)
 
     def prompts(n, length):
         return [[1, *rng.integers(4, 20, length).tolist()] for _ in range(n)]
 
+    seen = set()
     for mode in ("parse", "sequential", "sd", "target"):
-        eng.generate(prompts(3, 5), mode=mode, max_new_tokens=10)
+        seen.add((mode, eng.generate(prompts(3, 5), mode=mode, max_new_tokens=10).stats.get("continue_batch")))
     before = eng.generate(prompts(3, 5), mode="parse", max_new_tokens=10).stats["compiled_programs"]
+    new_buckets = set()
     for n, length in ((4, 5), (3, 4), (4, 3)):
         for mode in ("parse", "sequential", "sd", "target"):
-            after = eng.generate(prompts(n, length), mode=mode, max_new_tokens=12).stats["compiled_programs"]
-    assert after == before
+            stats = eng.generate(prompts(n, length), mode=mode, max_new_tokens=12).stats
+            after = stats["compiled_programs"]
+            if mode in ("parse", "sequential"):
+                assert stats["continue_batch"] in (0, 1, 2, 4)
+                assert stats["continue_batch"] >= stats["continued_requests"]
+                if (mode, stats["continue_batch"]) not in seen:
+                    new_buckets.add((mode, stats["continue_batch"]))
+    assert after - before <= 2 * len(new_buckets)

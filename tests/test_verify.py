@@ -77,7 +77,7 @@ def test_committed_kv_equals_a_plain_prefill_of_the_accepted_prefix():
     for layer in range(MODEL.config.num_layers):
         for row, n in enumerate(np.asarray(plain.lengths)):
             for buf, ref in ((cache.k, plain.k), (cache.v, plain.v)):
-                np.testing.assert_allclose(np.asarray(buf[layer][row, :n]), np.asarray(ref[layer][row, :n]),
+                np.testing.assert_allclose(np.asarray(buf[layer][row, :, :n]), np.asarray(ref[layer][row, :, :n]),
                                            atol=1e-5, rtol=0)
 
 

@@ -15,21 +15,21 @@ from parse_jax.models.config import ModelConfig
 
 @struct.dataclass
 class KVCache:
-    k: tuple[jax.Array, ...]  # per layer [B, S, kv_heads, head_dim]; a tuple so each layer updates in place
+    k: tuple[jax.Array, ...]  # per layer [B, kv_heads, S, head_dim]; a tuple so each layer updates in place
     v: tuple[jax.Array, ...]
     lengths: jax.Array        # [B] int32: slots below this are committed context
 
     @classmethod
     def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
         dtype = dtype or jnp.dtype(cfg.dtype)
-        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
         layers = range(cfg.num_layers)
         return cls(k=tuple(jnp.zeros(shape, dtype) for _ in layers), v=tuple(jnp.zeros(shape, dtype) for _ in layers),
                    lengths=jnp.zeros((batch,), jnp.int32))
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[1]
+        return self.k[0].shape[2]
 
     @property
     def batch(self) -> int:
@@ -45,8 +45,13 @@ class KVCache:
 
 
 def write_block(buf: jax.Array, block: jax.Array, lengths: jax.Array) -> jax.Array:
-    """Write block [B, T, ...] into buf [B, S, ...] at slots lengths[b] + j; slots past S are dropped."""
+    """Write block [B, T, KV, D] into buf [B, KV, S, D] at slots lengths[b] + j; slots past S are dropped.
+
+    Heads before slots: per (row, head) the keys are one contiguous [S, D] matrix, so attention over the
+    cache is a plain batched matmul with no transpose of the cache (on CPU that transpose cost more than
+    the rest of the model).
+    """
     b, t = block.shape[:2]
     rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
     slots = lengths[:, None] + jnp.arange(t)[None, :]
-    return buf.at[rows, slots].set(block.astype(buf.dtype), mode="drop")
+    return buf.at[rows, :, slots].set(block.astype(buf.dtype), mode="drop")

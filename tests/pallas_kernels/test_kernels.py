@@ -66,8 +66,8 @@ def _run(kernel, shape: Shape, meta, seed: int, interpret: bool, block_q: int, b
     rng = np.random.default_rng(seed)
     b, t, s, h, kv, d = shape.batch, shape.tokens, shape.slots, shape.heads, shape.kv_heads, shape.head_dim
     q = jnp.asarray(rng.normal(size=(b, t, h, d)), shape.dtype)
-    k = jnp.asarray(rng.normal(size=(b, s, kv, d)), shape.dtype)   # every slot holds data, visible or not
-    v = jnp.asarray(rng.normal(size=(b, s, kv, d)), shape.dtype)
+    k = jnp.asarray(rng.normal(size=(b, kv, s, d)), shape.dtype)   # every slot holds data, visible or not
+    v = jnp.asarray(rng.normal(size=(b, kv, s, d)), shape.dtype)
     if kernel == "gpu":
         t_pad = round_up(t, gpu_block_q(t, block_q))
         poison = jnp.full((b, t_pad, h, d), jnp.nan, shape.dtype)

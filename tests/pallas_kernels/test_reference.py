@@ -64,8 +64,8 @@ def test_attention_equals_softmax_over_visible_keys(layout, heads, seed):
     rng = np.random.default_rng(seed)
     t, d = len(limit), 8
     q = rng.normal(size=(1, t, h, d)).astype(np.float32)
-    k = rng.normal(size=(1, slots, kv, d)).astype(np.float32)
-    v = rng.normal(size=(1, slots, kv, d)).astype(np.float32)
+    k = rng.normal(size=(1, kv, slots, d)).astype(np.float32)
+    v = rng.normal(size=(1, kv, slots, d)).astype(np.float32)
     out = np.asarray(attention_reference(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.array([ctx]),
                                          jnp.asarray(limit[None]), jnp.asarray(group[None])))
     mask = _rule(ctx, limit, group, slots)
@@ -73,15 +73,15 @@ def test_attention_equals_softmax_over_visible_keys(layout, heads, seed):
         for head in range(h):
             kh = head // (h // kv)
             vis = mask[i]
-            scores = k[0, vis, kh] @ q[0, i, head] / np.sqrt(d)
+            scores = k[0, kh, vis] @ q[0, i, head] / np.sqrt(d)
             p = np.exp(scores - scores.max())
             p /= p.sum()
-            np.testing.assert_allclose(out[0, i, head], p @ v[0, vis, kh], atol=1e-5)
+            np.testing.assert_allclose(out[0, i, head], p @ v[0, kh, vis], atol=1e-5)
 
 
 def test_rows_with_no_visible_key_give_zeros_not_nan():
     q = jax.random.normal(jax.random.PRNGKey(0), (1, 2, 2, 4))
-    k = jax.random.normal(jax.random.PRNGKey(1), (1, 4, 2, 4))
+    k = jax.random.normal(jax.random.PRNGKey(1), (1, 2, 4, 4))  # [B, KV, S, D]
     # No context and limit 0 for draft queries: nothing is visible.
     limit, group = jnp.array([[0, 0]]), jnp.array([[0, 0]])
     out = attention_reference(q, k, k, jnp.array([0]), limit, group)
