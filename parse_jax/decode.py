@@ -32,9 +32,9 @@ def bucket(n: int, minimum: int = 8) -> int:
 
 
 def length_bucket(n: int, minimum: int = 8) -> int:
-    """Next of 2^k and 3 * 2^(k-1) >= max(n, minimum): the buckets of sequence lengths (blocks, caches). Two per
-    octave instead of one: at most a third of a pass is padding instead of half, for twice as few extra programs as
-    doubling buys (on CPU a 42-token verification block padded to 64 cost 50% more than one padded to 48)."""
+    """Next of 2^k and 3 * 2^(k-1) >= max(n, minimum): the buckets of sequence lengths (blocks, caches). Two
+    sizes per octave bound padding to a third of a pass instead of half, at twice the programs of `bucket`
+    (on CPU a 42-token verification block padded to 64 cost 50% more than one padded to 48)."""
     n = max(int(n), minimum)
     power = bucket(n, 1)
     return power * 3 // 4 if power >= 4 and power * 3 // 4 >= n else power
@@ -71,6 +71,11 @@ class SamplingParams:
             raise InputError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise InputError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+    def loop_args(self) -> tuple[np.float32, np.float32]:
+        """(temperature, top_p) as a sampling program takes them (traced, so one program serves every value);
+        temperature is floored away from 0, where greedy programs ignore it."""
+        return np.float32(max(self.temperature, 1e-6)), np.float32(self.top_p)
 
     @property
     def greedy(self) -> bool:
@@ -117,9 +122,6 @@ def decode_loop(forward, cache: KVCache, first_logits: jax.Array, max_new: jax.A
     return jax.lax.while_loop(cond, body, state)
 
 
-_PROGRAMS: list = []
-
-
 def to_host(x) -> np.ndarray:
     """A program's output as a numpy array on this host, gathered from every process when it is sharded across
     hosts (a multi-host mesh whose `data` axis spans processes); plain `np.asarray` otherwise."""
@@ -130,6 +132,7 @@ def to_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
+_PROGRAMS: list = []
 
 
 def register_program(program):
@@ -277,8 +280,7 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_to
 
         prompt, lens, max_new = (shard_rows(x, mesh) for x in (prompt, lens, max_new))
     t0 = time.perf_counter()
-    tokens, num_new, steps = program(model.params, prompt, lens, max_new, eos,
-                                     np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
+    tokens, num_new, steps = program(model.params, prompt, lens, max_new, eos, *sampling.loop_args(),
                                      prng_key(sampling.seed))
     tokens, num_new = to_host(tokens), to_host(num_new)
     seconds = time.perf_counter() - t0

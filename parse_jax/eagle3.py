@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,8 @@ from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig, rope_inv_freq
 from parse_jax.models.decoder import MLP, Attention, Decoder, RMSNorm, apply_rope, causal_metadata
-from parse_jax.sampling import prng_key, sample_token
-from parse_jax.speculative import accept_proposals, emit_accepted, probs, spec_batch, spec_result
+from parse_jax.sampling import sample_token
+from parse_jax.speculative import accept_proposals, emit_accepted, probs, run_spec, spec_batch
 from parse_jax.train.forward import linear, rms_norm
 
 HEAD_CONFIG_FILE = "eagle3.json"
@@ -515,12 +514,7 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
                     target.config.max_position_embeddings, extra_slots=int(tree))
     program = generate_program(target.config, head.config, target.attention_impl, int(gamma), sb.num_new,
                                sb.cache_len, sb.sampling.greedy, sb.sampling.top_k, int(tree))
-    t0 = time.perf_counter()
-    out = program(target.params, head.params, sb.prompt, sb.lens, sb.max_new, sb.eos,
-                  np.float32(max(sb.sampling.temperature, 1e-6)), np.float32(sb.sampling.top_p),
-                  prng_key(sb.sampling.seed))
-    out = jax.block_until_ready(out)
-    res = spec_result(target, sb.ids, out, time.perf_counter() - t0, gamma)
+    res = run_spec(target, program, head.params, sb, gamma)
     res.stats["tree"] = int(tree)
     return res
 

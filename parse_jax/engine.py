@@ -221,7 +221,7 @@ class ParseEngine:
         remaining = np.array([0 if done_in_draft[i] else max(0, max_new - accepted_b[i]) for i in range(len(ids))]
                              + [0] * (cache.batch - len(ids)), np.int32)
         t0 = time.perf_counter()
-        temperature, top_p = np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p)
+        temperature, top_p = sampling.loop_args()
         num_new = bucket(max_new, 16)
         cont, cont_n = np.zeros((cache.batch, num_new), np.int32), np.zeros(cache.batch, np.int32)
         cont_passes, extra = 0, {}
@@ -436,8 +436,7 @@ class ParseEngine:
             if not remaining.any():
                 break
             t0 = time.perf_counter()
-            state = program(self.target.params, cache, first_logits, remaining, seg_stop,
-                            np.float32(max(sampling.temperature, 1e-6)), np.float32(sampling.top_p),
+            state = program(self.target.params, cache, first_logits, remaining, seg_stop, *sampling.loop_args(),
                             prng_key(sampling.seed + stats["rounds"]))
             cont, cont_n = to_host(state.tokens), to_host(state.num_new)
             stats["seconds_continue"] += time.perf_counter() - t0

@@ -236,6 +236,16 @@ def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -
     return GenerateResult(texts=texts, tokens=toks, stats=stats)
 
 
+def run_spec(target, program, drafter_params, sb: SpecBatch, gamma: int) -> GenerateResult:
+    """Run a speculation program (`program(target_params, drafter_params, prompt, lens, max_new, eos, temperature,
+    top_p, rng)`: the draft model's or EAGLE-3's) on a prepared batch, timed, and collect its result."""
+    t0 = time.perf_counter()
+    out = program(target.params, drafter_params, sb.prompt, sb.lens, sb.max_new, sb.eos, *sb.sampling.loop_args(),
+                  prng_key(sb.sampling.seed))
+    out = jax.block_until_ready(out)
+    return spec_result(target, sb.ids, out, time.perf_counter() - t0, gamma)
+
+
 def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequence[int]], gamma: int = 4,
                          max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                          seed: int = 0, max_cache_len: int | None = None, add_bos: bool = True,
@@ -248,9 +258,4 @@ def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequen
                     capacity)
     program = _spec_program(target.config, draft.config, target.attention_impl, int(gamma), sb.num_new,
                             sb.cache_len, sb.sampling.greedy, sb.sampling.top_k)
-    t0 = time.perf_counter()
-    out = program(target.params, draft.params, sb.prompt, sb.lens, sb.max_new, sb.eos,
-                  np.float32(max(sb.sampling.temperature, 1e-6)), np.float32(sb.sampling.top_p),
-                  prng_key(sb.sampling.seed))
-    out = jax.block_until_ready(out)
-    return spec_result(target, sb.ids, out, time.perf_counter() - t0, gamma)
+    return run_spec(target, program, draft.params, sb, gamma)
