@@ -1,18 +1,64 @@
-"""parse-jax: PARSE parallel prefix verification for speculative generation, in JAX/Flax."""
+"""parse-jax: PARSE parallel prefix verification for speculative generation, in JAX/Flax.
 
-from parse_jax.decode import GenerateResult, generate
-from parse_jax.distributed import load_sharded, make_mesh, shard_model
-from parse_jax.eagle3 import Eagle3, eagle3_generate, load_eagle3, save_eagle3
-from parse_jax.engine import ParseConfig, ParseEngine
+The public names are imported on first use (PEP 562), so `import parse_jax` and `parse-jax --help` do not pay for
+importing jax; `pj.load_model` etc. behave exactly as plain imports."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from typing import TYPE_CHECKING, Any
+
 from parse_jax.errors import CheckpointError, ConfigError, InputError, ParseJaxError
-from parse_jax.models.checkpoint import load_model, save_model
-from parse_jax.models.config import ModelConfig
-from parse_jax.models.model import Model
-from parse_jax.pair import load_pair
-from parse_jax.speculative import speculative_generate
-from parse_jax.tasks import load_task
 
-__all__ = ["CheckpointError", "ConfigError", "Eagle3", "GenerateResult", "InputError", "Model", "ModelConfig",
-           "ParseConfig", "ParseEngine", "ParseJaxError", "eagle3_generate", "generate", "load_eagle3", "load_model",
+try:
+    __version__ = importlib.metadata.version("parse-jax")  # one source of truth: pyproject.toml
+except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+# public name -> the module that defines it
+_LAZY = {
+    "GenerateResult": "parse_jax.decode", "generate": "parse_jax.decode",
+    "load_sharded": "parse_jax.distributed", "make_mesh": "parse_jax.distributed",
+    "shard_model": "parse_jax.distributed",
+    "Eagle3": "parse_jax.eagle3", "eagle3_generate": "parse_jax.eagle3", "load_eagle3": "parse_jax.eagle3",
+    "save_eagle3": "parse_jax.eagle3",
+    "ParseConfig": "parse_jax.engine", "ParseEngine": "parse_jax.engine",
+    "EvalResult": "parse_jax.eval.evaluate", "evaluate": "parse_jax.eval.evaluate",
+    "load_model": "parse_jax.models.checkpoint", "save_model": "parse_jax.models.checkpoint",
+    "ModelConfig": "parse_jax.models.config", "Model": "parse_jax.models.model",
+    "load_pair": "parse_jax.pair", "speculative_generate": "parse_jax.speculative", "load_task": "parse_jax.tasks",
+}
+
+if TYPE_CHECKING:
+    from parse_jax.decode import GenerateResult, generate
+    from parse_jax.distributed import load_sharded, make_mesh, shard_model
+    from parse_jax.eagle3 import Eagle3, eagle3_generate, load_eagle3, save_eagle3
+    from parse_jax.engine import ParseConfig, ParseEngine
+    from parse_jax.eval.evaluate import EvalResult, evaluate
+    from parse_jax.models.checkpoint import load_model, save_model
+    from parse_jax.models.config import ModelConfig
+    from parse_jax.models.model import Model
+    from parse_jax.pair import load_pair
+    from parse_jax.speculative import speculative_generate
+    from parse_jax.tasks import load_task
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'parse_jax' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+__all__ = ["CheckpointError", "ConfigError", "Eagle3", "EvalResult", "GenerateResult", "InputError", "Model",
+           "ModelConfig", "ParseConfig", "ParseEngine", "ParseJaxError", "eagle3_generate", "evaluate", "generate",
+           "load_eagle3", "load_model",
            "load_pair", "load_sharded", "load_task", "make_mesh", "save_eagle3", "save_model", "shard_model",
            "speculative_generate"]

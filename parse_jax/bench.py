@@ -27,10 +27,12 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from parse_jax import compile_cache
 from parse_jax.decode import GenerateResult, compiled_programs, generate
 from parse_jax.engine import MODES, ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.eval.report import wilson
+from parse_jax.progress import logger
 
 MULTI_SUFFIX = "-multi"
 MULTI_ROUND_MODES = ("parse",)  # engine modes that honour ParseConfig.rounds; each gets a "<mode>-multi" name
@@ -112,9 +114,15 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     names = list(runners)
     prompts = [p for p, _ in problems]
     chunks = [prompts[i:i + batch_size] for i in range(0, n, batch_size)]
+    shapes = sorted({len(c) for c in chunks})
+    warm = tqdm(total=len(names) * len(shapes), desc="compiling (warm-up runs)", disable=not progress, unit="run")
     for name in names:  # warm-up: compile every program the timed runs use
-        for shape in sorted({len(c) for c in chunks}):
+        for shape in shapes:
+            warm.set_postfix_str(f"{name} at batch {shape}; {_programs_note()}")
             runners[name](next(c for c in chunks if len(c) == shape), max_new_tokens, seed)
+            warm.update(1)
+    warm.set_postfix_str(_programs_note())
+    warm.close()
     seconds = {m: np.zeros(repeats) for m in names}
     outputs: dict[str, list] = {m: [None] * n for m in names}
     stats_sum: dict[str, dict] = {m: {} for m in names}
@@ -172,6 +180,16 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     return rows
 
 
+def _programs_note() -> str:
+    """How many generation programs this process holds so far; with the compile cache on, how many XLA executables
+    (those programs and the small ones around them) were loaded from it and how many compiled."""
+    cache = compile_cache.stats()
+    note = f"{compiled_programs()} programs"
+    if cache["dir"] is not None:
+        note += f"; executables: {cache['hits']} loaded from the compile cache, {cache['misses']} compiled"
+    return note
+
+
 def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("target", "sequential", "parse"),
               max_new_tokens: int = 64, batch_size: int = 16, repeats: int = 3, seed: int = 0,
               progress: bool = True, log: Callable[[str], None] = print, models: dict | None = None,
@@ -187,7 +205,10 @@ def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("tar
         raise InputError("n, batch_size and repeats must be >= 1")
     problems = task.problems(n, seed)
     runners, skipped = {}, {}
-    for m in modes:
+    probe = tqdm(modes, desc="checking which modes run (one short call each)", unit="mode",
+                 disable=not (progress and skip_unavailable))
+    for m in probe:
+        probe.set_postfix_str(m)
         try:
             runners[m] = mode_runner(eng.target, eng.draft, eng.config, m)
             if skip_unavailable and m != "target":
@@ -197,7 +218,7 @@ def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("tar
                 raise
             runners.pop(m, None)
             skipped[m] = str(e)
-            log(f"skipping mode {m}: {e}")
+            logger.warning(f"skipping mode {m}: {e}")
     rows = measure(runners, task, problems, max_new_tokens, batch_size, repeats, seed, progress=progress)
     settings = {"n": n, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "repeats": repeats,
                 "seed": seed, "task": getattr(task, "name", None), "split": "test", "temperature": 0.0}

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import sys
 from pathlib import Path
 
+from parse_jax import __version__
 from parse_jax.errors import ConfigError, ParseJaxError
+from parse_jax.progress import logger, phase
+
+# Nothing above imports jax: `parse-jax --help` builds the parser without it (commands import what they need).
 
 
 def _models(args: argparse.Namespace, need_draft: bool):
@@ -19,29 +24,54 @@ def _models(args: argparse.Namespace, need_draft: bool):
     if getattr(args, "per_host", False) and args.command != "generate":
         raise ConfigError("--per-host (each host serves its own share of the prompts) works with generate only; "
                           f"{args.command} runs one program over the whole mesh")
+    _check_run_flags(args)
+    _pin_steps(args)
     if args.model is None:
         if args.draft is not None:
             raise ConfigError("--draft needs --model (the target it drafts for)")
+        phase(f"loading the pair {args.pair or '(embedded)'}")
         target, draft = load_pair(args.pair, dtype=args.dtype)
         _attach_eagle3(args, target)
         return _sharded(args, target), _sharded(args, draft, fallback_replicated=True)
     if args.pair is not None:
         raise ConfigError("give either --pair or --model/--draft, not both")
-    mesh = getattr(args, "mesh_obj", None)
-    load = functools.partial(load_model, dtype=args.dtype, check_finite=check)
-    load_draft = load
-    if mesh is not None:  # Orbax restores straight into the sharded layout
-        from parse_jax.distributed import load_sharded
-
-        load = functools.partial(load_sharded, mesh=mesh, dtype=args.dtype, check_finite=check)
-        load_draft = functools.partial(load, fallback_replicated=True)
-    target = load(args.model)
+    mesh = getattr(args, "mesh_obj", None)  # with a mesh, Orbax restores straight into the sharded layout
+    load = functools.partial(load_model, mesh=mesh, dtype=args.dtype, check_finite=check)
+    phase(f"loading the target {args.model}")
+    target = load(args.model, args.step, args.params_path, args.config_from)
     _attach_eagle3(args, target)
     if args.draft is None:
         if need_draft:
             raise ConfigError("this mode needs a draft model: add --draft DIR")
         return target, None
-    return target, load_draft(args.draft)
+    phase(f"loading the draft {args.draft}")
+    return target, load(args.draft, args.draft_step, args.draft_params_path, args.draft_config_from,
+                        fallback_replicated=True)
+
+
+_RUN_FLAGS = {"model": ("step", "params_path", "config_from"),
+              "draft": ("draft_step", "draft_params_path", "draft_config_from")}
+
+
+def _check_run_flags(args: argparse.Namespace) -> None:
+    """--step/--params-path/--config-from name a step of the --target run; the --draft-* ones, of the --draft run."""
+    for who, flags in _RUN_FLAGS.items():
+        given = ["--" + f.replace("_", "-") for f in flags if getattr(args, f, None) is not None]
+        if given and getattr(args, who) is None:
+            raise ConfigError(f"{', '.join(given)}: only with --{'target' if who == 'model' else 'draft'} RUN_DIR "
+                              "(a training run: an Orbax CheckpointManager folder)")
+
+
+def _pin_steps(args: argparse.Namespace) -> None:
+    """A training run given without --step / --draft-step: pin its latest finished step now, so that the step loaded
+    and the step recorded in the provenance (and an eval results file's header) are one and the same even when the
+    run saves a new step in between."""
+    from parse_jax.models.checkpoint_manager import resolve_step
+
+    for who, (step, _, _) in _RUN_FLAGS.items():
+        path = getattr(args, who, None)
+        if path is not None and getattr(args, step, None) is None:
+            setattr(args, step, resolve_step(path))  # None for a plain model folder
 
 
 def _sharded(args: argparse.Namespace, model, fallback_replicated: bool = False):
@@ -102,18 +132,29 @@ def _generate(args: argparse.Namespace) -> int:
         if args.chat:
             raise ConfigError("--chat works with --mode target only")
         res = ParseEngine(target, draft, _parse_config(args)).generate(prompts, mode=mode, **kw)
-    texts = res.texts
+    texts, tokens = res.texts, res.tokens
     if getattr(args, "per_host", False):
         from parse_jax.distributed import gather_token_lists
 
-        texts = [target.tokenizer.decode(t) for t in gather_token_lists(res.tokens, n)]
+        tokens = gather_token_lists(res.tokens, n)
+        texts = [target.tokenizer.decode(t) for t in tokens]
     if not _writer():
         return 0
-    for text in texts:
-        print(text)
+    if args.json:  # one JSON object per prompt, one per line
+        stats = _jsonable(res.stats)
+        for prompt, text, ids in zip(list(args.prompt), texts, tokens):
+            print(json.dumps({"prompt": prompt, "text": text, "tokens": [int(t) for t in ids], "stats": stats}))
+    else:
+        for text in texts:
+            print(text)
     if args.stats:
-        print(res.stats, file=sys.stderr)
+        print(json.dumps(_jsonable(res.stats)), file=sys.stderr)
     return 0
+
+
+def _jsonable(stats: dict) -> dict:
+    """Stats with numpy scalars and arrays as plain numbers and lists (what json.dumps takes)."""
+    return json.loads(json.dumps(stats, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -125,8 +166,23 @@ def _model_desc(args: argparse.Namespace) -> dict:
     def where(path):
         return None if path is None else str(Path(path).resolve())
 
-    return {"pair": where(args.pair) or ("embedded" if args.model is None else None), "target": where(args.model),
+    desc = {"pair": where(args.pair) or ("embedded" if args.model is None else None), "target": where(args.model),
             "draft": where(args.draft), "dtype": args.dtype}
+    _pin_steps(args)
+    for who, (step, params_path, config_from) in _RUN_FLAGS.items():  # which step of a training run (if one)
+        path, name = getattr(args, who), "target" if who == "model" else "draft"
+        if path is None:
+            continue
+        from parse_jax.models.checkpoint_manager import resolve_step
+
+        resolved = resolve_step(path, getattr(args, step, None))
+        if resolved is not None:
+            desc[f"{name}_step"] = resolved
+        if getattr(args, params_path, None) is not None:
+            desc[f"{name}_params_path"] = getattr(args, params_path)
+        if getattr(args, config_from, None) is not None:
+            desc[f"{name}_config_from"] = where(getattr(args, config_from))
+    return desc
 
 
 def _no_rounds(args: argparse.Namespace) -> None:
@@ -153,6 +209,9 @@ def _bench(args: argparse.Namespace) -> int:
                     batch_size=args.batch_size, repeats=args.repeats, seed=args.seed,
                     progress=not args.no_progress, models=_model_desc(args), skip_unavailable="all" in names)
     res["command"] = _command(args)
+    from parse_jax import compile_cache
+
+    res["compile_cache"] = compile_cache.stats()  # hits: programs loaded from disk, misses: compiled here
     if not _writer():
         return 0
     if args.json is not None:
@@ -218,9 +277,10 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from parse_jax.bench import check_modes, mode_runner, provenance
+    from parse_jax.bench import check_modes, provenance
     from parse_jax.eval.data import file_sha256, load_records
-    from parse_jax.eval.harness import ResultsFile, make_header, run_eval, write_summary
+    from parse_jax.eval.evaluate import evaluate
+    from parse_jax.eval.harness import ResultsFile, make_header, write_summary
     from parse_jax.tasks import load_task
 
     mode = args.mode or ("target" if args.model is not None and args.draft is None else "parse")
@@ -231,7 +291,7 @@ def _eval(args: argparse.Namespace) -> int:
     task = load_task(args.task)
     records, bad = load_records(args.data, task, args.on_bad_line)
     for b in bad:
-        print(f"parse-jax eval: skipping bad {b}", file=sys.stderr)
+        logger.warning(f"eval: skipping bad {b}")
     cfg = _parse_config(args)
     settings = {"mode": mode, "models": _model_desc(args), "parse_config": cfg.__dict__, "task": args.task,
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
@@ -241,10 +301,11 @@ def _eval(args: argparse.Namespace) -> int:
                           "devices is fine)")
     results = ResultsFile.open(args.out, make_header(args.data, file_sha256(args.data), settings))
     target, draft = _models(args, need_draft=mode not in ("target",))
-    runner = mode_runner(target, draft, cfg, mode, temperature=args.temperature)
-    summary = run_eval(records, lambda prompts, offset: runner(prompts, args.max_new_tokens, args.seed + offset),
-                       results, tokenizer=target.tokenizer, task=task, batch_size=args.batch_size, chat=args.chat,
-                       instruction=args.instruction, progress=not args.no_progress)
+    res = evaluate(target, draft, records, mode, config=cfg, batch_size=args.batch_size,
+                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, task=task,
+                   chat=args.chat, instruction=args.instruction, results=results, progress=not args.no_progress,
+                   log=print)
+    summary = res.summary
     prov = provenance({**settings, "command": _command(args)}, args.seed)
     print(f"wrote {args.out} and {write_summary(results, summary, prov, bad)}")
     return 0
@@ -253,11 +314,23 @@ def _eval(args: argparse.Namespace) -> int:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", default=None, help="folder with target/ and draft/ (default: the embedded pair)")
     p.add_argument("--model", "--target", dest="model", default=None,
-                   help="target model folder (HF or Orbax) instead of a pair")
+                   help="target model folder (HF or Orbax, or a training run: see --step) instead of a pair")
     p.add_argument("--draft", default=None, help="draft model folder (with --model)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    r = p.add_argument_group("training runs (Orbax CheckpointManager folders given as --target / --draft)")
+    r.add_argument("--step", type=int, default=None, help="step of the --target run (default: the latest finished)")
+    r.add_argument("--params-path", default=None,
+                   help="params sub-tree of the --target run's checkpoints, e.g. state/params (default: found)")
+    r.add_argument("--config-from", default=None,
+                   help="HF or parse-jax model folder with the --target run's config and tokenizer (default: the "
+                        "run folder's run.json / config files)")
+    r.add_argument("--draft-step", type=int, default=None, help="step of the --draft run (default: the latest)")
+    r.add_argument("--draft-params-path", default=None, help="params sub-tree of the --draft run's checkpoints")
+    r.add_argument("--draft-config-from", default=None, help="config + tokenizer folder for the --draft run")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="cast the weights on load (default: the checkpoint's dtype; the embedded pair, stored in "
+                        "bfloat16, loads as float32)")
     p.add_argument("--eagle3", default=None, help="EAGLE-3 head folder for the target (default: the pair's eagle3/)")
-    from parse_jax.distributed import add_distributed_args
+    from parse_jax.distributed_args import add_distributed_args  # no jax import while building the parser
 
     add_distributed_args(p)
 
@@ -275,9 +348,13 @@ def _parse_args(p: argparse.ArgumentParser) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from parse_jax.models.checkpoint import convert_hf
+    from parse_jax.models.checkpoint import save_model
+    from parse_jax.models.hf_import import load_hf
 
-    out = convert_hf(args.hf, args.out, overwrite=args.overwrite, dtype=args.dtype)
+    phase(f"convert: reading {args.hf}")  # what convert_hf does, with a message per step
+    model = load_hf(args.hf, args.dtype)
+    phase(f"convert: writing {args.out}")
+    out = save_model(model, args.out, overwrite=args.overwrite)
     print(f"wrote {out}")
     return 0
 
@@ -289,7 +366,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
     recipe = load_recipe(args.recipe)
-    res = run_recipe(recipe, out=args.out, mode=args.mode, steps=args.steps, progress=not args.no_progress)
+    res = run_recipe(recipe, out=args.out, mode=args.mode, steps=args.steps, progress=not args.no_progress,
+                     grow_from=args.grow_from, quiet=args.quiet > 0)
     print(f"wrote {res['draft']} and {res['target']}")
     return 0
 
@@ -307,8 +385,46 @@ def _train_eagle3(args: argparse.Namespace) -> int:
     return 0
 
 
+# ParseConfig's defaults, shown by --help without importing the engine (and jax); tests/test_cli.py checks them
+PARSE_DEFAULTS = {"threshold": 0.5, "max_prefixes": 8, "rounds": "single", "segmenter": "delimiter", "gamma": 4,
+                  "max_draft_tokens": 64, "eagle3_gamma": 5, "eagle3_tree": 0}
+
+
+def _show_defaults(p: argparse.ArgumentParser) -> None:
+    """Options with no help text still show their default; the PARSE options show ParseConfig's."""
+    for action in p._actions:
+        if action.default is None and action.dest in PARSE_DEFAULTS:
+            action.help = f"{action.help or ''} (default: {PARSE_DEFAULTS[action.dest]})".strip()
+        elif action.help is None and action.nargs != 0 and action.default not in (None, argparse.SUPPRESS):
+            action.help = "(default: %(default)s)"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every --help shows each option's default, except flags, options with no default and help that names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.nargs == 0 or action.default is None or action.default is argparse.SUPPRESS or "default" in text:
+            return text
+        return text + " (default: %(default)s)"
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    """-v / -q and the compile cache: what every command takes."""
+    from parse_jax.compile_cache import ENV_VAR, default_dir
+
+    o = p.add_argument_group("messages and caching")
+    o.add_argument("-v", "--verbose", action="count", default=0, help="more messages on stderr (debug)")
+    o.add_argument("-q", "--quiet", action="count", default=0,
+                   help="only warnings and errors on stderr, no progress bars (-qq: errors only)")
+    o.add_argument("--no-compile-cache", action="store_true",
+                   help=f"compile every program afresh instead of loading it from the persistent cache "
+                        f"({default_dir()}; {ENV_VAR}=DIR moves it, {ENV_VAR}=0 turns it off)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="parse-jax", description=__doc__)
+    parser = argparse.ArgumentParser(prog="parse-jax", description=__doc__, formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text: the target alone or with PARSE / speculative decoding")
@@ -324,19 +440,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     g.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
-    g.add_argument("--stats", action="store_true", help="print generation stats to stderr")
+    g.add_argument("--stats", action="store_true", help="print generation stats to stderr (one JSON object)")
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object per prompt (prompt, text, tokens, stats), one per line, not the text")
     g.set_defaults(func=_generate)
 
     b = sub.add_parser("bench", help="every mode on the same held-out problems of the embedded task, one process")
     _model_args(b)
-    b.add_argument("--n", type=int, default=500, help="held-out problems")
+    b.add_argument("--n", type=int, default=300, help="held-out problems")
     b.add_argument("--modes", default="all",
                    help="comma-separated bench modes, or all (every mode this pair can run): the engine's modes, "
                         "parse-multi (PARSE with rounds=multi; parse is single round) and draft (the draft alone)")
     _parse_args(b)
     b.add_argument("--task", default="default", help="embedded task preset")
     b.add_argument("--max-new-tokens", type=int, default=32)
-    b.add_argument("--batch-size", type=int, default=16)
+    b.add_argument("--batch-size", type=int, default=1,
+                   help="requests per generate call; 1 is the regime speculation is for (README, Benchmarks)")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", default=None, help="write the results (DESIGN §4 schema) here")
@@ -410,7 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--fresh", dest="mode", action="store_const", const="fresh",
                    help="delete the checkpoints in --out and start over")
     t.set_defaults(mode="auto")
-    t.add_argument("--steps", type=int, default=None, help="override both phases' step counts (quick runs)")
+    t.add_argument("--steps", type=int, default=None, help="override every phase's step count (quick runs)")
+    t.add_argument("--grow-from", default=None, metavar="MODEL_DIR",
+                   help="a trained narrow target (the recipe's target_model shape) to widen instead of training "
+                        "the target phase (recipes with grow.enabled)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
 
@@ -430,12 +552,27 @@ def build_parser() -> argparse.ArgumentParser:
     h.set_defaults(mode="auto")
     h.add_argument("--no-progress", action="store_true")
     h.set_defaults(func=_train_eagle3)
+    for choice in sub._choices_actions:  # each command's --help starts with what it does
+        command = sub.choices[choice.dest]
+        command.description = command.description or choice.help
+    for command in sub.choices.values():
+        command.formatter_class = _HelpFormatter
+        _output_args(command)
+        _show_defaults(command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
+    from parse_jax import compile_cache, progress
+
+    progress.configure(args.verbose - args.quiet)  # phases and diagnostics on stderr, results on stdout
+    if args.quiet and hasattr(args, "no_progress"):
+        args.no_progress = True
+    folder = compile_cache.cache_dir(disabled=args.no_compile_cache)
+    if folder is not None:  # before the first compilation: JAX decides once per process
+        compile_cache.enable(folder)
     try:
         if hasattr(args, "mesh"):  # multi-host start-up and the device mesh, before anything touches a device
             from parse_jax.distributed import initialize_from_args

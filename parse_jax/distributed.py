@@ -34,8 +34,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from parse_jax.decode import bucket, register_program, to_host
+from parse_jax.distributed_args import add_distributed_args  # noqa: F401  (re-exported: the CLI flags)
 from parse_jax.errors import CheckpointError, ConfigError, InputError
 from parse_jax.layout import PackedBlock, check_boundaries, pack
+from parse_jax.models import checkpoint_manager
 from parse_jax.models.cache import KVCache
 from parse_jax.models.checkpoint import CONFIG_FILE, load_model, restore_params
 from parse_jax.models.config import ModelConfig
@@ -386,11 +388,17 @@ def restore_sharded_params(folder: str | Path, cfg: ModelConfig, mesh: Mesh,
 
 def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = None, dtype: str | None = None,
                  check_finite: bool = True, attention_impl: str = "xla",
-                 fallback_replicated: bool = False) -> ShardedModel:
-    """`pj.load_model` onto a mesh. A parse-jax (Orbax) checkpoint is restored shard by shard, never whole on
-    one device; a Hugging Face folder is loaded on one device and then placed (it has no sharded reader).
+                 fallback_replicated: bool = False, step: int | None = None, params_path: str | None = None,
+                 config_from: Any = None) -> ShardedModel:
+    """`pj.load_model` onto a mesh. A parse-jax (Orbax) checkpoint, or a step of an Orbax CheckpointManager folder
+    (`step`, `params_path`, `config_from`: see `checkpoint_manager.load_run`), is restored shard by shard, never
+    whole on one device; a Hugging Face folder is loaded on one device and then placed (it has no sharded reader).
     `rules` default: `fitting_rules(config, mesh, fallback_replicated)`."""
     path = Path(path).absolute()
+    if checkpoint_manager.locate(path, step) is not None:
+        return checkpoint_manager.load_run(path, step, params_path, config_from, mesh=mesh, rules=rules,
+                                           fallback_replicated=fallback_replicated, dtype=dtype,
+                                           check_finite=check_finite, attention_impl=attention_impl)
     if not (path / CONFIG_FILE).is_file():
         model = load_model(path, dtype=dtype, check_finite=check_finite, attention_impl=attention_impl)
         return shard_model(model, mesh, rules, fallback_replicated)
@@ -421,25 +429,6 @@ def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = Non
 
 # Set by a launcher (SLURM, Open MPI, a TPU pod) when several processes form one job.
 _CLUSTER_ENV = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
-
-
-def add_distributed_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The multi-device / multi-host flags of a command."""
-    g = parser.add_argument_group("devices and hosts")
-    g.add_argument("--mesh", default=None,
-                   help="device mesh, e.g. data=2,model=4 or a YAML file with `mesh: {data: 2, model: 4}` "
-                        "(default: no mesh, one device)")
-    g.add_argument("--coordinator", default=None,
-                   help="multi-host: address host:port of process 0 (explicit jax.distributed.initialize)")
-    g.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes")
-    g.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index")
-    g.add_argument("--per-host", action="store_true",
-                   help="multi-host: each process serves its own share of the requests on a mesh of its local "
-                        "devices (--mesh counts one host's devices); process 0 gathers and writes the results")
-    g.add_argument("--distributed", action="store_true",
-                   help="multi-host: let jax.distributed.initialize read the cluster's environment "
-                        "(TPU pod slice, SLURM, Open MPI); also on when PARSE_JAX_DISTRIBUTED=1")
-    return parser
 
 
 def wants_auto_distributed(env: Mapping[str, str] | None = None) -> bool:

@@ -17,7 +17,12 @@ EAGLE3_DIR = "eagle3"
 def load_pair(path: str | Path | None = None, dtype: str | None = None) -> tuple[Model, Model]:
     """(target, draft) from a folder holding `target/` and `draft/` model folders (Orbax or HF); no argument: the
     pair shipped in the package. A folder written by `parse-jax train --out DIR` is such a folder. An `eagle3/`
-    head folder beside them (`parse-jax train-eagle3`) is loaded as `target.eagle3`."""
+    head folder beside them (`parse-jax train-eagle3`) is loaded as `target.eagle3`.
+
+    The shipped target is stored in bfloat16 (half the package); it loads as float32 unless `dtype` says otherwise
+    (bfloat16 matmuls are several times slower than float32 on CPUs, and float32 keeps greedy identities exact)."""
+    if path is None and dtype is None:
+        dtype = "float32"
     folder = PAIR_DIR if path is None else Path(path)
     missing = [name for name in ("target", "draft") if not (folder / name).is_dir()]
     if missing:

@@ -231,6 +231,7 @@ def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -
     stats = {"target_passes": int(rounds), "new_tokens": total, "seconds": seconds,
              "tokens_per_s": total / seconds if seconds > 0 else float("inf"),
              "draft_tokens": int(proposed[: len(ids)].sum()), "accepted_tokens": int(accepted[: len(ids)].sum()),
+             "accepted_per_request": [int(x) for x in accepted[: len(ids)]],
              "acceptance_rate": float(accepted[: len(ids)].sum() / max(proposed[: len(ids)].sum(), 1)),
              "gamma": int(gamma)}
     return GenerateResult(texts=texts, tokens=toks, stats=stats)

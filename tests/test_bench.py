@@ -105,3 +105,44 @@ def test_unwritable_output_is_refused_before_work(tmp_path):
         check_writable(blocker / "sub")
     with pytest.raises(InputError, match="cannot write"):
         write_json({}, blocker / "x.json")
+
+
+def test_warm_up_progress_reaches_stderr_before_each_compiling_call(capsys):
+    """What compiles (mode, batch shape) and how far the warm-up is show on stderr while it runs, not after."""
+    from parse_jax.bench import measure
+    from parse_jax.decode import GenerateResult
+
+    seen = []
+
+    def runner(name):
+        def run(prompts, max_new, seed):
+            seen.append((name, len(prompts), capsys.readouterr().err))  # stderr written since the previous call
+            return GenerateResult(texts=["7"] * len(prompts), tokens=[[5]] * len(prompts), stats={"target_passes": 2})
+
+        return run
+
+    task = load_task()
+    measure({"target": runner("target"), "parse": runner("parse")}, task, task.problems(3, 0), 4, batch_size=2,
+            repeats=1, seed=0, progress=True)
+    warm = seen[:4]  # 2 modes x batch shapes {1, 2}
+    assert [(n, b) for n, b, _ in warm] == [("target", 1), ("target", 2), ("parse", 1), ("parse", 2)]
+    for i, (name, batch, err) in enumerate(warm):
+        assert "compiling (warm-up runs)" in err and f"{i}/4" in err, err
+        assert f"{name} at batch {batch}" in err and "programs" in err, err
+        assert "bench:" not in err  # the timed runs have not started
+    assert "4/4" in seen[4][2] and "bench:" in seen[4][2]  # warm-up done, then the timed bar
+    assert capsys.readouterr().out == ""  # progress never goes to stdout
+
+
+def test_skipped_modes_are_diagnostics_on_stderr(capsys):
+    from parse_jax import progress
+
+    progress.configure(0)
+    lines = []
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=4))
+    res = run_bench(eng, load_task(), n=1, modes=["target", "eagle3"], max_new_tokens=2, batch_size=1, repeats=1,
+                    progress=False, log=lines.append, skip_unavailable=True)
+    assert set(res["modes"]) == {"target"} and "eagle3" in res["skipped_modes"]
+    captured = capsys.readouterr()
+    assert "skipping mode eagle3" in captured.err and "skipping" not in captured.out
+    assert not any("skipping" in line for line in lines)  # `log` carries results (the table) only

@@ -45,18 +45,6 @@ def test_cli_errors_are_one_line_messages(tmp_path, hf_dir):
     assert r.returncode == 2 and "empty" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.fixture(scope="module")
-def pair_dir(tmp_path_factory):
-    """A pair folder (target/ + draft/) of random models on the task tokenizer."""
-    from parse_jax import save_model
-    from tests.test_engine import DRAFT, TARGET
-
-    d = tmp_path_factory.mktemp("pair")
-    save_model(TARGET, d / "target")
-    save_model(DRAFT, d / "draft")
-    return d
-
-
 def test_generate_modes_on_a_pair_print_what_the_engine_writes(pair_dir):
     from parse_jax import ParseConfig, ParseEngine, load_pair
 
@@ -174,3 +162,76 @@ def test_eval_cli_bad_lines_resume_and_summary(pair_dir, tmp_path, capsys):
     assert rc == 0 and "3 of 3 records already done" in stdout and len(out.read_text().splitlines()) == 4
     rc, _, err = _main(capsys, *[a if a != "6" else "7" for a in args], "--on-bad-line", "skip")
     assert rc == 2 and "max_new_tokens: 6 then, 7 now" in err
+
+
+# --- CLI habits: --version, defaults in --help, a parser built without jax, JSON output, -q
+
+def test_version_is_the_installed_one():
+    from importlib.metadata import version
+
+    r = _cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"parse-jax {version('parse-jax')}"
+
+
+def test_help_is_built_without_jax_and_shows_defaults():
+    code = """
+import sys
+from parse_jax.cli import build_parser
+parser = build_parser()
+parser.format_help()
+sub = next(a for a in parser._actions if a.dest == "command")
+for name, command in sub.choices.items():
+    text = command.format_help()
+    formatter = command._get_formatter()
+    for action in command._actions:
+        shown = action.nargs != 0 and action.default not in (None, "==SUPPRESS==")
+        if shown:
+            assert "default" in formatter._expand_help(action), (name, action.dest)
+    assert "--no-compile-cache" in text and "-q, --quiet" in text, name
+print("jax imported:", "jax" in sys.modules)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "jax imported: False"
+    help_text = " ".join(_cli("bench", "--help").stdout.split())  # unwrapped
+    assert "(default: 32)" in help_text and "(default: 0.5)" in help_text  # --max-new-tokens, --threshold
+
+
+def test_parse_defaults_in_help_are_the_engines():
+    import dataclasses
+
+    from parse_jax.cli import PARSE_DEFAULTS
+    from parse_jax.engine import ParseConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(ParseConfig)}
+    assert PARSE_DEFAULTS == {k: fields[k] for k in PARSE_DEFAULTS}
+
+
+def test_generate_json_round_trip_and_stats_as_json(pair_dir, capsys):
+    import json
+
+    from parse_jax import ParseConfig, ParseEngine, load_pair
+
+    prompts = ["( 3 + 4 ) * ( 5 - 2 ) :", "( 7 - 1 ) :"]
+    target, draft = load_pair(pair_dir)
+    expect = ParseEngine(target, draft, ParseConfig(threshold=0.3)).generate(prompts, mode="parse", max_new_tokens=9)
+    rc, out, err = _main(capsys, "generate", "--pair", str(pair_dir), "--mode", "parse", "--threshold", "0.3",
+                         "--max-new-tokens", "9", "--json", "--stats", *prompts)
+    assert rc == 0, err
+    objects = [json.loads(line) for line in out.splitlines()]
+    assert [o["prompt"] for o in objects] == prompts
+    assert [o["text"] for o in objects] == expect.texts
+    assert [o["tokens"] for o in objects] == [[int(t) for t in ts] for ts in expect.tokens]
+    for o in objects:
+        assert target.tokenizer.decode(o["tokens"]) == o["text"]
+        assert o["stats"]["target_passes"] == expect.stats["target_passes"]
+    stats = json.loads(err.strip().splitlines()[-1])  # --stats: one JSON object on stderr, not a Python repr
+    assert stats["verify_passes"] == expect.stats["verify_passes"]
+
+
+def test_quiet_keeps_stderr_for_warnings_and_results_on_stdout(pair_dir, capsys):
+    args = ["generate", "--pair", str(pair_dir), "--mode", "target", "--max-new-tokens", "4", "1 :"]
+    rc, out, err = _main(capsys, *args)
+    assert rc == 0 and "loading the pair" in err and "loading" not in out
+    rc, quiet_out, quiet_err = _main(capsys, *args, "-q")
+    assert rc == 0 and quiet_err == "" and quiet_out == out

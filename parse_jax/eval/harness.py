@@ -43,9 +43,14 @@ def make_header(data_path: str | Path, data_sha256: str, settings: dict) -> dict
 class ResultsFile:
     """The append-only results JSONL of one eval run (header + one line per finished record)."""
 
-    def __init__(self, path: Path, header: dict, results: list[dict]) -> None:
+    def __init__(self, path: Path | None, header: dict, results: list[dict]) -> None:
         self.path, self.header, self.results = path, header, results
         self.done = {r["key"] for r in results}
+
+    @classmethod
+    def in_memory(cls, header: dict | None = None) -> ResultsFile:
+        """Results kept in memory only (`pj.evaluate` from a training loop): the same loop, no file."""
+        return cls(None, header or {}, [])
 
     @classmethod
     def open(cls, path: str | Path, header: dict) -> ResultsFile:
@@ -88,6 +93,10 @@ class ResultsFile:
     def append(self, rows: Sequence[dict]) -> None:
         """Append finished records and push them to disk before anything else happens."""
         new = [r for r in rows if r["key"] not in self.done]
+        if self.path is None:
+            self.results += new
+            self.done |= {r["key"] for r in new}
+            return
         try:
             with open(self.path, "a") as f:
                 for r in new:
@@ -163,6 +172,7 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
         res = generate(prompts, batch[0].line)
         seconds = time.perf_counter() - t0
         accepted = res.stats.get("accepted_per_request")
+        checks = res.stats.get("verify_passes", res.stats.get("target_passes"))  # as bench counts them
         rows = []
         for j, r in enumerate(batch):
             correct, extracted = grade(r, res.texts[j], task)
@@ -171,6 +181,8 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
                    "seconds": seconds / len(batch), "output": res.texts[j]}
             if accepted is not None:
                 row["accepted_tokens"] = int(accepted[j])
+                if checks is not None:
+                    row["verify_passes"] = int(checks)  # a batched pass counts once for each row it serves
             rows.append(row)
         results.append(rows)
         correct += sum(r["correct"] for r in rows)

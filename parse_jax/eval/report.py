@@ -37,9 +37,13 @@ def summarize(results: Iterable[dict]) -> dict:
     kinds: dict[str, int] = {}
     for r in rows:
         kinds[r.get("kind", "?")] = kinds.get(r.get("kind", "?"), 0) + 1
+    spec = [r for r in rows if "accepted_tokens" in r and r.get("verify_passes")]
+    passes = sum(int(r["verify_passes"]) for r in spec)
     return {"n": n, "correct": correct, "accuracy": correct / n if n else None, "accuracy_ci95": [lo, hi],
             "no_answer": sum(r.get("extracted") is None for r in rows), "new_tokens": tokens,
-            "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None, "kinds": kinds}
+            "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "accepted_per_pass": sum(int(r["accepted_tokens"]) for r in spec) / passes if passes else None,
+            "kinds": kinds}
 
 
 def format_summary(s: dict) -> str:

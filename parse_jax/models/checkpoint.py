@@ -101,9 +101,7 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
     if not params_dir.is_dir():
         raise CheckpointError(f"parse-jax checkpoint {folder} has no {PARAMS_DIR}/ folder")
     if target is None:
-        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        target = unflatten({path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
-                            for path, leaf in expected_params(cfg).items()})
+        target = abstract_params_one_device(cfg)
     where = f"params in {params_dir} for the config in {CONFIG_FILE}"
     try:
         with _checkpointer() as checkpointer:
@@ -121,39 +119,91 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
         raise CheckpointError(f"cannot restore {where}: {e}") from None
 
 
-def _load_orbax(folder: Path, dtype: str | None, check_finite: bool, attention_impl: str) -> Model:
+def abstract_params_one_device(cfg: ModelConfig) -> dict[str, Any]:
+    """The param tree `cfg` implies as `ShapeDtypeStruct`s on the first device: a restore target (no memory)."""
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return unflatten({path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+                      for path, leaf in expected_params(cfg).items()})
+
+
+def read_config(folder: Path) -> ModelConfig:
+    """The `ModelConfig` of a parse-jax checkpoint folder (its parse_jax_config.json)."""
     try:
         d = json.loads((folder / CONFIG_FILE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{folder / CONFIG_FILE} is not valid JSON: {e}") from None
     if not isinstance(d, dict):
         raise ConfigError(f"{folder / CONFIG_FILE} must hold a JSON object")
-    cfg = ModelConfig.from_dict(d)
+    return ModelConfig.from_dict(d)
+
+
+def check_finite_params(params: Any, where: str) -> None:
+    """NaN/inf weights give garbage text far from their cause: refuse them at load time."""
+    bad = [jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+           if not bool(jnp.isfinite(x).all())]
+    if bad:
+        raise CheckpointError(f"checkpoint {where} has non-finite values (inf/nan) in: {', '.join(bad)}")
+
+
+def cast_params(cfg: ModelConfig, params: Any, dtype: str | None) -> tuple[ModelConfig, Any]:
+    """(config, params) in `dtype` (None: as stored); elementwise, so each array keeps its sharding."""
+    if dtype is None or dtype == cfg.dtype:
+        return cfg, params
+    return cfg.replace(dtype=dtype), jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
+
+
+def folder_tokenizer(folder: Path, cfg: ModelConfig) -> Tokenizer | None:
+    """The tokenizer files of `folder` (None when it has no tokenizer.json), checked against the embedding."""
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else None
+    tokenizer = Tokenizer.from_folder(folder, bos_id=cfg.bos_token_id, eos_id=eos)
+    check_vocab(tokenizer, cfg)
+    return tokenizer
+
+
+def _load_orbax(folder: Path, dtype: str | None, check_finite: bool, attention_impl: str) -> Model:
+    cfg = read_config(folder)
     params = restore_params(folder, cfg)
     if check_finite:
-        bad = [jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
-               if not bool(jnp.isfinite(x).all())]
-        if bad:
-            raise CheckpointError(f"checkpoint {folder} has non-finite values (inf/nan) in: {', '.join(bad)}")
-    if dtype is not None and dtype != cfg.dtype:
-        cfg = cfg.replace(dtype=dtype)
-        params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
-    tokenizer = None
-    if (folder / "tokenizer.json").is_file():
-        eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else None
-        tokenizer = Tokenizer.from_folder(folder, bos_id=cfg.bos_token_id, eos_id=eos)
-        check_vocab(tokenizer, cfg)
-    return Model(cfg, params, tokenizer, attention_impl)
+        check_finite_params(params, str(folder))
+    cfg, params = cast_params(cfg, params, dtype)
+    return Model(cfg, params, folder_tokenizer(folder, cfg), attention_impl)
 
 
-def load_model(path: str | Path, dtype: str | None = None, check_finite: bool = True,
-               attention_impl: str = "xla") -> Model:
-    """Load a HF model folder or a parse-jax checkpoint (told apart by their files), optionally cast to `dtype`."""
+def load_model(path: str | Path, step: int | None = None, params_path: str | None = None,
+               config_from: str | Path | ModelConfig | Model | None = None, mesh: Any = None, *,
+               dtype: str | None = None, check_finite: bool = True, attention_impl: str = "xla",
+               fallback_replicated: bool = False) -> Model:
+    """Load a HF model folder, a parse-jax checkpoint, or one step of an Orbax `CheckpointManager` folder (a
+    training run: told apart by their files), optionally cast to `dtype`.
+
+    `step`, `params_path`, `config_from`: which step (default: the latest finished one), which params sub-tree
+    (default: found from the tree metadata) and where the config + tokenizer come from (a HF or parse-jax folder,
+    a `ModelConfig`, or a `Model` whose config and tokenizer to take; default: the run folder);
+    see `parse_jax.models.checkpoint_manager`. `mesh`: restore straight into the sharded layout
+    (`parse_jax.distributed.load_sharded`); `fallback_replicated` then replicates a model the mesh cannot split."""
+    from parse_jax.models import checkpoint_manager
+
     path = Path(path).absolute()  # Orbax reads metadata only through absolute paths
     if not path.exists():
         raise CheckpointError(f"model path not found: {path}")
     if not path.is_dir():
         raise CheckpointError(f"model path must be a folder, got a file: {path}")
+    if checkpoint_manager.locate(path, step) is not None:
+        return checkpoint_manager.load_run(path, step, params_path, config_from, mesh=mesh, dtype=dtype,
+                                           check_finite=check_finite, attention_impl=attention_impl,
+                                           fallback_replicated=fallback_replicated)
+    given = [name for name, value in (("step", step), ("params_path", params_path), ("config_from", config_from))
+             if value is not None]
+    if given and ((path / CONFIG_FILE).is_file() or (path / "config.json").is_file()):
+        raise CheckpointError(f"{path} is a model folder, not an Orbax CheckpointManager folder (step subfolders): "
+                              f"drop {', '.join(given)}")
+    if mesh is not None:
+        from parse_jax.distributed import load_sharded
+
+        return load_sharded(path, mesh, dtype=dtype, check_finite=check_finite, attention_impl=attention_impl,
+                            fallback_replicated=fallback_replicated)
     if (path / CONFIG_FILE).is_file():
         return _load_orbax(path, dtype, check_finite, attention_impl)
     if (path / "config.json").is_file():
@@ -161,7 +211,8 @@ def load_model(path: str | Path, dtype: str | None = None, check_finite: bool = 
     found = sorted(p.name for p in path.iterdir())[:20]
     raise CheckpointError(
         f"{path} is not a model folder: expected either a Hugging Face folder (config.json, {SINGLE_FILE} or "
-        f"{INDEX_FILE}, tokenizer.json) or a parse-jax checkpoint ({CONFIG_FILE}, {PARAMS_DIR}/); "
+        f"{INDEX_FILE}, tokenizer.json) or a parse-jax checkpoint ({CONFIG_FILE}, {PARAMS_DIR}/), or an Orbax "
+        f"CheckpointManager folder (step subfolders such as 1000/, or a run folder with ckpt/); "
         f"found: {found or 'an empty folder'}")
 
 

@@ -28,6 +28,7 @@ from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import ModelConfig, config_from_hf, read_hf_config
 from parse_jax.models.model import Model, init_params
 from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.progress import bar
 
 SINGLE_FILE = "model.safetensors"
 EMBED = "model.embed_tokens.weight"
@@ -196,7 +197,7 @@ def params_from_safetensors(entries: dict[str, _Entry], cfg: ModelConfig, check_
     target = np.dtype(jnp.dtype(cfg.dtype))
     flat: dict[ParamPath, Any] = {}
     non_finite = []
-    for name, path in wanted.items():
+    for name, path in bar(len(wanted), f"reading {where or 'safetensors'}", iterable=wanted.items(), unit="tensor"):
         array = entries[name].read()
         if check_finite and not np.isfinite(array).all():
             non_finite.append(f"{name} ({entries[name].file.name})")

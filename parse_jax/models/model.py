@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
@@ -55,6 +56,28 @@ class Model:
         return (f"Model({c.architecture}, layers={c.num_layers}, hidden={c.hidden_size}, "
                 f"heads={c.num_heads}/{c.num_kv_heads}, vocab={c.vocab_size}, dtype={c.dtype}, "
                 f"params={c.num_params / 1e6:.2f}M)")
+
+    def with_params(self, params: dict[str, Any]) -> Model:
+        """The same model (config, tokenizer, attention, mesh, attached EAGLE-3 head) with other params of the same
+        tree, shapes and dtypes, e.g. fresh from an optimizer. Every jitted program takes the params as an argument,
+        so nothing compiles again: each new array is placed like the one it replaces (same sharding, committed),
+        since jit compiles anew for arrays placed otherwise (e.g. uncommitted outputs of an uncommitted step)."""
+        old, treedef = jax.tree_util.tree_flatten_with_path(self.params)
+        new, new_def = jax.tree_util.tree_flatten_with_path(params)
+        if new_def != treedef:
+            ours, theirs = ({jax.tree_util.keystr(k) for k, _ in t} for t in (old, new))
+            diff = sorted(ours - theirs)[:1] or sorted(theirs - ours)[:1] or ["(their nesting)"]
+            raise ConfigError(f"with_params: the new params' tree differs from the model's at {diff[0]}")
+        placed = []
+        for (path, ref), (_, x) in zip(old, new, strict=True):
+            if (tuple(np.shape(x)), np.dtype(x.dtype)) != (tuple(np.shape(ref)), np.dtype(ref.dtype)):
+                raise ConfigError(f"with_params: {jax.tree_util.keystr(path)} is {x.dtype}{list(np.shape(x))}, "
+                                  f"the model's is {ref.dtype}{list(np.shape(ref))}")
+            placed.append(jax.device_put(x, ref.sharding) if isinstance(ref, jax.Array) else x)
+        model = copy.copy(self)
+        model.params = jax.tree.unflatten(treedef, placed)
+        model.__dict__.pop("loaded_from", None)  # these params were not read from that checkpoint step
+        return model
 
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         return _empty_cache_fn(self.config, batch, max_len)()

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import optax
 from parse_jax.decode import PAD_ID
 from parse_jax.eagle3 import Eagle3, Eagle3Config, init_head, save_eagle3, target_taps, ttt_logits
 from parse_jax.errors import ConfigError
+from parse_jax.progress import bar
 from parse_jax.tasks import Task
 from parse_jax.train.data import Encoder
 from parse_jax.train.evaluate import solve_many
@@ -78,7 +80,8 @@ def target_rows(target, task: Task, spec: Eagle3Spec, folder: Path, progress: bo
     rng = random.Random(f"eagle3:{spec.seed}")
     prompts = [task.sample(rng, "train") for _ in range(spec.samples)]
     t0 = time.perf_counter()
-    texts = solve_many(target, task, prompts, max_new_tokens=spec.seq_len, batch=256)
+    texts = solve_many(target, task, prompts, max_new_tokens=spec.seq_len, batch=256, progress=progress,
+                       desc="target solving train problems")
     eos = target.tokenizer.eos_id
     rows = np.full((len(prompts), spec.seq_len + 1), PAD_ID, np.int32)
     for i, (p, text) in enumerate(zip(prompts, texts)):
@@ -88,7 +91,8 @@ def target_rows(target, task: Task, spec: Eagle3Spec, folder: Path, progress: bo
         rows[i, : len(row)] = row
         rows[i, -1] = len(ids)
     if progress:
-        print(f"target solved {len(prompts)} train problems in {time.perf_counter() - t0:.1f}s", flush=True)
+        print(f"target solved {len(prompts)} train problems in {time.perf_counter() - t0:.1f}s", file=sys.stderr,
+              flush=True)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps({"key": key, "rows": rows.tolist()}))
@@ -104,7 +108,8 @@ def target_fingerprint(target) -> float:
     return float(sum(float(jnp.sum(jnp.abs(x))) for x in jax.tree.leaves(target.params)))
 
 
-def teacher_arrays(target, cfg: Eagle3Config, rows: np.ndarray, batch: int = 256) -> tuple[np.ndarray, np.ndarray]:
+def teacher_arrays(target, cfg: Eagle3Config, rows: np.ndarray, batch: int = 256,
+                   progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The target's taps [N, T, 3d] and next-token distributions [N, T, V] on `rows`, computed once (the target is
     frozen, so every training step would recompute the same numbers). Sized for small vocabularies: a large one is
     refused up front instead of running out of memory."""
@@ -123,12 +128,15 @@ def teacher_arrays(target, cfg: Eagle3Config, rows: np.ndarray, batch: int = 256
         return target_taps(hiddens, cfg.taps), jax.nn.softmax(logits, axis=-1)
 
     feats, teacher = [], []
-    for i in range(0, len(tokens), batch):
-        chunk = tokens[i: i + batch]
-        pad = batch - len(chunk)
-        f, p = run(np.concatenate([chunk, np.zeros((pad, chunk.shape[1]), np.int32)]) if pad else chunk)
-        feats.append(np.asarray(f)[: len(chunk)])
-        teacher.append(np.asarray(p)[: len(chunk)])
+    with bar(len(tokens), "teacher pass (target features and distributions)", enabled=progress,
+             unit="row") as pbar:
+        for i in range(0, len(tokens), batch):
+            chunk = tokens[i: i + batch]
+            pad = batch - len(chunk)
+            f, p = run(np.concatenate([chunk, np.zeros((pad, chunk.shape[1]), np.int32)]) if pad else chunk)
+            feats.append(np.asarray(f)[: len(chunk)])
+            teacher.append(np.asarray(p)[: len(chunk)])
+            pbar.update(len(chunk))
     return np.concatenate(feats), np.concatenate(teacher)
 
 
@@ -171,7 +179,7 @@ def train_eagle3(target, task: Task, out: str | Path, spec: Eagle3Spec | None = 
     rows = target_rows(target, task, spec, out, progress)
     n = len(rows)
 
-    feats, teacher = teacher_arrays(target, cfg, rows)
+    feats, teacher = teacher_arrays(target, cfg, rows, progress=progress)
 
     def batch_fn(step: int) -> dict[str, np.ndarray]:
         idx = np.random.default_rng([spec.seed, step]).integers(0, n, spec.batch_size)

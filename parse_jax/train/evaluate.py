@@ -8,18 +8,22 @@ from collections.abc import Sequence
 import numpy as np
 
 from parse_jax.decode import generate
+from parse_jax.progress import bar
 from parse_jax.tasks import Task
 from parse_jax.train.data import Encoder, JudgeExample, prefixes
 
 
 def solve_many(model, task: Task, prompts: Sequence[str], max_new_tokens: int = 24, temperature: float = 0.0,
-               seed: int = 0, batch: int = 256) -> list[str]:
+               seed: int = 0, batch: int = 256, progress: bool = False, desc: str = "solving") -> list[str]:
+    """The model's answers to `prompts`, `batch` at a time; `progress`: a bar on stderr counting problems."""
     enc = Encoder(model.tokenizer, task)
     out: list[str] = []
-    for i in range(0, len(prompts), batch):
-        ids = [enc.prompt_ids(p) for p in prompts[i: i + batch]]
-        res = generate(model, ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
-        out += res.texts
+    with bar(len(prompts), desc, enabled=progress, unit="problem") as pbar:
+        for i in range(0, len(prompts), batch):
+            ids = [enc.prompt_ids(p) for p in prompts[i: i + batch]]
+            res = generate(model, ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
+            out += res.texts
+            pbar.update(len(ids))
     return out
 
 
@@ -134,7 +138,7 @@ def evaluate_pair(out, n: int = 1000, n_synthetic: int = 1000, batch_sizes: Sequ
     from parse_jax.pair import load_pair
     from parse_jax.tasks import load_task
 
-    target, draft = load_pair(out)
+    target, draft = load_pair(out, dtype="float32")  # as the bench and the engine use them (bf16 on disk is upcast)
     task = load_task()
     res: dict = {"n": n}
     t0 = time.perf_counter()

@@ -5,6 +5,8 @@ Layout of the output folder::
     draft_run/   checkpoints + run.json of the draft phase       draft/    the final draft (pj.load_model)
     draft_samples.json  the draft's sampled outputs (judge data)
     target_run/  checkpoints + run.json of the target phase      target/   the final target
+    grow_run/    with `grow.enabled`: the widened target trained at full width; the narrow one is kept in
+                 target_narrow/ and target/ is the wide one
 
 Every phase resumes: a finished phase is restored from its last checkpoint and not trained again; the samples
 file is reused when its fingerprint matches.
@@ -13,6 +15,7 @@ file is reused when its fingerprint matches.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -21,13 +24,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from parse_jax.errors import CheckpointError
-from parse_jax.models.checkpoint import save_model
+import jax
+import numpy as np
+
+from parse_jax.errors import CheckpointError, ConfigError
+from parse_jax.models.checkpoint import load_model, save_model
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.tasks import Task, load_task
 from parse_jax.train.data import BatchStream, Encoder
+from parse_jax.train.grow import grown_config, widen_params
 from parse_jax.train.recipe import ModelSpec, Recipe
 from parse_jax.train.trainer import train_phase
 
@@ -49,7 +56,7 @@ def model_config(spec: ModelSpec, tokenizer: Tokenizer) -> ModelConfig:
 
 
 def with_steps(recipe: Recipe, steps: int | None) -> Recipe:
-    """`--steps N`: both phases run N steps (warmup and checkpoint interval shrink to fit)."""
+    """`--steps N`: every phase runs N steps (warmup and checkpoint interval shrink to fit)."""
     if steps is None:
         return recipe
 
@@ -57,7 +64,18 @@ def with_steps(recipe: Recipe, steps: int | None) -> Recipe:
         return dataclasses.replace(p, steps=steps, warmup_steps=min(p.warmup_steps, steps // 10),
                                    checkpoint_every=min(p.checkpoint_every, steps))
 
-    return dataclasses.replace(recipe, draft=fit(recipe.draft), target=fit(recipe.target))
+    grow = dataclasses.replace(recipe.grow, phase=fit(recipe.grow.phase))
+    return dataclasses.replace(recipe, draft=fit(recipe.draft), target=fit(recipe.target), grow=grow)
+
+
+def params_digest(params: Any) -> str:
+    """sha256 of a param tree's leaves (names, shapes, bytes): identifies a grown run's source model."""
+    h = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        a = np.asarray(leaf)
+        h.update(f"{jax.tree_util.keystr(path)}{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def _log(msg: str, quiet: bool) -> None:
@@ -66,18 +84,19 @@ def _log(msg: str, quiet: bool) -> None:
 
 
 def sample_draft(draft: Model, task: Task, n: int, temperature: float, batch: int, seed: int,
-                 max_new_tokens: int = 24) -> list[tuple[str, str]]:
-    """The draft's outputs (sampled) on `n` train problems."""
+                 max_new_tokens: int = 24, progress: bool = False) -> list[tuple[str, str]]:
+    """The draft's outputs (sampled) on `n` train problems; `progress`: a bar on stderr."""
     from parse_jax.train.evaluate import solve_many
 
     rng = random.Random(f"samples:{seed}")
     prompts = [task.sample(rng, "train") for _ in range(n)]
-    texts = solve_many(draft, task, prompts, max_new_tokens, temperature=temperature, seed=seed, batch=batch)
+    texts = solve_many(draft, task, prompts, max_new_tokens, temperature=temperature, seed=seed, batch=batch,
+                       progress=progress, desc="sampling draft outputs")
     return list(zip(prompts, texts))
 
 
 def _samples(out: Path, draft: Model, task: Task, recipe: Recipe, fingerprint: dict[str, Any], fresh: bool,
-             quiet: bool) -> list[tuple[str, str]]:
+             quiet: bool, progress: bool = False) -> list[tuple[str, str]]:
     path = out / SAMPLES_FILE
     if path.is_file() and not fresh:
         try:
@@ -89,7 +108,8 @@ def _samples(out: Path, draft: Model, task: Task, recipe: Recipe, fingerprint: d
             pass  # damaged or stale: sample again
     j = recipe.judge
     t0 = time.perf_counter()
-    samples = sample_draft(draft, task, j.draft_samples, j.draft_temperature, j.sample_batch, recipe.target.seed)
+    samples = sample_draft(draft, task, j.draft_samples, j.draft_temperature, j.sample_batch, recipe.target.seed,
+                           progress=progress and not quiet)
     ok = sum(task.grade(p, t) for p, t in samples) / max(len(samples), 1)
     _log(f"sampled {len(samples)} draft outputs in {time.perf_counter() - t0:.1f}s "
          f"(T={j.draft_temperature}, final answers right: {ok:.1%})", quiet)
@@ -100,12 +120,17 @@ def _samples(out: Path, draft: Model, task: Task, recipe: Recipe, fingerprint: d
 
 
 def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto", steps: int | None = None,
-               quiet: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Train the pair of `recipe` into `out` (default: the recipe's); returns paths and timings."""
+               quiet: bool = False, progress: bool = True, grow_from: str | Path | None = None) -> dict[str, Any]:
+    """Train the pair of `recipe` into `out` (default: the recipe's); returns paths and timings.
+
+    `grow_from`: a trained narrow target (a model folder of the recipe's `target_model` shape) that takes the place
+    of the target phase; the recipe must grow it (`grow.enabled`)."""
     recipe = with_steps(recipe, steps)
+    if grow_from is not None and not recipe.grow.enabled:
+        raise ConfigError(f"--grow-from needs a recipe that grows its target (grow.enabled); {recipe.name} does not")
     out = Path(out if out is not None else recipe.out)
     if mode == "fresh":
-        for name in ("draft_run", "target_run", SAMPLES_FILE):
+        for name in ("draft_run", "target_run", "grow_run", SAMPLES_FILE):
             p = out / name
             if p.is_dir():
                 shutil.rmtree(p)
@@ -134,25 +159,48 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
     sfp = {"draft": json.loads(json.dumps({**data_fp, "model": dcfg.to_dict(),
                                            "spec": dataclasses.asdict(recipe.draft)})),
            "judge": dataclasses.asdict(recipe.judge), "seed": recipe.target.seed}
-    samples = (_samples(out, draft, task, recipe, sfp, mode == "fresh", quiet)
+    samples = (_samples(out, draft, task, recipe, sfp, mode == "fresh", quiet, progress)
                if recipe.judge.weight > 0 and recipe.judge.real_fraction > 0 else [])
     timings["sample_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     tcfg = model_config(recipe.target_model, tok)
-    _log(f"target: {tcfg.num_params / 1e6:.3f}M params, {recipe.target.steps} steps", quiet)
-    tstream = BatchStream(task, enc, recipe.seq_len, recipe.target.batch_size, recipe.target.seed,
-                          judge=recipe.judge.weight > 0, error_fraction=recipe.judge.error_fraction,
-                          real_fraction=recipe.judge.real_fraction if samples else 0.0, samples=samples)
-    if samples:
-        _log(f"real draft outputs that fit a row: {len(tstream.samples)} of {len(samples)}", quiet)
     tfp = {**data_fp, "samples": sfp, "judge": dataclasses.asdict(recipe.judge)}
-    tparams, _ = train_phase("target", tcfg, recipe.target, tstream.batch, out / "target_run", tfp,
-                             judge_weight=recipe.judge.weight, mode="resume" if mode == "resume" else "auto",
-                             progress=progress)
+    if grow_from is not None:
+        narrow = load_model(grow_from)
+        if narrow.config.replace(eos_token_ids=tcfg.eos_token_ids) != tcfg:
+            raise ConfigError(f"--grow-from {grow_from}: its config is not the recipe's target_model "
+                              f"({narrow.config} vs {tcfg})")
+        tparams = narrow.params
+        _log(f"target phase skipped: growing {grow_from}", quiet)
+    else:
+        _log(f"target: {tcfg.num_params / 1e6:.3f}M params, {recipe.target.steps} steps", quiet)
+        tstream = BatchStream(task, enc, recipe.seq_len, recipe.target.batch_size, recipe.target.seed,
+                              judge=recipe.judge.weight > 0, error_fraction=recipe.judge.error_fraction,
+                              real_fraction=recipe.judge.real_fraction if samples else 0.0, samples=samples)
+        if samples:
+            _log(f"real draft outputs that fit a row: {len(tstream.samples)} of {len(samples)}", quiet)
+        # later phases of a resumed run start where they are: from their last checkpoint, or from the beginning
+        tparams, _ = train_phase("target", tcfg, recipe.target, tstream.batch, out / "target_run", tfp,
+                                 judge_weight=recipe.judge.weight, progress=progress)
     target = Model(tcfg, tparams, tok)
-    save_model(target, out / "target", overwrite=True)
     timings["target_s"] = time.perf_counter() - t0
+    if recipe.grow.enabled:
+        save_model(target, out / "target_narrow", overwrite=True)
+        t0 = time.perf_counter()
+        gcfg = grown_config(tcfg, model_config(recipe.grow.model, tok))
+        gp = recipe.grow.phase
+        _log(f"grow: {tcfg.num_params / 1e6:.3f}M -> {gcfg.num_params / 1e6:.3f}M params, {gp.steps} steps", quiet)
+        gstream = BatchStream(task, enc, recipe.seq_len, gp.batch_size, gp.seed, judge=recipe.judge.weight > 0,
+                              error_fraction=recipe.judge.error_fraction,
+                              real_fraction=recipe.judge.real_fraction if samples else 0.0, samples=samples)
+        init = widen_params(tparams, tcfg, gcfg, seed=gp.seed)
+        source = {"narrow_config": tcfg.to_dict(), "params_sha256": params_digest(tparams)}  # what was widened
+        gparams, _ = train_phase("grow", gcfg, gp, gstream.batch, out / "grow_run", {**tfp, "source": source},
+                                 judge_weight=recipe.judge.weight, progress=progress, init=init)
+        target = Model(gcfg, gparams, tok)
+        timings["grow_s"] = time.perf_counter() - t0
+    save_model(target, out / "target", overwrite=True)
     _log(f"wrote {out / 'draft'} and {out / 'target'} ({', '.join(f'{k} {v:.0f}' for k, v in timings.items())})",
          quiet)
     return {"draft": out / "draft", "target": out / "target", "timings": timings, "draft_model": draft,

@@ -56,6 +56,16 @@ class JudgeSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class GrowSpec:
+    """Widen the trained target to `model` without changing its function (train/grow.py), then train it at full
+    width for `phase`: a weight-bound target for a fraction of the cost of training it from scratch."""
+
+    enabled: bool = False
+    model: ModelSpec = ModelSpec()
+    phase: PhaseSpec = PhaseSpec()
+
+
+@dataclasses.dataclass(frozen=True)
 class Recipe:
     name: str = "custom"
     task: str = "default"
@@ -66,6 +76,7 @@ class Recipe:
     draft: PhaseSpec = PhaseSpec()
     target: PhaseSpec = PhaseSpec()
     judge: JudgeSpec = JudgeSpec()
+    grow: GrowSpec = GrowSpec()
     out: str = "out/pair"
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,8 +124,12 @@ def _check(r: Recipe) -> None:
         raise ConfigError(f"recipe {r.name}: unknown task {r.task!r}; known: {', '.join(PRESETS)}")
     if r.seq_len < 8:
         raise ConfigError(f"recipe {r.name}: seq_len must be >= 8, got {r.seq_len}")
-    for name in ("draft_model", "target_model"):
-        m: ModelSpec = getattr(r, name)
+    models = [("draft_model", r.draft_model), ("target_model", r.target_model)]
+    phases = [("draft", r.draft), ("target", r.target)]
+    if r.grow.enabled:
+        models.append(("grow.model", r.grow.model))
+        phases.append(("grow.phase", r.grow.phase))
+    for name, m in models:
         for f in dataclasses.fields(m):
             v = getattr(m, f.name)
             if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
@@ -125,8 +140,17 @@ def _check(r: Recipe) -> None:
             raise ConfigError(f"recipe {r.name}: {name}.num_heads must be a multiple of num_kv_heads")
         if m.max_position_embeddings < r.seq_len + 1:
             raise ConfigError(f"recipe {r.name}: {name}.max_position_embeddings must exceed seq_len")
-    for name in ("draft", "target"):
-        p: PhaseSpec = getattr(r, name)
+    if r.grow.enabled:
+        t, g = r.target_model, r.grow.model
+        if (g.num_layers != t.num_layers or g.hidden_size // g.num_heads != t.hidden_size // t.num_heads
+                or g.num_heads * t.num_kv_heads != t.num_heads * g.num_kv_heads
+                or g.tie_word_embeddings != t.tie_word_embeddings
+                or min(g.hidden_size - t.hidden_size, g.intermediate_size - t.intermediate_size,
+                       g.num_heads - t.num_heads) < 0):
+            raise ConfigError(f"recipe {r.name}: grow.model must widen target_model (same num_layers, head dim, "
+                              "heads per KV head and tie_word_embeddings; hidden_size, intermediate_size and "
+                              "num_heads at least the target's)")
+    for name, p in phases:
         if p.steps < 1 or p.batch_size < 1 or p.checkpoint_every < 1 or p.keep_checkpoints < 1:
             raise ConfigError(f"recipe {r.name}: {name}.steps/batch_size/checkpoint_every/keep_checkpoints "
                               "must be >= 1")
