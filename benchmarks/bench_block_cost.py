@@ -45,13 +45,11 @@ def head_block_seconds(target, batch: int, t: int, repeats: int) -> float:
     """One EAGLE-3 head pass over T tokens (its layer and the target's LM head), as a drafting step runs it."""
     head = target.eagle3
     module = Eagle3Head(head.config.layer, target.attention_impl)
-    d = head.config.layer.hidden_size
 
     def apply(params, tokens, positions, cache, limit, group):
         embeds = params["target"]["embed_tokens"]["embedding"][tokens]
-        hidden = jnp.zeros((*tokens.shape, d), embeds.dtype) + embeds  # any [B, T, d] state costs the same
-        out, normed, written = module.apply({"params": params["head"]}, embeds, hidden, positions, cache, limit,
-                                            group)
+        # the hidden state input: any [B, T, d] array costs the same as the head's own previous output
+        _, normed, written = module.apply({"params": params["head"]}, embeds, embeds, positions, cache, limit, group)
         return lm_head(params["target"], target.config, normed), written
 
     return _timed(apply, {"head": head.params, "target": target.params}, head.config.layer, batch, t, repeats)

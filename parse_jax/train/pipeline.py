@@ -47,12 +47,7 @@ def load_tokenizer() -> Tokenizer:
 
 
 def model_config(spec: ModelSpec, tokenizer: Tokenizer) -> ModelConfig:
-    return ModelConfig(
-        architecture="llama", vocab_size=tokenizer.vocab_size, hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
-        num_kv_heads=spec.num_kv_heads, head_dim=spec.hidden_size // spec.num_heads,
-        tie_word_embeddings=spec.tie_word_embeddings, max_position_embeddings=spec.max_position_embeddings,
-        bos_token_id=tokenizer.bos_id, eos_token_ids=(tokenizer.eos_id,))
+    return spec.config(tokenizer.vocab_size, tokenizer.bos_id, (tokenizer.eos_id,))
 
 
 def with_steps(recipe: Recipe, steps: int | None) -> Recipe:

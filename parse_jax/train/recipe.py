@@ -10,6 +10,8 @@ from typing import Any
 import yaml
 
 from parse_jax.errors import ConfigError
+from parse_jax.models.config import ModelConfig
+from parse_jax.train.grow import check_growable, grown_config
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -25,6 +27,16 @@ class ModelSpec:
     intermediate_size: int = 128
     tie_word_embeddings: bool = True
     max_position_embeddings: int = 128
+
+    def config(self, vocab_size: int, bos_token_id: int | None = None,
+               eos_token_ids: tuple[int, ...] = ()) -> ModelConfig:
+        """The decoder config this spec describes, for a tokenizer of `vocab_size` tokens."""
+        return ModelConfig(
+            architecture="llama", vocab_size=vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_layers=self.num_layers, num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads, head_dim=self.hidden_size // self.num_heads,
+            tie_word_embeddings=self.tie_word_embeddings, max_position_embeddings=self.max_position_embeddings,
+            bos_token_id=bos_token_id, eos_token_ids=eos_token_ids)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,16 +152,12 @@ def _check(r: Recipe) -> None:
             raise ConfigError(f"recipe {r.name}: {name}.num_heads must be a multiple of num_kv_heads")
         if m.max_position_embeddings < r.seq_len + 1:
             raise ConfigError(f"recipe {r.name}: {name}.max_position_embeddings must exceed seq_len")
-    if r.grow.enabled:
-        t, g = r.target_model, r.grow.model
-        if (g.num_layers != t.num_layers or g.hidden_size // g.num_heads != t.hidden_size // t.num_heads
-                or g.num_heads * t.num_kv_heads != t.num_heads * g.num_kv_heads
-                or g.tie_word_embeddings != t.tie_word_embeddings
-                or min(g.hidden_size - t.hidden_size, g.intermediate_size - t.intermediate_size,
-                       g.num_heads - t.num_heads) < 0):
-            raise ConfigError(f"recipe {r.name}: grow.model must widen target_model (same num_layers, head dim, "
-                              "heads per KV head and tie_word_embeddings; hidden_size, intermediate_size and "
-                              "num_heads at least the target's)")
+    if r.grow.enabled:  # the same rule the widening applies (vocabulary size does not matter to it)
+        narrow = r.target_model.config(vocab_size=1)
+        try:
+            check_growable(narrow, grown_config(narrow, r.grow.model.config(vocab_size=1)))
+        except ConfigError as e:
+            raise ConfigError(f"recipe {r.name}: grow.model must widen target_model: {e}") from None
     for name, p in phases:
         if p.steps < 1 or p.batch_size < 1 or p.checkpoint_every < 1 or p.keep_checkpoints < 1:
             raise ConfigError(f"recipe {r.name}: {name}.steps/batch_size/checkpoint_every/keep_checkpoints "
