@@ -49,7 +49,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, limi
               impl: str = "xla", interpret: bool | None = None, scale: float | None = None) -> jax.Array:
     """q [B, T, H, D] over the cache k, v [B, KV, S, D] (block already written) -> [B, T, H, D] in q's dtype.
 
-    Visibility follows DESIGN §2 from `lengths` [B], `limit` [B, T], `group` [B, T]; see `reference.py`.
+    Visibility follows docs/design.md §2 from `lengths` [B], `limit` [B, T], `group` [B, T]; see `reference.py`.
     """
     kind, interp = resolve(impl, interpret=interpret)
     if kind == "xla":

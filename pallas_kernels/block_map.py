@@ -10,7 +10,7 @@ key blocks that hold at least one visible key, as two intervals of key blocks:
 and `full_end <= a_end`: key blocks below it are visible to every query of the block (context, and draft
 tokens below the smallest `limit`), so a kernel may skip the mask there. Tiles outside both intervals are
 empty: no compute, and on TPU no DMA either. The bounds hold for any metadata (groups need not be
-contiguous); the packed layout of DESIGN §2 (contiguous groups) makes them tight.
+contiguous); the packed layout of docs/design.md §2 (contiguous groups) makes them tight.
 """
 
 from __future__ import annotations

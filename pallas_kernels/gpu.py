@@ -3,8 +3,8 @@
 Grid (query block, batch, head), as in jax's `pallas/ops/gpu/attention.py`. Each program reads its row of the
 block map (`block_map.key_block_ranges`) and runs three loops: key blocks [0, full_end) without a mask
 (fully visible), [full_end, a_end) and [b_start, b_end) with the mask rebuilt from iotas and the per-token
-metadata. Key blocks outside these bounds are never loaded. Online softmax in float32 registers; a query
-with no visible key ends with l == 0 and writes zeros.
+metadata by `mask.visible` (the rule the reference uses). Key blocks outside these bounds are never loaded.
+Online softmax in float32 registers; a query with no visible key ends with l == 0 and writes zeros.
 
 On CPU it runs with `interpret=True` (the generic Pallas interpreter).
 """
@@ -19,6 +19,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.block_map import key_block_ranges, key_groups_by_slot, round_up
+from pallas_kernels.mask import visible
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row never makes inf - inf
 META = 8  # per query block: lengths, full_end, a_end, b_start, b_end, 3 unused (a power of two for Triton)
@@ -42,17 +43,13 @@ def _kernel(meta_ref, q_ref, k_ref, v_ref, qlimit_ref, qgroup_ref, kgroup_ref, *
         s = plgpu.dot(q, k, trans_b=True, allow_tf32=False) * scale  # float32 [block_q, block_k]
         if masked:
             slot = (kb * block_k + jnp.arange(block_k, dtype=jnp.int32))[None, :]
-            j = slot - ctx
             kgroup = kgroup_ref[keys][None, :]
-            in_block = (j >= 0) & (j < num_tokens)
-            shared = (kgroup == 0) & (j < limit)
-            own = (kgroup == group) & (group != 0) & (j <= row)
-            visible = (slot < num_slots) & ((j < 0) | (in_block & (shared | own)))
-            s = jnp.where(visible, s, MASK_VALUE)
+            mask = visible(slot, ctx, kgroup, group, row, limit, num_tokens, num_slots)
+            s = jnp.where(mask, s, MASK_VALUE)
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1))
         p = jnp.exp(s - m_next[:, None])
         if masked:
-            p = jnp.where(visible, p, 0.0)
+            p = jnp.where(mask, p, 0.0)
         alpha = jnp.exp(m_prev - m_next)
         v = v_ref[keys, :]
         acc = acc * alpha[:, None] + plgpu.dot(p.astype(v.dtype), v, allow_tf32=False)

@@ -2,7 +2,8 @@
 
 Keys live in a cache buffer of S slots per row. Slots below `lengths[b]` are the row's context; the new
 block of T tokens was written at slots `lengths[b] + j`. Query i of the block sees every context slot and
-block token j when `(group[j] == 0 and j < limit[i]) or (group[j] == group[i] != 0 and j <= i)` (DESIGN §2).
+block token j when `(group[j] == 0 and j < limit[i]) or (group[j] == group[i] != 0 and j <= i)` (docs/design.md §2),
+written once in `mask.visible`.
 """
 
 from __future__ import annotations
@@ -10,23 +11,22 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.block_map import key_groups_by_slot
+from pallas_kernels.mask import visible
+
 
 def visibility(lengths: jax.Array, limit: jax.Array, group: jax.Array, num_slots: int) -> jax.Array:
     """Boolean [B, T, S]: may query i of row b attend to cache slot s. Dense: for the XLA path only."""
     t = limit.shape[1]
     slot = jnp.arange(num_slots, dtype=jnp.int32)[None, None, :]
     ctx = lengths.astype(jnp.int32)[:, None, None]
-    j = slot - ctx
-    if t == 1:  # one-token decode: the same rule without the gather (the hot loop of every generation)
-        sees_itself = ((limit > 0) | (group != 0))[:, :, None]
-        return (slot < ctx) | ((j == 0) & sees_itself)
-    in_block = (j >= 0) & (j < t)
-    key_group = jnp.take_along_axis(group[:, None, :], jnp.clip(j, 0, t - 1), axis=2)
     query_group = group[:, :, None]
+    if t == 1:  # one-token decode: the only block token is the query itself, so no gather (the hot loop)
+        key_group = query_group
+    else:
+        key_group = key_groups_by_slot(lengths, group, num_slots)[:, None, :]
     i = jnp.arange(t, dtype=jnp.int32)[None, :, None]
-    shared = (key_group == 0) & (j < limit[:, :, None])
-    own = (key_group == query_group) & (query_group != 0) & (j <= i)
-    return (slot < ctx) | (in_block & (shared | own))
+    return visible(slot, ctx, key_group, query_group, i, limit[:, :, None], t)
 
 
 def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, limit: jax.Array,

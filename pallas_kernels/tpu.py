@@ -4,8 +4,9 @@ Grid (batch, head, query block, step). The block map (`block_map.key_block_range
 into SMEM; the K/V index maps turn a step into the key block it visits, and past the last visited block they
 keep returning that block, so the pipeline issues no DMA and the body (`pl.when`) does no compute: empty
 (query block, key block) tiles cost one grid step each and nothing else. The mask is rebuilt inside the
-kernel from iotas and the per-token metadata; tiles the block map marks full skip it. Online softmax in
-float32 scratch; a query with no visible key ends with l == 0 and writes zeros.
+kernel from iotas and the per-token metadata by `mask.visible` (the rule the reference uses); tiles the block
+map marks full skip it. Online softmax in float32 scratch; a query with no visible key ends with l == 0 and
+writes zeros.
 
 On CPU the same kernel runs under the TPU interpreter (`interpret=pltpu.InterpretParams()`), which also
 checks out-of-bounds reads and starts scratch buffers as NaN.
@@ -21,6 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.block_map import NUM_RANGES, key_block_ranges, key_groups_by_slot, round_up, visited_block
+from pallas_kernels.mask import visible
 
 LANES, SUBLANES = 128, 8
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row never makes inf - inf
@@ -49,25 +51,21 @@ def _kernel(lengths_ref, ranges_ref, q_ref, k_ref, v_ref, qlimit_ref, qgroup_ref
     def tile(masked: bool):
         q, k = q_ref[...], k_ref[...]
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-        visible = None
+        mask = None
         if masked:
             shape = (block_q, block_k)
             row = jax.lax.broadcasted_iota(jnp.int32, shape, 0) + qi * block_q
             slot = jax.lax.broadcasted_iota(jnp.int32, shape, 1) + kb * block_k
-            j = slot - lengths_ref[b]
             limit = jnp.tile(qlimit_ref[...], (1, block_k // LANES))
             group = jnp.tile(qgroup_ref[...], (1, block_k // LANES))
             kgroup = kgroup_ref[:1, :]
-            in_block = (j >= 0) & (j < num_tokens)
-            shared = (kgroup == 0) & (j < limit)
-            own = (kgroup == group) & (group != 0) & (j <= row)
-            visible = (slot < num_slots) & ((j < 0) | (in_block & (shared | own)))
-            s = jnp.where(visible, s, MASK_VALUE)
+            mask = visible(slot, lengths_ref[b], kgroup, group, row, limit, num_tokens, num_slots)
+            s = jnp.where(mask, s, MASK_VALUE)
         m_prev, l_prev = m_ref[...], l_ref[...]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, 128]
         p = jnp.exp(s - _lanes(m_next, block_k))
         if masked:
-            p = jnp.where(visible, p, 0.0)
+            p = jnp.where(mask, p, 0.0)
         alpha = jnp.exp(m_prev - m_next)
         m_ref[...] = m_next
         l_ref[...] = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)

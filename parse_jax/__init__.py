@@ -24,6 +24,8 @@ _LAZY = {
     "Eagle3": "parse_jax.eagle3", "eagle3_generate": "parse_jax.eagle3", "load_eagle3": "parse_jax.eagle3",
     "save_eagle3": "parse_jax.eagle3",
     "ParseConfig": "parse_jax.engine", "ParseEngine": "parse_jax.engine",
+    "SpecSettings": "parse_jax.settings", "Eagle3Settings": "parse_jax.settings",
+    "align_vocab": "parse_jax.models.vocab",
     "EvalResult": "parse_jax.eval.evaluate", "evaluate": "parse_jax.eval.evaluate",
     "load_model": "parse_jax.models.checkpoint", "save_model": "parse_jax.models.checkpoint",
     "ModelConfig": "parse_jax.models.config", "Model": "parse_jax.models.model",
@@ -39,7 +41,9 @@ if TYPE_CHECKING:
     from parse_jax.models.checkpoint import load_model, save_model
     from parse_jax.models.config import ModelConfig
     from parse_jax.models.model import Model
+    from parse_jax.models.vocab import align_vocab
     from parse_jax.pair import load_pair
+    from parse_jax.settings import Eagle3Settings, SpecSettings
     from parse_jax.speculative import speculative_generate
     from parse_jax.tasks import load_task
 
@@ -57,8 +61,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = ["CheckpointError", "ConfigError", "Eagle3", "EvalResult", "GenerateResult", "InputError", "Model",
-           "ModelConfig", "ParseConfig", "ParseEngine", "ParseJaxError", "eagle3_generate", "evaluate", "generate",
-           "load_eagle3", "load_model",
-           "load_pair", "load_sharded", "load_task", "make_mesh", "save_eagle3", "save_model", "shard_model",
-           "speculative_generate"]
+__all__ = ["CheckpointError", "ConfigError", "Eagle3", "Eagle3Settings", "EvalResult", "GenerateResult", "InputError",
+           "Model", "ModelConfig", "ParseConfig", "ParseEngine", "ParseJaxError", "SpecSettings", "align_vocab",
+           "eagle3_generate", "evaluate", "generate", "load_eagle3", "load_model", "load_pair", "load_sharded",
+           "load_task", "make_mesh", "save_eagle3", "save_model", "shard_model", "speculative_generate"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import os
 import platform
 import subprocess
@@ -27,12 +26,14 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from parse_jax import compile_cache
+from parse_jax import atomic, compile_cache
+from parse_jax.atomic import check_writable
 from parse_jax.decode import GenerateResult, compiled_programs, generate
 from parse_jax.engine import MODES, ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.eval.report import wilson
 from parse_jax.progress import logger
+from parse_jax.validation import check_float, check_int
 
 MULTI_SUFFIX = "-multi"
 MULTI_ROUND_MODES = ("parse",)  # engine modes that honour ParseConfig.rounds; each gets a "<mode>-multi" name
@@ -42,24 +43,54 @@ BENCH_MODES = (*MODES, *(m + MULTI_SUFFIX for m in MULTI_ROUND_MODES if m in MOD
 Runner = Callable[[list, int, int], GenerateResult]
 
 
+PROVENANCE_PACKAGES = ("parse-jax", "jax", "jaxlib", "flax", "orbax-checkpoint")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions (importlib.metadata) of parse-jax and the libraries its numbers depend on; None when one
+    is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in PROVENANCE_PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def source_checkout() -> Path | None:
+    """The repository root when parse_jax runs from a source checkout (an editable install or PYTHONPATH), else
+    None (a wheel install has no commit to record)."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / ".git").exists() and (root / "pyproject.toml").is_file():
+        return root
+    return None
+
+
 def provenance(config: dict | None = None, seed: int | None = None) -> dict:
-    """What made a result: commit (and whether the tree had uncommitted changes), versions, device, config, seed."""
-    here = Path(__file__).parent
+    """What made a result: package versions, the commit (and whether the tree had uncommitted changes) when run
+    from a source checkout (null otherwise, never a guess), device, config, seed."""
+    root = source_checkout()
 
     def git(*args: str) -> str | None:
+        if root is None:
+            return None
         try:
-            r = subprocess.run(["git", *args], capture_output=True, text=True, cwd=here, timeout=10)
+            r = subprocess.run(["git", *args], capture_output=True, text=True, cwd=root, timeout=10)
         except (OSError, subprocess.SubprocessError):
             return None
         return r.stdout.strip() if r.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
     devices = jax.devices()
-    return {"git_commit": commit or "unknown", "git_dirty": None if status is None else bool(status),
-            "jax": jax.__version__, "device": str(devices[0]), "device_kind": devices[0].device_kind,
-            "device_count": len(devices), "platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status),
+            "versions": package_versions(), "jax": jax.__version__, "device": str(devices[0]),
+            "device_kind": devices[0].device_kind, "device_count": len(devices), "platform": platform.platform(),
+            "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "config": config, "seed": seed}
 
 
@@ -84,21 +115,51 @@ def mode_config(config: ParseConfig, mode: str) -> tuple[ParseConfig, str]:
     return config, mode
 
 
-def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperature: float = 0.0) -> Runner:
-    """A callable that generates with `mode` (a bench mode); `draft` may be None for "target" only."""
+def check_eos_ids(eos_ids: Sequence[int] | None, vocab_size: int | None = None) -> list[int] | None:
+    """Stop ids as a list of ints inside the vocabulary (None: the model's own)."""
+    if eos_ids is None:
+        return None
+    if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, Sequence):
+        raise InputError(f"eos_ids must be a list of token ids, got {eos_ids!r}")
+    top = None if vocab_size is None else vocab_size - 1
+    return [check_int("eos_ids", t, 0, top, error=InputError) for t in eos_ids]
+
+
+def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperature: float = 0.0,
+                eos_ids: Sequence[int] | None = None) -> Runner:
+    """A callable that generates with `mode` (a bench mode); `draft` may be None for "target" only. `eos_ids`:
+    the stop ids (default: the model's own)."""
     check_modes([mode])
+    temperature = check_float("temperature", temperature, 0.0, error=InputError)
+    eos_ids = check_eos_ids(eos_ids, target.config.vocab_size)
+    extra = {} if eos_ids is None else {"eos_ids": eos_ids}  # only when given: the engine's default otherwise
     if mode == "target" or mode == "draft":
         model = target if mode == "target" else draft
         if model is None:
             raise ConfigError("mode 'draft' needs a draft model")
         return lambda prompts, max_new, seed: generate(model, prompts, max_new_tokens=max_new,
-                                                       temperature=temperature, seed=seed)
+                                                       temperature=temperature, seed=seed, **extra)
     if draft is None:
         raise ConfigError(f"mode {mode!r} needs a draft model")
     cfg, engine_mode = mode_config(config or ParseConfig(), mode)
     eng = ParseEngine(target, draft, cfg)
     return lambda prompts, max_new, seed: eng.generate(prompts, mode=engine_mode, max_new_tokens=max_new,
-                                                       temperature=temperature, seed=seed)
+                                                       temperature=temperature, seed=seed, **extra)
+
+
+SEED_MAX = 2**63 - 1
+
+
+def check_run_settings(n: int | None = None, max_new_tokens: int | None = None, batch_size: int | None = None,
+                       repeats: int | None = None, seed: int | None = None) -> None:
+    """The shared run settings of bench, sweep, calibrate and eval: integers (never truncated floats) >= 1, and a
+    seed in [0, 2**63); an InputError names the first bad one."""
+    for name, value in (("n", n), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size),
+                        ("repeats", repeats)):
+        if value is not None:
+            check_int(name, value, 1, error=InputError)
+    if seed is not None:
+        check_int("seed", seed, 0, SEED_MAX, error=InputError)
 
 
 def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]], max_new_tokens: int,
@@ -109,8 +170,9 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     if baseline not in runners:
         raise InputError(f"the baseline {baseline!r} is not among the runs")
     n = len(problems)
-    if n < 1 or batch_size < 1 or repeats < 1:
-        raise InputError("n, batch_size and repeats must be >= 1")
+    if n < 1:
+        raise InputError("no problems to measure on")
+    check_run_settings(max_new_tokens=max_new_tokens, batch_size=batch_size, repeats=repeats, seed=seed)
     names = list(runners)
     prompts = [p for p, _ in problems]
     chunks = [prompts[i:i + batch_size] for i in range(0, n, batch_size)]
@@ -193,16 +255,16 @@ def _programs_note() -> str:
 def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("target", "sequential", "parse"),
               max_new_tokens: int = 64, batch_size: int = 16, repeats: int = 3, seed: int = 0,
               progress: bool = True, log: Callable[[str], None] = print, models: dict | None = None,
-              skip_unavailable: bool = False) -> dict:
+              skip_unavailable: bool = False, eos_ids: Sequence[int] | None = None) -> dict:
     """Every mode in `modes` (plus `target`, the baseline) on `n` held-out problems of `task`: the bench result.
 
     `skip_unavailable`: drop (and say so) a mode this pair cannot run (a ConfigError on a first call, e.g. a mode
-    that needs a head the pair lacks) instead of failing: what `--modes all` wants."""
+    that needs a head the pair lacks) instead of failing: what `--modes all` wants. `eos_ids`: the stop ids
+    (default: the models' own). `task` may be the embedded task or a `parse_jax.eval.data.DataTask` (--data)."""
     modes = check_modes(modes)
     if "target" not in modes:
         modes = ["target", *modes]  # the baseline every speed-up is measured against
-    if n < 1:
-        raise InputError("n, batch_size and repeats must be >= 1")
+    check_run_settings(n, max_new_tokens, batch_size, repeats, seed)
     problems = task.problems(n, seed)
     runners, skipped = {}, {}
     probe = tqdm(modes, desc="checking which modes run (one short call each)", unit="mode",
@@ -210,7 +272,7 @@ def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("tar
     for m in probe:
         probe.set_postfix_str(m)
         try:
-            runners[m] = mode_runner(eng.target, eng.draft, eng.config, m)
+            runners[m] = mode_runner(eng.target, eng.draft, eng.config, m, eos_ids=eos_ids)
             if skip_unavailable and m != "target":
                 runners[m]([problems[0][0]], 1, seed)
         except ConfigError as e:
@@ -221,7 +283,10 @@ def run_bench(eng: ParseEngine, task, n: int = 100, modes: Sequence[str] = ("tar
             logger.warning(f"skipping mode {m}: {e}")
     rows = measure(runners, task, problems, max_new_tokens, batch_size, repeats, seed, progress=progress)
     settings = {"n": n, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "repeats": repeats,
-                "seed": seed, "task": getattr(task, "name", None), "split": "test", "temperature": 0.0}
+                "seed": seed, "task": getattr(task, "name", None), "split": getattr(task, "split", "test"),
+                "temperature": 0.0, "eos_ids": None if eos_ids is None else list(eos_ids)}
+    if getattr(task, "data", None) is not None:
+        settings["data"], settings["data_sha256"] = task.data, task.data_sha256
     config = {**settings, "parse_config": dataclasses.asdict(eng.config), "models": models}
     result = {"modes": rows, **settings, "parse_config": dataclasses.asdict(eng.config),
               "provenance": provenance(config, seed), "compiled_programs": compiled_programs()}
@@ -253,7 +318,9 @@ def format_row(name: str, r: dict) -> str:
 
 def format_provenance(p: dict) -> str:
     dirty = " (uncommitted changes)" if p.get("git_dirty") else ""
-    return (f"Commit {p['git_commit'][:12]}{dirty}; jax {p['jax']} on {p['device']} ({p['device_count']} device(s), "
+    version = (p.get("versions") or {}).get("parse-jax")
+    where = f"Commit {p['git_commit'][:12]}{dirty}" if p.get("git_commit") else f"parse-jax {version}"
+    return (f"{where}; jax {p['jax']} on {p['device']} ({p['device_count']} device(s), "
             f"{p.get('cpu_count')} CPU cores); {p['time_utc']}; seed {p.get('seed')}.")
 
 
@@ -275,40 +342,19 @@ def bench_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def check_writable(folder: str | Path) -> Path:
-    """Create `folder` if needed and prove a file can be written there: fail before any work, not after it."""
-    folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".parse-jax-write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise InputError(f"cannot write to output folder {folder}: {e.strerror or e}") from None
-    return folder
-
-
 def write_text(path: str | Path, text: str) -> Path:
-    """Write through a temporary file and rename, so an interrupted write never leaves half a file."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-    except OSError as e:
-        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
-    return path
+    """Write whole or not at all (parse_jax.atomic): an interrupted write leaves the previous file as it was."""
+    return atomic.write_text(path, text)
 
 
 def write_json(result: dict, path: str | Path) -> Path:
-    return write_text(path, json.dumps(result, indent=2, default=str) + "\n")
+    return atomic.write_json(path, result)
 
 
 def write_bench(result: dict, folder: str | Path) -> list[Path]:
     """bench.json, bench.md and the PNG plots into `folder`."""
     from parse_jax.plots import bench_plots
 
-    folder = check_writable(folder)
+    folder = Path(check_writable(folder))
     paths = [write_json(result, folder / "bench.json"), write_text(folder / "bench.md", bench_markdown(result))]
     return paths + bench_plots(result, folder)

@@ -5,12 +5,18 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
 from parse_jax import __version__
-from parse_jax.errors import ConfigError, ParseJaxError
+from parse_jax.errors import ConfigError, InputError, ParseJaxError
 from parse_jax.progress import logger, phase
+from parse_jax.validation import check_float, check_int
+
+DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+PARSE_CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "parse"
 
 # Nothing above imports jax: `parse-jax --help` builds the parser without it (commands import what they need).
 
@@ -99,13 +105,105 @@ def _attach_eagle3(args: argparse.Namespace, target) -> None:
         target.eagle3 = load_eagle3(args.eagle3, target)
 
 
+_FLAG_FIELDS = ("threshold", "max_prefixes", "rounds", "segmenter", "gamma", "max_draft_tokens", "eagle3_gamma",
+                "eagle3_tree")
+
+
+def _parse_config_fields(args: argparse.Namespace) -> dict:
+    """ParseConfig settings of a command: the --parse-config YAML file, then each --set KEY=VALUE (in order),
+    then the explicit flags (--threshold, ...): a later source overrides an earlier one. Every key must be a
+    ParseConfig field and every value of that field's type (errors name the key, the value and the source)."""
+    import yaml
+
+    from parse_jax.engine import ParseConfig
+
+    fields = {name: type(default) for name, default in ParseConfig.flat_fields().items()}
+    out: dict = {}
+
+    def put(key, value, where: str, raw: str | None = None) -> None:
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown PARSE setting {key!r}; the settings are ParseConfig's fields: "
+                              f"{', '.join(fields)}")
+        kind = fields[key]
+        if key == "delimiter" and isinstance(value, list):  # several delimiters: a YAML list of strings
+            if not value or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"{where}: delimiter must be a string or a list of non-empty strings, got {value!r}")
+            value = tuple(value)
+        elif kind is str:
+            if raw is not None:  # --set judge_yes=Yes stays the text given (YAML would read a boolean); a quoted
+                value = value if raw.strip()[:1] in ("'", '"') else raw  # value is YAML's: "\n\n" is newlines
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: {key} must be a string, got {value!r} (quote it in YAML)")
+        elif kind is int:
+            value = check_int(f"{where}: {key}", value)
+        elif kind is float:
+            value = check_float(f"{where}: {key}", value, *((0.0, 1.0) if key == "threshold" else ()))
+        out[key] = value
+
+    path = getattr(args, "parse_config_file", None)
+    if path is not None and not Path(path).exists() and (PARSE_CONFIG_DIR / f"{path}.yaml").is_file():
+        path = PARSE_CONFIG_DIR / f"{path}.yaml"  # a shipped PARSE config by name, e.g. qwen3_chat
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigError(f"cannot read --parse-config {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"--parse-config {path} is not UTF-8 text") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"--parse-config {path} is not valid YAML{at}: "
+                              f"{getattr(e, 'problem', None) or e}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--parse-config {path} must hold a mapping of ParseConfig fields (threshold: 0.5, "
+                              f"...), got {type(loaded).__name__}")
+        for key, value in loaded.items():
+            put(key, value, f"--parse-config {path}")
+    for item in getattr(args, "set", None) or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set threshold=0.3")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        put(key.strip(), value, f"--set {item}", raw=raw)
+    for key in _FLAG_FIELDS:
+        if getattr(args, key, None) is not None:
+            out[key] = getattr(args, key)
+    return out
+
+
 def _parse_config(args: argparse.Namespace):
     from parse_jax.engine import ParseConfig
 
-    kw = {k: getattr(args, k) for k in ("threshold", "max_prefixes", "rounds", "segmenter", "gamma",
-                                         "max_draft_tokens", "eagle3_gamma", "eagle3_tree")
-          if getattr(args, k, None) is not None}
-    return ParseConfig(**kw)
+    return ParseConfig.from_flat(**_parse_config_fields(args))
+
+
+def _eos_ids(args: argparse.Namespace, target=None) -> list[int] | None:
+    """--eos-ids 1,2 as ints (inside the target's vocabulary once it is loaded); None when not given."""
+    text = getattr(args, "eos_ids", None)
+    if text is None:
+        return None
+    ids = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part)
+        except ValueError:
+            raise ConfigError(f"--eos-ids must be comma-separated token ids, got {text!r}") from None
+        top = None if target is None else target.config.vocab_size - 1
+        ids.append(check_int("--eos-ids", value, 0, top))
+    if not ids:
+        raise ConfigError(f"--eos-ids must name at least one token id, got {text!r}")
+    return ids
+
+
+def _template_kwargs(args: argparse.Namespace) -> dict:
+    return {"enable_thinking": False} if getattr(args, "no_thinking", False) else {}
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -115,23 +213,29 @@ def _generate(args: argparse.Namespace) -> int:
     mode = args.mode or ("target" if args.model is not None and args.draft is None else "parse")
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; available: {', '.join(MODES)}")
+    if args.no_thinking and not args.chat:
+        raise ConfigError("--no-thinking applies to the chat template: add --chat")
+    eos = _eos_ids(args)
+    cfg = _parse_config(args)  # bad settings fail before models load (in every mode)
     target, draft = _models(args, need_draft=mode != "target")
+    eos = _eos_ids(args, target)
     prompts = list(args.prompt)
-    if args.chat:
-        prompts = [target.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+    if args.chat:  # rendered by the template (which writes its own BOS), then token ids: the same in every mode
+        prompts = [target.tokenizer.encode(target.tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], **_template_kwargs(args))) for p in prompts]
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed)
+    if eos is not None:
+        kw["eos_ids"] = eos
     n = len(prompts)
     if getattr(args, "per_host", False):  # each process serves its own share of the prompts
         from parse_jax.distributed import process_slice
 
         prompts = process_slice(prompts)
     if mode == "target":
-        res = generate(target, prompts, add_bos=not args.chat, **kw)
+        res = generate(target, prompts, **kw)
     else:
-        if args.chat:
-            raise ConfigError("--chat works with --mode target only")
-        res = ParseEngine(target, draft, _parse_config(args)).generate(prompts, mode=mode, **kw)
+        res = ParseEngine(target, draft, cfg).generate(prompts, mode=mode, **kw)
     texts, tokens = res.texts, res.tokens
     if getattr(args, "per_host", False):
         from parse_jax.distributed import gather_token_lists
@@ -191,23 +295,57 @@ def _no_rounds(args: argparse.Namespace) -> None:
                           "parse-multi = multi round)")
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from parse_jax.bench import check_modes, check_writable, run_bench, write_bench, write_json
-    from parse_jax.engine import ParseEngine
+def _run_task(args: argparse.Namespace, target=None):
+    """The problems of bench / sweep / calibrate: the embedded task, or the records of --data (graded as eval
+    grades them). Without `target` only the file is checked (before the models load)."""
     from parse_jax.tasks import load_task
+
+    task = load_task(args.task)
+    if getattr(args, "data", None) is None:
+        if args.no_thinking or args.chat != "auto":
+            raise ConfigError("--chat and --no-thinking apply to --data records")
+        if args.n is None:
+            args.n = DEFAULT_N[args.command]
+        return task
+    from parse_jax.eval.data import load_records
+    from parse_jax.eval.harness import DataTask
+
+    records, _ = load_records(args.data, task)
+    if args.n is None:
+        args.n = len(records)
+    elif args.n > len(records):
+        raise InputError(f"--n {args.n}, but {args.data} holds {len(records)} records; give --n {len(records)} "
+                         "or fewer")
+    if target is None:
+        return None
+    return DataTask(args.data, records, target.tokenizer, task, args.chat, args.instruction, _template_kwargs(args))
+
+
+DEFAULT_N = {"bench": 300, "sweep": 200, "calibrate": 200}
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from parse_jax.atomic import check_file_writable, check_writable
+    from parse_jax.bench import check_modes, run_bench, write_bench, write_json
+    from parse_jax.engine import ParseEngine
 
     _no_rounds(args)
     names = [m.strip() for m in args.modes.split(",") if m.strip()]
     modes = check_modes(names)
-    if args.json is not None:  # fail before the run, not after it
-        write_json({"status": "running"}, args.json)
+    if args.json is not None:  # fail before the run, not after it (and never touch an old result until done)
+        check_file_writable(args.json)
     if args.out is not None:
         check_writable(args.out)
+    cfg = _parse_config(args)
+    _eos_ids(args)
+    _run_task(args)
     target, draft = _models(args, need_draft=True)
-    eng = ParseEngine(target, draft, _parse_config(args))
-    res = run_bench(eng, load_task(args.task), n=args.n, modes=modes, max_new_tokens=args.max_new_tokens,
+    task = _run_task(args, target)
+    eng = ParseEngine(target, draft, cfg)
+    res = run_bench(eng, task, n=args.n, modes=modes, max_new_tokens=args.max_new_tokens,
                     batch_size=args.batch_size, repeats=args.repeats, seed=args.seed,
-                    progress=not args.no_progress, models=_model_desc(args), skip_unavailable="all" in names)
+                    progress=not args.no_progress, models=_model_desc(args), skip_unavailable="all" in names,
+                    eos_ids=_eos_ids(args, target))
     res["command"] = _command(args)
     from parse_jax import compile_cache
 
@@ -223,17 +361,18 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from parse_jax.bench import check_writable
+    from parse_jax.atomic import check_writable
     from parse_jax.sweep import run_sweep, sweep_configs, sweep_table, write_sweep
-    from parse_jax.tasks import load_task
 
     _no_rounds(args)
     values = [v for v in args.values.split(",") if v.strip()]
     base = _parse_config(args)
     sweep_configs(base, args.param, values)  # bad values fail before models load
     check_writable(args.out)
+    _run_task(args)
     target, draft = _models(args, need_draft=True)
-    res = run_sweep(target, draft, base, load_task(args.task), args.param, values, n=args.n, mode=args.mode,
+    task = _run_task(args, target)
+    res = run_sweep(target, draft, base, task, args.param, values, n=args.n, mode=args.mode,
                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, repeats=args.repeats,
                     seed=args.seed, progress=not args.no_progress, models=_model_desc(args))
     res["command"] = _command(args)
@@ -246,9 +385,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from parse_jax.bench import check_writable
+    from parse_jax.atomic import check_writable
     from parse_jax.sweep import calibrate, write_sweep
-    from parse_jax.tasks import load_task
 
     _no_rounds(args)
     if args.threshold is not None:
@@ -257,9 +395,17 @@ def _calibrate(args: argparse.Namespace) -> int:
         thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
     except ValueError:
         raise ConfigError(f"--thresholds must be comma-separated numbers, got {args.thresholds!r}") from None
+    if not thresholds:
+        raise ConfigError(f"--thresholds must name at least one threshold, got {args.thresholds!r}")
+    for t in thresholds:
+        check_float("--thresholds", t, 0.0, 1.0)
+    check_float("--tolerance", args.tolerance, 0.0, 1.0, max_open=True)
+    cfg = _parse_config(args)
     check_writable(args.out)
+    _run_task(args)
     target, draft = _models(args, need_draft=True)
-    res = calibrate(target, draft, _parse_config(args), load_task(args.task), tolerance=args.tolerance,
+    task = _run_task(args, target)
+    res = calibrate(target, draft, cfg, task, tolerance=args.tolerance,
                     thresholds=thresholds, n=args.n, mode=args.mode, seed=args.seed,
                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, repeats=args.repeats,
                     progress=not args.no_progress, models=_model_desc(args))
@@ -277,7 +423,9 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from parse_jax.bench import check_modes, provenance
+    """Everything is checked (settings, data, results file, models, the mode's engine) before the results file is
+    written, so a start with a typo leaves nothing behind and the corrected rerun starts cleanly."""
+    from parse_jax.bench import check_modes, mode_runner, provenance
     from parse_jax.eval.data import file_sha256, load_records
     from parse_jax.eval.evaluate import evaluate
     from parse_jax.eval.harness import ResultsFile, make_header, write_summary
@@ -288,23 +436,39 @@ def _eval(args: argparse.Namespace) -> int:
         raise ConfigError("eval runs one mode; give --mode MODE")
     check_modes([mode])
     _no_rounds(args)
+    if args.no_thinking and args.chat == "off":
+        raise ConfigError("--no-thinking applies to the chat template; it cannot go with --chat off")
+    _eos_ids(args)
     task = load_task(args.task)
     records, bad = load_records(args.data, task, args.on_bad_line)
-    for b in bad:
-        logger.warning(f"eval: skipping bad {b}")
     cfg = _parse_config(args)
-    settings = {"mode": mode, "models": _model_desc(args), "parse_config": cfg.__dict__, "task": args.task,
-                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
-                "chat": args.chat, "instruction": args.instruction}
     if not _writer():
         raise ConfigError("eval appends to one results file: run it as a single process (a mesh of one host's "
                           "devices is fine)")
-    results = ResultsFile.open(args.out, make_header(args.data, file_sha256(args.data), settings))
+    settings = {"mode": mode, "models": _model_desc(args), "parse_config": cfg.flat(), "task": args.task,
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
+                "chat": args.chat, "instruction": args.instruction}
+    if args.eos_ids is not None:  # only when given: results files of earlier versions resume as before
+        settings["eos_ids"] = _eos_ids(args)
+    if args.no_thinking:
+        settings["enable_thinking"] = False
+    header = make_header(args.data, file_sha256(args.data), settings)
+    ResultsFile.check(args.out, header)  # another run's file, a folder, an unwritable place: before loading
     target, draft = _models(args, need_draft=mode not in ("target",))
+    eos = _eos_ids(args, target)
+    mode_runner(target, draft, cfg, mode, temperature=args.temperature, eos_ids=eos)  # the engine's own checks
+    from parse_jax.eval.harness import build_prompt
+
+    for kind in sorted({r.kind for r in records}):  # the chat template (or its absence) refuses now, not mid-run
+        build_prompt(next(r for r in records if r.kind == kind), target.tokenizer, args.chat, args.instruction,
+                     _template_kwargs(args))
+    for b in bad:
+        logger.warning(f"eval: skipping bad {b}")
+    results = ResultsFile.open(args.out, header)
     res = evaluate(target, draft, records, mode, config=cfg, batch_size=args.batch_size,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, task=task,
                    chat=args.chat, instruction=args.instruction, results=results, progress=not args.no_progress,
-                   log=print)
+                   log=print, eos_ids=eos, template_kwargs=_template_kwargs(args))
     summary = res.summary
     prov = provenance({**settings, "command": _command(args)}, args.seed)
     print(f"wrote {args.out} and {write_summary(results, summary, prov, bad)}")
@@ -336,6 +500,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parse_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parse-config", dest="parse_config_file", default=None, metavar="FILE.yaml",
+                   help="PARSE settings: a YAML file of ParseConfig fields (verify_suffix, judge_yes, judge_no, "
+                        "delimiter, threshold, ...) or a shipped one by name (qwen3_chat); --set and the flags "
+                        "below override it")
+    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                   help="one ParseConfig field (repeatable), the value read as a YAML scalar, e.g. --set "
+                        "threshold=0.3; a text field takes the text as given, or a quoted YAML string with escapes: "
+                        "--set 'delimiter=\"\\n\\n\"'; overrides --parse-config, overridden by the flags below")
     p.add_argument("--threshold", type=float, default=None, help="judge score below which a prefix is rejected")
     p.add_argument("--max-prefixes", type=int, default=None, help="prefixes verified per pass (K)")
     p.add_argument("--rounds", choices=["single", "multi"], default=None)
@@ -345,6 +517,24 @@ def _parse_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle3-gamma", type=int, default=None, help="EAGLE-3 chain length per target pass")
     p.add_argument("--eagle3-tree", type=int, default=None,
                    help="EAGLE-3 sibling leaves per target pass, chosen by draft confidence (0: chain; greedy only)")
+
+
+def _eos_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--eos-ids", default=None, metavar="ID,ID",
+                   help="comma-separated stop token ids, replacing the model's own (e.g. 151645,151643)")
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    """--data FILE.jsonl (GSM8K-style or embedded-task records) instead of the embedded task's problems."""
+    p.add_argument("--data", default=None, metavar="FILE.jsonl",
+                   help="run on these records ({question, answer: '... #### N'} or {prompt}) instead of the "
+                        "embedded task; accuracy is then eval's grading (the first --n records, file order)")
+    p.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
+                   help="with --data: GSM8K questions through the model's chat template (auto: when it has one)")
+    p.add_argument("--instruction", default=DEFAULT_INSTRUCTION, help="with --data: appended to each question "
+                                                                       "in chat format")
+    p.add_argument("--no-thinking", action="store_true",
+                   help="render the chat template with enable_thinking=False (Qwen3)")
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -363,9 +553,9 @@ def _train(args: argparse.Namespace) -> int:
     from parse_jax.train.pipeline import run_recipe
     from parse_jax.train.recipe import load_recipe
 
-    if args.steps is not None and args.steps < 1:
-        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    _out_folder(args.out)
     recipe = load_recipe(args.recipe)
+    _out_folder(recipe.out if args.out is None else args.out)
     res = run_recipe(recipe, out=args.out, mode=args.mode, steps=args.steps, progress=not args.no_progress,
                      grow_from=args.grow_from, quiet=args.quiet > 0)
     print(f"wrote {res['draft']} and {res['target']}")
@@ -376,17 +566,61 @@ def _train_eagle3(args: argparse.Namespace) -> int:
     from parse_jax.tasks import load_task
     from parse_jax.train.eagle3 import Eagle3Spec, train_eagle3
 
-    target, _ = _models(args, need_draft=False)
+    _out_folder(args.out)
     spec = Eagle3Spec(steps=args.steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
-                      samples=args.samples, seed=args.seed)
+                      samples=args.samples, seed=args.seed)  # bad settings fail before the target loads
+    target, _ = _models(args, need_draft=False)
     train_eagle3(target, load_task(args.task), args.out, spec, mode=args.mode, progress=not args.no_progress)
     print(f"wrote {Path(args.out) / 'eagle3'} (load with pj.load_eagle3(DIR, target), or --eagle3 DIR; copy it to "
           "PAIR/eagle3 to make it the pair's default head)")
     return 0
 
 
+def _out_folder(out: str | None) -> None:
+    """A training --out is a run folder: refuse an existing file (or a path under one) before any work."""
+    if out is None:
+        return
+    from parse_jax.atomic import check_writable
+
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"--out {out} is a file; a training run needs a folder")
+    check_writable(out)
+
+
+# (flag dest, kind, minimum, maximum, open minimum): the value checks every command shares (validation.py)
+_SEED_MAX = 2**63 - 1
+_CHECKS = (
+    ("n", int, 1, None, False), ("max_new_tokens", int, 1, None, False), ("batch_size", int, 1, None, False),
+    ("repeats", int, 1, None, False), ("seed", int, 0, _SEED_MAX, False), ("top_k", int, 0, None, False),
+    ("max_prefixes", int, 1, None, False), ("gamma", int, 1, None, False), ("max_draft_tokens", int, 1, None, False),
+    ("eagle3_gamma", int, 1, None, False), ("eagle3_tree", int, 0, None, False), ("steps", int, 1, None, False),
+    ("unroll", int, 1, None, False), ("samples", int, 1, None, False), ("step", int, 0, None, False),
+    ("draft_step", int, 0, None, False), ("num_processes", int, 1, None, False), ("process_id", int, 0, None, False),
+    ("threshold", float, 0.0, 1.0, False), ("temperature", float, 0.0, None, False),
+    ("top_p", float, 0.0, 1.0, True), ("lr", float, 0.0, None, True),
+)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every numeric flag inside its range (NaN and inf refused), and --mesh well formed: before any work, so a
+    bad value never reaches a model load or a file."""
+    for dest, kind, lo, hi, open_lo in _CHECKS:
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if kind is int:
+            check_int(flag, value, lo, hi)
+        else:
+            check_float(flag, value, lo, hi, min_open=open_lo)
+    if getattr(args, "mesh", None):
+        from parse_jax.distributed import parse_mesh_spec
+
+        parse_mesh_spec(args.mesh)
+
+
 # ParseConfig's defaults, shown by --help without importing the engine (and jax); tests/test_cli.py checks them
-PARSE_DEFAULTS = {"threshold": 0.5, "max_prefixes": 8, "rounds": "single", "segmenter": "delimiter", "gamma": 4,
+PARSE_DEFAULTS = {"threshold": 0.5, "max_prefixes": 8, "rounds": "multi", "segmenter": "delimiter", "gamma": 4,
                   "max_draft_tokens": 64, "eagle3_gamma": 5, "eagle3_tree": 0}
 
 
@@ -397,6 +631,13 @@ def _show_defaults(p: argparse.ArgumentParser) -> None:
             action.help = f"{action.help or ''} (default: {PARSE_DEFAULTS[action.dest]})".strip()
         elif action.help is None and action.nargs != 0 and action.default not in (None, argparse.SUPPRESS):
             action.help = "(default: %(default)s)"
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit 2), like every other parse-jax error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -423,7 +664,7 @@ def _output_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="parse-jax", description=__doc__, formatter_class=_HelpFormatter)
+    parser = _ArgumentParser(prog="parse-jax", description=__doc__, formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -438,7 +679,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    g.add_argument("--chat", action="store_true",
+                   help="wrap each prompt in the model's chat template (any mode)")
+    g.add_argument("--no-thinking", action="store_true",
+                   help="with --chat: render the template with enable_thinking=False (Qwen3)")
+    _eos_arg(g)
     g.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
     g.add_argument("--stats", action="store_true", help="print generation stats to stderr (one JSON object)")
     g.add_argument("--json", action="store_true",
@@ -447,7 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="every mode on the same held-out problems of the embedded task, one process")
     _model_args(b)
-    b.add_argument("--n", type=int, default=300, help="held-out problems")
+    b.add_argument("--n", type=int, default=None,
+                   help="held-out problems (default: 300; with --data: every record)")
     b.add_argument("--modes", default="all",
                    help="comma-separated bench modes, or all (every mode this pair can run): the engine's modes, "
                         "parse-multi (PARSE with rounds=multi; parse is single round) and draft (the draft alone)")
@@ -458,7 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per generate call; 1 is the regime speculation is for (README, Benchmarks)")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--json", default=None, help="write the results (DESIGN §4 schema) here")
+    _data_args(b)
+    _eos_arg(b)
+    b.add_argument("--json", default=None, help="write the results (docs/design.md §3 schema) here")
     b.add_argument("--out", default=None, help="folder for bench.json, bench.md and PNG plots")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=_bench)
@@ -467,7 +715,8 @@ def build_parser() -> argparse.ArgumentParser:
         _model_args(p)
         _parse_args(p)
         p.add_argument("--mode", default="parse", help="the PARSE mode to vary (parse, parse-multi, sequential, ...)")
-        p.add_argument("--n", type=int, default=n, help="problems")
+        p.add_argument("--n", type=int, default=None, help=f"problems (default: {n}; with --data: every record)")
+        _data_args(p)
         p.add_argument("--task", default="default", help="embedded task preset")
         p.add_argument("--max-new-tokens", type=int, default=32)
         p.add_argument("--batch-size", type=int, default=16)
@@ -507,8 +756,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a missing or malformed line: stop with the list of bad lines, or skip them (reported)")
     e.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
                    help="GSM8K questions through the model's chat template (auto: when it has one)")
-    e.add_argument("--instruction", default="Please reason step by step, and put your final answer within "
-                                            "\\boxed{}.", help="appended to each question in chat format")
+    e.add_argument("--instruction", default=DEFAULT_INSTRUCTION, help="appended to each question in chat format")
+    e.add_argument("--no-thinking", action="store_true",
+                   help="render the chat template with enable_thinking=False (Qwen3)")
+    _eos_arg(e)
     e.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=_eval)
@@ -563,25 +814,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.argv = argv
-    from parse_jax import compile_cache, progress
-
-    progress.configure(args.verbose - args.quiet)  # phases and diagnostics on stderr, results on stdout
-    if args.quiet and hasattr(args, "no_progress"):
-        args.no_progress = True
-    folder = compile_cache.cache_dir(disabled=args.no_compile_cache)
-    if folder is not None:  # before the first compilation: JAX decides once per process
-        compile_cache.enable(folder)
+    """Run one command; returns the exit status: 0 done, 2 bad input (one line on stderr naming it), 130
+    interrupted (Ctrl-C: one line, no traceback; what was finished is on disk, results written whole or not at
+    all, eval's appended records intact so a rerun resumes)."""
+    command = "parse-jax"
     try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --help, --version, or a usage error (already printed as one line)
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        args.argv = argv
+        command = f"parse-jax {args.command}"
+        from parse_jax import compile_cache, progress
+
+        progress.configure(args.verbose - args.quiet)  # phases and diagnostics on stderr, results on stdout
+        if args.quiet and hasattr(args, "no_progress"):
+            args.no_progress = True
+        _check_args(args)
+        folder = compile_cache.cache_dir(disabled=args.no_compile_cache)
+        if folder is not None:  # before the first compilation: JAX decides once per process
+            compile_cache.enable(folder)
         if hasattr(args, "mesh"):  # multi-host start-up and the device mesh, before anything touches a device
             from parse_jax.distributed import initialize_from_args
 
             args.mesh_obj = initialize_from_args(args)
         return args.func(args)
     except ParseJaxError as e:
-        print(f"parse-jax {args.command}: error: {e}", file=sys.stderr)
+        print(f"{command}: error: {e}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt:
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        print(f"{command}: interrupted", file=sys.stderr, flush=True)
+        if argv is None:  # the process's own command line (console script, python -m): exit now. Finished work is
+            os._exit(130)  # on disk already; interpreter teardown while XLA threads still compile can crash
+        return 130
 
 
 if __name__ == "__main__":

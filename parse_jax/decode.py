@@ -6,7 +6,6 @@ run compiles a bounded number of programs; `compiled_programs()` says how many.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -20,24 +19,27 @@ from parse_jax.errors import InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.programs import (  # noqa: F401  (re-exported: the names callers of generate use)
+    bucket,
+    compiled_programs,
+    fetch,
+    forward_fn,
+    length_bucket,
+    register_program,
+    take_rows,
+    to_host,
+)
+from parse_jax.requests import (  # noqa: F401
+    PAD_ID,
+    GenerateResult,
+    GenerationStats,
+    SamplingParams,
+    encode_prompts,
+    pad_prompts,
+    resolve_eos,
+)
 from parse_jax.sampling import prng_key, sample_token
-
-PAD_ID = 0
-
-
-def bucket(n: int, minimum: int = 8) -> int:
-    """Next power of two >= max(n, minimum): the padding buckets of every static shape."""
-    n = max(int(n), minimum)
-    return 1 << (n - 1).bit_length()
-
-
-def length_bucket(n: int, minimum: int = 8) -> int:
-    """Next of 2^k and 3 * 2^(k-1) >= max(n, minimum): the buckets of sequence lengths (blocks, caches). Two
-    sizes per octave bound padding to a third of a pass instead of half, at twice the programs of `bucket`
-    (on CPU a 42-token verification block padded to 64 cost 50% more than one padded to 48)."""
-    n = max(int(n), minimum)
-    power = bucket(n, 1)
-    return power * 3 // 4 if power >= 4 and power * 3 // 4 >= n else power
+from parse_jax.validation import check_int
 
 
 @struct.dataclass
@@ -48,38 +50,6 @@ class DecodeState:
     done: jax.Array        # [B] row finished (EOS or its max_new_tokens)
     last: jax.Array        # [B] last generated token: the next step's input
     step: jax.Array        # scalar: loop iteration
-
-
-@dataclasses.dataclass
-class GenerateResult:
-    texts: list[str]
-    tokens: list[list[int]]
-    stats: dict
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise InputError(f"temperature must be >= 0, got {self.temperature}")
-        if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-            raise InputError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"top_p must lie in (0, 1], got {self.top_p}")
-
-    def loop_args(self) -> tuple[np.float32, np.float32]:
-        """(temperature, top_p) as a sampling program takes them (traced, so one program serves every value);
-        temperature is floored away from 0, where greedy programs ignore it."""
-        return np.float32(max(self.temperature, 1e-6)), np.float32(self.top_p)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 def _is_eos(token: jax.Array, eos_ids: jax.Array) -> jax.Array:
@@ -122,35 +92,23 @@ def decode_loop(forward, cache: KVCache, first_logits: jax.Array, max_new: jax.A
     return jax.lax.while_loop(cond, body, state)
 
 
-def to_host(x) -> np.ndarray:
-    """A program's output as a numpy array on this host, gathered from every process when it is sharded across
-    hosts (a multi-host mesh whose `data` axis spans processes); plain `np.asarray` otherwise."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
-
-_PROGRAMS: list = []
+def prefill(forward, cfg: ModelConfig, prompt: jax.Array, prompt_lens: jax.Array, cache_len: int):
+    """(cache holding each row's prompt, the logits after its last token): one causal pass over the padded
+    prompts, inside the callers' jit."""
+    b, p = prompt.shape
+    limit, group = causal_metadata(b, p)
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    logits, cache = forward(prompt, positions, KVCache.init(cfg, b, cache_len), limit, group)
+    last_logits = jnp.take_along_axis(logits, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
+    return cache.commit(prompt_lens), last_logits
 
 
-def register_program(program):
-    """Record a jitted program so that `compiled_programs` counts its compilations."""
-    _PROGRAMS.append(program)
-    return program
-
-
-def forward_fn(module: Decoder, params, return_hidden: bool = False):
-    """`(tokens, positions, cache, limit, group) -> (logits, cache)` of `module` with `params` (inside a jit);
-    with `return_hidden`, `(logits, cache, hiddens)` (see `Decoder`)."""
-
-    def forward(tokens, positions, cache, limit, group):
-        logits, cache, hiddens = module.apply({"params": params}, tokens, positions, cache, limit, group,
-                                              return_hidden)
-        return (logits, cache, hiddens) if return_hidden else (logits, cache)
-
-    return forward
+def prefill_and_decode(forward, cfg: ModelConfig, prompt, prompt_lens, max_new, eos_ids, rng, num_new: int,
+                       cache_len: int, greedy: bool, temperature, top_k: int, top_p) -> DecodeState:
+    """Generation from prompts inside a jit: `prefill`, then `decode_loop` (the target alone; PARSE's draft)."""
+    cache, last_logits = prefill(forward, cfg, prompt, prompt_lens, cache_len)
+    return decode_loop(forward, cache, last_logits, max_new, eos_ids, rng, num_new, greedy, temperature, top_k,
+                       top_p)
 
 
 @functools.cache
@@ -159,15 +117,8 @@ def _generate_program(cfg: ModelConfig, attention_impl: str, num_new: int, cache
     module = Decoder(cfg, attention_impl)
 
     def run(params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
-        b, p = prompt.shape
-        forward = forward_fn(module, params)
-        limit, group = causal_metadata(b, p)
-        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-        logits, cache = forward(prompt, positions, KVCache.init(cfg, b, cache_len), limit, group)
-        cache = cache.commit(prompt_lens)
-        last_logits = jnp.take_along_axis(logits, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
-        state = decode_loop(forward, cache, last_logits, max_new, eos_ids, rng, num_new, greedy, temperature,
-                            top_k, top_p)
+        state = prefill_and_decode(forward_fn(module, params), cfg, prompt, prompt_lens, max_new, eos_ids, rng,
+                                   num_new, cache_len, greedy, temperature, top_k, top_p)
         return state.tokens, state.num_new, state.step
 
     return register_program(jax.jit(run))
@@ -186,82 +137,10 @@ def continue_program(cfg: ModelConfig, attention_impl: str, num_new: int, greedy
     return register_program(jax.jit(run, donate_argnums=(1,)))
 
 
-def take_rows(tree, rows: jax.Array):
-    """Rows `rows` of every array in `tree` (a cache, logits, ...): a smaller batch of the requests still running."""
-    return jax.tree.map(lambda x: x[rows], tree)
-
-
-take_rows = register_program(jax.jit(take_rows))
-
-
-def compiled_programs() -> int:
-    """Executables this process has compiled for generation, verification and speculation: every jitted program
-    counts once per input-shape bucket it has run with (padding buckets keep this bounded)."""
-    return sum(p._cache_size() for p in _PROGRAMS)
-
-
-def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_bos: bool = True) -> list[list[int]]:
-    """Text prompts through the tokenizer (BOS prepended when the tokenizer has one); id lists as given."""
-    if isinstance(prompts, (str, bytes)):
-        raise InputError("prompts must be a list of strings or of token-id lists, not a single string")
-    if len(prompts) == 0:
-        raise InputError("no prompts given")
-    out = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            if model.tokenizer is None:
-                raise InputError("text prompts need a tokenizer; this model has none (pass token ids)")
-            ids = model.tokenizer.encode(p)
-            if not ids:
-                raise InputError(f"prompt {i} is empty (no tokens)")
-            bos = getattr(model.tokenizer, "bos_id", None)
-            if add_bos and bos is not None and (not ids or ids[0] != bos):
-                ids = [bos] + ids
-        else:
-            ids = [int(t) for t in p]
-        if not ids:
-            raise InputError(f"prompt {i} is empty")
-        bad = [t for t in ids if not 0 <= t < model.config.vocab_size]
-        if bad:
-            raise InputError(f"prompt {i} has token ids outside [0, {model.config.vocab_size}): {bad[:5]}")
-        out.append(ids)
-    return out
-
-
-def resolve_eos(model, eos_ids: Sequence[int] | None = None) -> np.ndarray:
-    """Stop ids as an int32 array: `eos_ids` if given ([] = none), else the config's and tokenizer's EOS."""
-    if eos_ids is None:
-        tok_eos = getattr(model.tokenizer, "eos_id", None)
-        eos_ids = [*model.config.eos_token_ids, *([tok_eos] if tok_eos is not None else [])]
-    return np.array(sorted({int(x) for x in eos_ids}) or [-1], np.int32)
-
-
-def pad_prompts(ids: list[list[int]], batch: int, length: int, max_new_tokens: int):
-    """Right-padded prompts [batch, length], their lengths, and each row's budget (0 for padding rows)."""
-    prompt = np.full((batch, length), PAD_ID, np.int32)
-    lens = np.ones((batch,), np.int32)
-    max_new = np.zeros((batch,), np.int32)
-    for i, x in enumerate(ids):
-        prompt[i, : len(x)] = x
-        lens[i] = len(x)
-        max_new[i] = max_new_tokens
-    return prompt, lens, max_new
-
-
-def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             max_cache_len: int | None = None, add_bos: bool = True,
-             eos_ids: Sequence[int] | None = None) -> GenerateResult:
-    """Generate with the model alone, a batch of prompts of any lengths, per-row EOS and budget.
-
-    `eos_ids` overrides the stop tokens (default: the config's and the tokenizer's EOS; [] = none).
-    """
-    sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
-    if int(max_new_tokens) < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    ids = encode_prompts(model, prompts, add_bos)
+def generate_launch(model, ids: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
+                    eos: np.ndarray, capacity: int):
+    """(program, args) of target-only generation for prompts already as ids (checked against `capacity`)."""
     cfg: ModelConfig = model.config
-    capacity = int(max_cache_len) if max_cache_len is not None else cfg.max_position_embeddings
     for i, p in enumerate(ids):
         if len(p) + max_new_tokens > capacity:
             raise InputError(
@@ -272,22 +151,28 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_to
     n = bucket(max_new_tokens, 16)
     cache_len = min(length_bucket(p + n), capacity)
     prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
-    eos = resolve_eos(model, eos_ids)
     program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.greedy, sampling.top_k)
-    mesh = getattr(model, "mesh", None)
-    if mesh is not None:  # a sharded model (parse_jax.distributed): its requests go over the `data` axis
-        from parse_jax.distributed import shard_rows
+    prompt, lens, max_new = (model.place_rows(x) for x in (prompt, lens, max_new))  # sharded: over `data`
+    return program, (model.params, prompt, lens, max_new, eos, *sampling.loop_args(), prng_key(sampling.seed))
 
-        prompt, lens, max_new = (shard_rows(x, mesh) for x in (prompt, lens, max_new))
+
+def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             max_cache_len: int | None = None, add_bos: bool = True,
+             eos_ids: Sequence[int] | None = None) -> GenerateResult:
+    """Generate with the model alone, a batch of prompts of any lengths, per-row EOS and budget.
+
+    `eos_ids` overrides the stop tokens (default: the config's and the tokenizer's EOS; [] = none).
+    """
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
+    ids = encode_prompts(model, prompts, add_bos)
+    capacity = int(max_cache_len) if max_cache_len is not None else model.config.max_position_embeddings
+    program, args = generate_launch(model, ids, max_new_tokens, sampling, resolve_eos(model, eos_ids), capacity)
     t0 = time.perf_counter()
-    tokens, num_new, steps = program(model.params, prompt, lens, max_new, eos, *sampling.loop_args(),
-                                     prng_key(sampling.seed))
-    tokens, num_new = to_host(tokens), to_host(num_new)
+    tokens, num_new, steps = fetch(program(*args))
     seconds = time.perf_counter() - t0
     out = [tokens[i, : num_new[i]].tolist() for i in range(len(ids))]
     texts = [model.tokenizer.decode(t) if model.tokenizer is not None else "" for t in out]
-    total = int(num_new[: len(ids)].sum())
-    stats = {"target_passes": int(steps), "new_tokens": total, "seconds": seconds,
-             "tokens_per_s": total / seconds if seconds > 0 else float("inf"),
-             "compiled_programs": compiled_programs()}
-    return GenerateResult(texts=texts, tokens=out, stats=stats)
+    stats = GenerationStats(new_tokens=int(num_new[: len(ids)].sum()), seconds=seconds, target_passes=int(steps))
+    return GenerateResult(texts=texts, tokens=out, stats={**stats.as_dict(), "compiled_programs": compiled_programs()})

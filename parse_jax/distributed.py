@@ -33,7 +33,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from parse_jax.decode import bucket, register_program, to_host
 from parse_jax.distributed_args import add_distributed_args  # noqa: F401  (re-exported: the CLI flags)
 from parse_jax.errors import CheckpointError, ConfigError, InputError
 from parse_jax.layout import PackedBlock, check_boundaries, pack
@@ -44,7 +43,8 @@ from parse_jax.models.config import ModelConfig
 from parse_jax.models.hf_import import check_vocab, expected_params, unflatten
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
-from parse_jax.verify import VerifyOutput, _verify_program, check_blocks, verify_arrays
+from parse_jax.programs import bucket, register_program, to_host
+from parse_jax.verify import VerifyOutput, check_blocks, verify_arrays, verify_program
 
 AXES = ("data", "model")
 T = TypeVar("T")
@@ -55,38 +55,55 @@ T = TypeVar("T")
 def parse_mesh_spec(spec: str | Mapping[str, int] | Path | None) -> dict[str, int]:
     """`{"data": 2, "model": 4}`, `"data=2,model=4"`, or a YAML file holding such a mapping (top level or under
     `mesh:`) -> axis sizes. A missing axis is 1; one axis may be -1 (all remaining devices)."""
+    from parse_jax.validation import check_int
+
     if spec is None:
         return {"data": -1, "model": 1}
+    where = "mesh spec"
     if isinstance(spec, Path) or (isinstance(spec, str) and spec.endswith((".yaml", ".yml"))):
         import yaml
 
         path = Path(spec)
+        where = f"mesh config file {path}"
         if not path.is_file():
             raise ConfigError(f"mesh config file not found: {path}")
-        loaded = yaml.safe_load(path.read_text())
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"{path} is not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read mesh config file {path}: {e}") from None
         spec = loaded.get("mesh", loaded) if isinstance(loaded, dict) else loaded
         if not isinstance(spec, Mapping):
             raise ConfigError(f"{path} must hold a mapping like `mesh: {{data: 2, model: 4}}`")
     if isinstance(spec, str):
-        pairs = {}
+        pairs: dict[str, str] = {}
         for part in filter(None, (p.strip() for p in spec.split(","))):
             name, sep, value = part.partition("=")
             if not sep:
                 raise ConfigError(f"mesh spec {spec!r}: expected `axis=size` pairs like data=2,model=4")
+            if name.strip() in pairs:
+                raise ConfigError(f"mesh spec {spec!r}: axis {name.strip()!r} given twice")
             pairs[name.strip()] = value.strip()
         spec = pairs
-    unknown = sorted(set(spec) - set(AXES))
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"a mesh is a mapping of axis sizes like {{'data': 2, 'model': 4}}, got {spec!r}")
+    unknown = sorted(str(k) for k in set(spec) - set(AXES))
     if unknown:
-        raise ConfigError(f"unknown mesh axes {unknown}; the mesh axes are {list(AXES)}")
+        raise ConfigError(f"{where}: unknown mesh axes {unknown}; the mesh axes are {list(AXES)}")
     sizes = {}
     for name in AXES:
         value = spec.get(name, 1)
-        try:
-            size = int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"mesh axis {name} must be an integer, got {value!r}") from None
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                raise ConfigError(f"{where}: mesh axis {name} must be an integer, got {value!r}") from None
+        size = check_int(f"{where}: mesh axis {name}", value)
         if size == 0 or size < -1:
-            raise ConfigError(f"mesh axis {name} must be >= 1 (or -1: all remaining devices), got {size}")
+            raise ConfigError(f"{where}: mesh axis {name} must be >= 1 (or -1: all remaining devices), got {size}")
         sizes[name] = size
     if list(sizes.values()).count(-1) > 1:
         raise ConfigError("at most one mesh axis may be -1")
@@ -244,6 +261,9 @@ class ShardedModel(Model):
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         return _sharded_cache_fn(self.config, batch, max_len, self.mesh, self.rules)()
 
+    def place_rows(self, x: np.ndarray) -> jax.Array:
+        return shard_rows(x, self.mesh)
+
 
 @functools.lru_cache(maxsize=64)
 def _sharded_cache_fn(cfg: ModelConfig, batch: int, max_len: int, mesh: Mesh, rules: ShardingRules):
@@ -263,7 +283,7 @@ def shard_model(model: Model, mesh: Mesh, rules: ShardingRules | None = None,
     shardings = param_shardings(model.config, mesh, rules)
     params = jax.tree.map(lambda x, s: jax.device_put(x, s), model.params, shardings)
     sharded = ShardedModel(model.config, params, model.tokenizer, model.attention_impl, mesh, rules)
-    head = getattr(model, "eagle3", None)
+    head = model.eagle3
     if head is not None:
         sharded.eagle3 = dataclasses.replace(head, params=replicate(head.params, mesh))
     return sharded
@@ -302,11 +322,11 @@ def pad_cache(cache: KVCache, batch: int) -> KVCache:
 
 
 @functools.cache
-def _sharded_verify_program(cfg: ModelConfig, attention_impl: str, mesh: Mesh, taps: tuple[int, ...]):
+def _shardedverify_program(cfg: ModelConfig, attention_impl: str, mesh: Mesh, taps: tuple[int, ...]):
     """`verify.py`'s verification program under `shard_map` over `data`: each data shard runs it on its own
     rows. Only `data` is manual; `model` stays automatic, so inside each shard the pass is tensor parallel over
     the params' `model` sharding (GSPMD), in the same program."""
-    program = _verify_program(cfg, attention_impl, taps)
+    program = verify_program(cfg, attention_impl, taps)
     rows = P("data")
     fn = jax.shard_map(program, mesh=mesh, axis_names=frozenset({"data"}),
                        in_specs=(P(), rows, rows, rows, rows, rows, rows, rows, P(), P()),
@@ -323,7 +343,7 @@ def sharded_verify_pass(model: Model, cache: KVCache, blocks: Sequence[PackedBlo
     Same arguments and result. `mesh` defaults to the model's (a `ShardedModel`). A batch that does not divide
     over `data` is padded with empty rows (a one-token block over an empty cache row) and the result unpadded.
     """
-    mesh = mesh or getattr(model, "mesh", None)
+    mesh = mesh or model.mesh
     if mesh is None:
         raise ConfigError("sharded_verify_pass needs a mesh: pass mesh=... or a model from shard_model")
     n = len(blocks)
@@ -335,10 +355,11 @@ def sharded_verify_pass(model: Model, cache: KVCache, blocks: Sequence[PackedBlo
     rows = NamedSharding(mesh, P("data"))
     inputs = [_global_array(arrays[name], rows) for name in
               ("tokens", "positions", "limit", "group", "score_index", "boundary_index")]
-    rules = getattr(model, "rules", None) or fitting_rules(model.config, mesh, fallback_replicated=True)
+    rules = (model.rules if isinstance(model, ShardedModel)
+             else fitting_rules(model.config, mesh, fallback_replicated=True))
     cache = jax.device_put(pad_cache(cache, padded), cache_shardings(model.config, mesh, padded, rules))
     taps = tuple(int(t) for t in taps)
-    program = _sharded_verify_program(model.config, model.attention_impl, mesh, taps)
+    program = _shardedverify_program(model.config, model.attention_impl, mesh, taps)
     scores, boundary_logits, cache, features = program(model.params, cache, *inputs, np.int32(yes_id),
                                                        np.int32(no_id))
     scores = np.where(arrays["valid"], to_host(scores), np.nan)[:n]
@@ -356,16 +377,16 @@ def sharded_prefix_scores(engine: Any, contexts: Sequence[Sequence[int]], drafts
     if not (len(contexts) == len(drafts) == len(boundaries)) or not contexts:
         raise InputError("contexts, drafts and boundaries must be non-empty lists of the same length")
     target = engine.target
-    mesh = mesh or getattr(target, "mesh", None)
+    mesh = mesh or target.mesh
     if mesh is None:
         raise ConfigError("sharded_prefix_scores needs a mesh: pass mesh=... or shard the engine's target")
-    if getattr(target, "mesh", None) is not mesh:
+    if target.mesh is not mesh:
         target = shard_model(target, mesh)
     blocks, counts = [], []
     for ctx, draft, bounds in zip(contexts, drafts, boundaries, strict=True):
-        ctx, draft = [int(x) for x in ctx], [int(x) for x in draft]
+        ctx, draft = engine._ids("context_ids", ctx), engine._ids("draft_ids", draft)
         bounds = check_boundaries(bounds, len(draft))
-        engine._check_ids(ctx + draft)
+        engine.check_block_positions(len(ctx), len(draft))
         blocks.append(pack(0, ctx + draft, [len(ctx) + b for b in bounds], engine.suffix_ids))
         counts.append(len(bounds))
     length = bucket(max(b.length for b in blocks))
@@ -392,13 +413,18 @@ def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = Non
                  config_from: Any = None) -> ShardedModel:
     """`pj.load_model` onto a mesh. A parse-jax (Orbax) checkpoint, or a step of an Orbax CheckpointManager folder
     (`step`, `params_path`, `config_from`: see `checkpoint_manager.load_run`), is restored shard by shard, never
-    whole on one device; a Hugging Face folder is loaded on one device and then placed (it has no sharded reader).
-    `rules` default: `fitting_rules(config, mesh, fallback_replicated)`."""
+    whole on one device; so is a Hugging Face folder (each device reads its slices of the safetensors files,
+    `hf_import.load_hf_sharded`). `rules` default: `fitting_rules(config, mesh, fallback_replicated)`."""
     path = Path(path).absolute()
     if checkpoint_manager.locate(path, step) is not None:
         return checkpoint_manager.load_run(path, step, params_path, config_from, mesh=mesh, rules=rules,
                                            fallback_replicated=fallback_replicated, dtype=dtype,
                                            check_finite=check_finite, attention_impl=attention_impl)
+    if not (path / CONFIG_FILE).is_file() and (path / "config.json").is_file():
+        from parse_jax.models.hf_import import load_hf_sharded
+
+        return load_hf_sharded(path, mesh, rules, dtype=dtype, check_finite=check_finite,
+                               attention_impl=attention_impl, fallback_replicated=fallback_replicated)
     if not (path / CONFIG_FILE).is_file():
         model = load_model(path, dtype=dtype, check_finite=check_finite, attention_impl=attention_impl)
         return shard_model(model, mesh, rules, fallback_replicated)
@@ -419,8 +445,7 @@ def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = Non
         params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)  # elementwise: keeps each sharding
     tokenizer = None
     if (path / "tokenizer.json").is_file():
-        eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else None
-        tokenizer = Tokenizer.from_folder(path, bos_id=cfg.bos_token_id, eos_id=eos)
+        tokenizer = Tokenizer.from_folder(path)
         check_vocab(tokenizer, cfg)
     return ShardedModel(cfg, params, tokenizer, attention_impl, mesh, rules)
 

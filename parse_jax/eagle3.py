@@ -27,20 +27,17 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec
 
-from parse_jax.decode import (
-    PAD_ID,
-    GenerateResult,
-    forward_fn,
-    register_program,
-)
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.cache import KVCache
-from parse_jax.models.config import ModelConfig, rope_inv_freq
+from parse_jax.models.config import MASKED_LOGIT, ModelConfig, rope_inv_freq
 from parse_jax.models.decoder import MLP, Attention, Decoder, RMSNorm, apply_rope, causal_metadata
+from parse_jax.models.functional import linear, rms_norm
+from parse_jax.programs import forward_fn, register_program
+from parse_jax.requests import PAD_ID, GenerateResult
 from parse_jax.sampling import sample_token
 from parse_jax.speculative import accept_proposals, emit_accepted, probs, run_spec, spec_batch
-from parse_jax.train.forward import linear, rms_norm
 
 HEAD_CONFIG_FILE = "eagle3.json"
 HEAD_PARAMS_DIR = "params"
@@ -164,11 +161,16 @@ def target_taps(hiddens: tuple[jax.Array, ...], taps: tuple[int, ...]) -> jax.Ar
 
 
 def lm_head(target_params, target_cfg: ModelConfig, normed: jax.Array) -> jax.Array:
-    """The target's own output projection (frozen, shared with the head): float32 logits."""
+    """The target's own output projection (frozen, shared with the head): float32 logits, padded vocabulary rows
+    masked as the decoder masks them."""
     if target_cfg.tie_word_embeddings:
         w = target_params["embed_tokens"]["embedding"]
-        return jnp.einsum("...d,vd->...v", normed, w).astype(jnp.float32)
-    return (normed @ target_params["lm_head"]["kernel"]).astype(jnp.float32)
+        logits = jnp.einsum("...d,vd->...v", normed, w).astype(jnp.float32)
+    else:
+        logits = (normed @ target_params["lm_head"]["kernel"]).astype(jnp.float32)
+    if target_cfg.vocab_limit is not None and target_cfg.vocab_limit < target_cfg.vocab_size:
+        logits = jnp.where(jnp.arange(target_cfg.vocab_size) < target_cfg.vocab_limit, logits, MASKED_LOGIT)
+    return logits
 
 
 def embed(target_params, tokens: jax.Array) -> jax.Array:
@@ -269,11 +271,9 @@ def load_eagle3(path: str | Path, target) -> Eagle3:
     if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params)):
         raise CheckpointError(f"the EAGLE-3 head in {path} has NaN or infinite weights")
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(cfg.layer.dtype)), params)  # on device once
-    mesh = getattr(target, "mesh", None)
-    if mesh is not None:
-        from parse_jax.distributed import replicate
-
-        params = replicate(params, mesh)
+    mesh = target.mesh
+    if mesh is not None:  # the head runs beside the sharded target: whole on every device
+        params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
     return Eagle3(cfg, params)
 
 
@@ -315,7 +315,7 @@ def tree_leaves(props: jax.Array, head_logits: jax.Array, num_leaves: int) -> tu
 
 
 def tree_block(trunk: jax.Array, leaf_depth: jax.Array, leaf_tok: jax.Array, start: jax.Array):
-    """The tree as a set of prefixes (DESIGN §2 metadata): the chain [last, d_1..d_gamma] is group 0 (causal), leaf
+    """The tree as a set of prefixes (docs/design.md §2): the chain [last, d_1..d_gamma] is group 0 (causal), leaf
     m (replacing d_{i+1}) is group m + 1, sees the chain up to d_i and sits at RoPE position start + i + 1."""
     b, g1 = trunk.shape
     m = leaf_tok.shape[1]
@@ -341,7 +341,7 @@ def move_kv(cache: KVCache, src: jax.Array, dst: jax.Array, where: jax.Array) ->
     return cache.replace(k=tuple(move(x) for x in cache.k), v=tuple(move(x) for x in cache.v))
 
 
-def _eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVCache, head_cache: KVCache,
+def eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVCache, head_cache: KVCache,
                 first_logits, ctx_tokens, ctx_feats, n, max_new, eos_ids, rng, gamma: int, num_new: int,
                 greedy: bool, temperature, top_k: int, top_p, first_pass: int, tree: int = 0):
     """From a target cache holding `n` context tokens and the target's taps at those positions: emit the first token
@@ -441,7 +441,7 @@ def _eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVC
     return jax.lax.while_loop(cond, body, state)
 
 
-def _applies(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, target_params, head_params):
+def head_applies(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, target_params, head_params):
     target = Decoder(target_cfg, impl)
     head = head_module(cfg, impl)
 
@@ -466,16 +466,16 @@ def _applies(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, target_param
 @functools.cache
 def generate_program(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, gamma: int, num_new: int,
                      cache_len: int, greedy: bool, top_k: int, tree: int = 0):
-    """Target + EAGLE-3 from prompts: one target prefill (with feature taps), then `_eagle_loop`."""
+    """Target + EAGLE-3 from prompts: one target prefill (with feature taps), then `eagle_loop`."""
 
     def run(target_params, head_params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
-        target_fwd, head_apply, lm = _applies(target_cfg, cfg, impl, target_params, head_params)
+        target_fwd, head_apply, lm = head_applies(target_cfg, cfg, impl, target_params, head_params)
         b, p = prompt.shape
         limit, group = causal_metadata(b, p)
         positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
         logits, t_cache, feats = target_fwd(prompt, positions, KVCache.init(target_cfg, b, cache_len), limit, group)
         first_logits = logits[jnp.arange(b), prompt_lens - 1]
-        state = _eagle_loop(target_fwd, head_apply, lm, cfg, t_cache.commit(prompt_lens),
+        state = eagle_loop(target_fwd, head_apply, lm, cfg, t_cache.commit(prompt_lens),
                             KVCache.init(cfg.layer, b, cache_len), first_logits, prompt, feats, prompt_lens, max_new,
                             eos_ids, rng, gamma, num_new, greedy, temperature, top_k, top_p, 1, tree)
         return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
@@ -491,9 +491,9 @@ def continue_program(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, gamm
 
     def run(target_params, head_params, cache, first_logits, ctx_tokens, ctx_feats, n, max_new, eos_ids,
             temperature, top_p, rng):
-        target_fwd, head_apply, lm = _applies(target_cfg, cfg, impl, target_params, head_params)
+        target_fwd, head_apply, lm = head_applies(target_cfg, cfg, impl, target_params, head_params)
         b = first_logits.shape[0]
-        state = _eagle_loop(target_fwd, head_apply, lm, cfg, cache, KVCache.init(cfg.layer, b, cache.max_len),
+        state = eagle_loop(target_fwd, head_apply, lm, cfg, cache, KVCache.init(cfg.layer, b, cache.max_len),
                             first_logits, ctx_tokens, ctx_feats, n, max_new, eos_ids, rng, gamma, num_new, greedy,
                             temperature, top_k, top_p, 0, tree)
         return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed

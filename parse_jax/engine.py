@@ -1,457 +1,267 @@
-"""ParseEngine: draft -> one verification pass -> accept -> commit -> the target continues; and the
-baselines it is measured against (target alone, token-level speculative decoding, step-by-step
-verification with one target pass per segment)."""
+"""ParseEngine: one target/draft pair (and optionally the target's EAGLE-3 head), every generation mode over it.
+
+The modes live in `parse_jax/modes/`, one module each, looked up in `MODE_RUNNERS`; the engine validates a request
+once (prompts, sampling, budget, cache and position limits, before anything is allocated), and assembles every
+mode's result and statistics in one place (`result`). See docs/design.md for the module map.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
 from parse_jax import distributed
-from parse_jax.decode import (
-    GenerateResult,
-    SamplingParams,
-    bucket,
-    compiled_programs,
-    continue_program,
-    encode_prompts,
-    generate,
-    length_bucket,
-    resolve_eos,
-    take_rows,
-    to_host,
-)
-from parse_jax.eagle3 import Eagle3, check_tree, eagle3_generate
-from parse_jax.eagle3 import continue_program as eagle3_continue_program
+from parse_jax.eagle3 import Eagle3, check_tree
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.layout import (
     cap_boundaries,
     check_boundaries,
-    delimiter_boundaries,
-    hybrid_boundaries,
+    hybrid_from_boundaries,
     pack,
     stride_boundaries,
+    text_delimiter_boundaries,
 )
-from parse_jax.sampling import prng_key
-from parse_jax.speculative import check_pair, speculative_generate
-from parse_jax.tasks import DELIMITER, JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
-from parse_jax.verify import POLICIES, accept, judge_token_id, verify_pass
+from parse_jax.models.vocab import align_vocab
+from parse_jax.modes import eagle3 as eagle3_mode
+from parse_jax.modes import parse as parse_mode
+from parse_jax.modes import sd as sd_mode
+from parse_jax.modes import sequential as sequential_mode
+from parse_jax.modes import target as target_mode
+from parse_jax.modes.parse_program import Judge, RoundSpec
+from parse_jax.programs import FETCHES, bucket, compiled_programs
+from parse_jax.requests import GenerateResult, GenerationStats, Request, SamplingParams, encode_prompts, resolve_eos
+from parse_jax.segment import DelimiterTable
+from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings  # noqa: F401  (re-exported)
+from parse_jax.speculative import check_pair
+from parse_jax.validation import check_choice, check_int
+from parse_jax.verify import judge_ids, verify_pass
 
-MODES = ("target", "sd", "sequential", "parse", "eagle3", "parse+eagle3")
-SEGMENTERS = ("delimiter", "stride", "hybrid")
+# mode -> (runner, the positions a request needs in the target and in the draft past its prompt, given the engine
+# and max_new_tokens: what the mode's passes write beyond the last token they may emit)
+MODE_RUNNERS: dict[str, tuple[Callable, Callable, Callable]] = {
+    "target": (target_mode.run, lambda eng, n: n, lambda eng, n: 0),
+    "sd": (sd_mode.run, lambda eng, n: n + eng.config.speculation.gamma + 1,
+           lambda eng, n: n + eng.config.speculation.gamma + 1),
+    "eagle3": (eagle3_mode.run, lambda eng, n: n + eng.config.eagle3.gamma + eng.config.eagle3.tree + 1,
+               lambda eng, n: 0),
+    "sequential": (sequential_mode.run_sequential, lambda eng, n: n + len(eng.suffix_ids) + 1,
+                   lambda eng, n: min(n, eng.config.max_draft_tokens)),
+    "parse": (lambda eng, req: (parse_mode.run_multi(eng, req) if eng.config.rounds == "multi"
+                                else parse_mode.run_single(eng, req)),
+              lambda eng, n: n + len(eng.suffix_ids) + 1,
+              lambda eng, n: n + 1 if eng.config.rounds == "multi" else min(n, eng.config.max_draft_tokens)),
+    "parse+eagle3": (lambda eng, req: parse_mode.run_single(eng, req, eagle=True),
+                     lambda eng, n: n + len(eng.suffix_ids) + eng.config.eagle3.gamma + eng.config.eagle3.tree + 1,
+                     lambda eng, n: min(n, eng.config.max_draft_tokens)),
+}
+DRAFT_MODES = ("sd", "sequential", "parse", "parse+eagle3")
 
 
-@dataclasses.dataclass(frozen=True)
-class ParseConfig:
-    """PARSE settings; the defaults fit the embedded task's verification format."""
-
-    verify_suffix: str = VERIFY_SUFFIX
-    judge_yes: str = JUDGE_YES
-    judge_no: str = JUDGE_NO
-    threshold: float = 0.5
-    policy: str = "earliest_error"
-    segmenter: str = "delimiter"
-    delimiter: str = DELIMITER
-    stride: int = 8
-    min_segment: int = 4
-    max_segment: int = 32
-    max_prefixes: int = 8
-    rounds: str = "single"
-    max_draft_tokens: int = 64
-    gamma: int = 4
-    eagle3_gamma: int = 5
-    eagle3_tree: int = 0      # EAGLE-3 sibling leaves per round (0: chain); greedy only
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigError(f"unknown policy {self.policy!r}; available: {', '.join(POLICIES)}")
-        if self.segmenter not in SEGMENTERS:
-            raise ConfigError(f"unknown segmenter {self.segmenter!r}; available: {', '.join(SEGMENTERS)}")
-        if self.rounds not in ("single", "multi"):
-            raise ConfigError(f"rounds must be 'single' or 'multi', got {self.rounds!r}")
-        for name in ("stride", "min_segment", "max_segment", "max_prefixes", "max_draft_tokens", "gamma",
-                     "eagle3_gamma"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if int(self.eagle3_tree) < 0:
-            raise ConfigError(f"eagle3_tree must be >= 0, got {self.eagle3_tree}")
-        if self.min_segment > self.max_segment:
-            raise ConfigError(f"min_segment ({self.min_segment}) > max_segment ({self.max_segment})")
-        if not np.isfinite(self.threshold):
-            raise ConfigError(f"threshold must be a finite number, got {self.threshold}")
-        if not self.verify_suffix:
-            raise ConfigError("verify_suffix is empty")
+def chat_suffix(tokenizer, question: str) -> list[int]:
+    """The verification suffix of a chat model: what its chat template writes after an assistant turn (the draft)
+    when a user turn asks `question` and the assistant is to answer (Qwen3: with thinking off), as ids."""
+    marker = "\x00PARSE-DRAFT\x00"
+    messages = [{"role": "user", "content": "question"}, {"role": "assistant", "content": marker},
+                {"role": "user", "content": question}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False)
+    if text.count(marker) != 1:
+        raise ConfigError("the chat template does not write the assistant's turn as given: cannot place the "
+                          "verification suffix after the draft (use suffix_format='plain')")
+    suffix = text.split(marker, 1)[1]
+    ids = [int(t) for t in tokenizer.encode(suffix)]
+    if not ids:
+        raise ConfigError("the chat template writes nothing after the assistant's turn")
+    return ids
 
 
 class ParseEngine:
     """PARSE and its baselines over one target/draft pair. `eagle3`: an EAGLE-3 head for the target (modes
     `eagle3` and `parse+eagle3`); by default the head that came with the target (`pj.load_pair()` attaches the
-    embedded pair's)."""
+    embedded pair's). `draft` may be None for the modes that need none (target, eagle3)."""
 
     def __init__(self, target, draft, config: ParseConfig | None = None, eagle3: Eagle3 | None = None,
                  mesh: Mesh | None = None) -> None:
+        if target is None or not hasattr(target, "config") or not hasattr(target, "params"):
+            raise ConfigError(f"ParseEngine needs a target model (pj.load_model / pj.load_pair), got {target!r}")
+        if draft is not None and not (hasattr(draft, "config") and hasattr(draft, "params")):
+            raise ConfigError(f"the draft must be a model (pj.load_model) or None, got {draft!r}")
+        if config is not None and not isinstance(config, ParseConfig):
+            raise ConfigError(f"config must be a pj.ParseConfig, got {type(config).__name__}")
         self.config = config or ParseConfig()
-        check_pair(target, draft)
-        eagle3 = eagle3 if eagle3 is not None else getattr(target, "eagle3", None)
+        if draft is not None:  # one tokenizer, embeddings padded differently: pad the smaller, mask its padding
+            target, draft = align_vocab(target, draft)
+            check_pair(target, draft)
+        eagle3 = eagle3 if eagle3 is not None else target.eagle3
         if eagle3 is not None:
             eagle3.config.check_target(target.config)
         if mesh is not None:  # weights over `model`, requests over `data` (see parse_jax.distributed)
             target = distributed.shard_model(target, mesh)
-            draft = distributed.shard_model(draft, mesh, fallback_replicated=True)
-        mesh = mesh if mesh is not None else getattr(target, "mesh", None)
-        if eagle3 is not None and mesh is not None:  # the head runs beside the sharded target: replicate it
-            eagle3 = dataclasses.replace(eagle3, params=distributed.replicate(eagle3.params, mesh))
+            draft = distributed.shard_model(draft, mesh, fallback_replicated=True) if draft is not None else None
+        if eagle3 is not None and target.mesh is not None:  # the head runs beside the sharded target: replicate it
+            eagle3 = dataclasses.replace(eagle3, params=distributed.replicate(eagle3.params, target.mesh))
         self.target, self.draft, self.eagle3 = target, draft, eagle3
-        # a sharded target verifies its requests' blocks with shard_map over `data`
-        self._verify = (distributed.sharded_verify_pass if isinstance(target, distributed.ShardedModel)
-                        else verify_pass)
+        self._verify = distributed.sharded_verify_pass if target.mesh is not None else verify_pass
         tok = target.tokenizer
         if tok is None:
             raise ConfigError("the target has no tokenizer: the suffix and judge words cannot be encoded")
-        self.suffix_ids = tok.encode(self.config.verify_suffix)
-        if not self.suffix_ids:
-            raise ConfigError(f"verify_suffix {self.config.verify_suffix!r} encodes to no tokens")
-        self.yes_id = judge_token_id(tok, self.config.judge_yes)
-        self.no_id = judge_token_id(tok, self.config.judge_no)
-        if self.yes_id == self.no_id:
-            raise ConfigError("judge_yes and judge_no encode to the same token")
-        self.delimiter_ids = tok.encode(self.config.delimiter) if self.config.segmenter != "stride" else []
-        if self.config.segmenter != "stride" and not self.delimiter_ids:
-            raise ConfigError(f"delimiter {self.config.delimiter!r} encodes to no tokens")
+        cfg = self.config
+        self.suffix_ids = (chat_suffix(tok, cfg.verify_suffix) if cfg.suffix_format == "chat"
+                           else self._encode_setting("verify_suffix", cfg.verify_suffix))
+        self.yes_id, self.no_id, shared = judge_ids(tok, cfg.judge_yes, cfg.judge_no)
+        self.suffix_ids = self.suffix_ids + shared  # the judge words' common first tokens, then where they part
+        v = target.config.vocab_size
+        if cfg.segmenter != "stride":
+            self.delimiters = DelimiterTable.from_texts(tok.token_texts, cfg.delimiters, v)
+            table = self.delimiters.table
+            self.step_end_ids = self.delimiters.completing_ids()  # multi round: the target stops there
+        else:
+            self.delimiters, table, self.step_end_ids = None, np.zeros((1, v), np.int32), np.zeros(0, np.int32)
+        self.judge = Judge(suffix=jnp.asarray(self.suffix_ids, jnp.int32), yes_id=jnp.int32(self.yes_id),
+                           no_id=jnp.int32(self.no_id), threshold=jnp.float32(cfg.threshold),
+                           table=jnp.asarray(table))
+        self.round_spec = RoundSpec(cfg.segmenter, cfg.max_prefixes, cfg.stride, cfg.min_segment, cfg.max_segment,
+                                    cfg.policy)
 
-    # --- segmentation and scoring -------------------------------------------------------------------------
+    def _encode_setting(self, name: str, text: str) -> list[int]:
+        """A setting's text as ids; text the tokenizer cannot write back (unknown characters, which would become an
+        unknown token, or special tokens) is refused."""
+        tok = self.target.tokenizer
+        ids = tok.encode(text)
+        if not ids:
+            raise ConfigError(f"{name} {text!r} encodes to no tokens")
+        if tok.has_unknown(ids):
+            raise ConfigError(f"{name} {text!r} is not in this tokenizer's vocabulary (it encodes to the unknown "
+                              "token)")
+        if "".join(tok.decode(ids).split()) != "".join(text.split()):  # spacing may differ (word-level vocabularies)
+            raise ConfigError(f"{name} {text!r} cannot be written in this tokenizer's vocabulary (it encodes to "
+                              f"{ids}, which decode to {tok.decode(ids)!r})")
+        return [int(t) for t in ids]
+
+    # --- segmentation and scoring (the numpy reference path) ------------------------------------------------
 
     def boundaries(self, draft_ids: Sequence[int]) -> list[int]:
-        """Candidate prefix ends of a draft by the configured segmenter, capped at max_prefixes."""
+        """Candidate prefix ends of a draft by the configured segmenter, capped at max_prefixes (the numpy
+        reference of the device segmenter: delimiters are found in the decoded text of the draft's tokens)."""
         cfg = self.config
-        if cfg.segmenter == "delimiter":
-            b = delimiter_boundaries(draft_ids, self.delimiter_ids)
-        elif cfg.segmenter == "stride":
-            b = stride_boundaries(len(draft_ids), cfg.stride)
-        else:
-            b = hybrid_boundaries(draft_ids, self.delimiter_ids, cfg.min_segment, cfg.max_segment)
+        draft = [int(t) for t in draft_ids]
+        if cfg.segmenter == "stride":
+            return cap_boundaries(stride_boundaries(len(draft), cfg.stride), cfg.max_prefixes)
+        texts = self.target.tokenizer.token_texts
+        b = text_delimiter_boundaries([texts[t] if t < len(texts) else "" for t in draft], cfg.delimiters)
+        if cfg.segmenter == "hybrid":
+            b = hybrid_from_boundaries(b, len(draft), cfg.min_segment, cfg.max_segment)
         return cap_boundaries(b, cfg.max_prefixes)
 
     def prefix_scores(self, context_ids: Sequence[int], draft_ids: Sequence[int],
                       boundaries: Sequence[int]) -> np.ndarray:
         """Judge score of each prefix draft[:b_k] after the context, from ONE target pass."""
-        context, draft = [int(x) for x in context_ids], [int(x) for x in draft_ids]
+        context, draft = self._ids("context_ids", context_ids), self._ids("draft_ids", draft_ids)
         bounds = check_boundaries(boundaries, len(draft))
-        self._check_ids(context + draft)
         c = len(context)
         block = pack(0, context + draft, [c + b for b in bounds], self.suffix_ids)
+        self.check_block_positions(c, len(draft))
         length = bucket(block.length)
         cache = self.target.init_cache(1, length)
         out = self._verify(self.target, cache, [block], self.yes_id, self.no_id, length, bucket(len(bounds), 1))
         return out.scores[0, : len(bounds)].astype(np.float64)
 
-    def _check_ids(self, ids: Sequence[int]) -> None:
+    def check_block_positions(self, context_len: int, draft_len: int) -> None:
+        """A verification block's last position (the longest prefix's suffix copy) must be a position of the target."""
+        limit = self.target.config.max_position_embeddings
+        end = context_len + draft_len + len(self.suffix_ids)
+        if end > limit:
+            raise InputError(f"context ({context_len}) + draft ({draft_len}) + suffix ({len(self.suffix_ids)}) tokens "
+                             f"reach position {end}, past the target's max_position_embeddings ({limit})")
+
+    def _ids(self, name: str, ids: Sequence[int]) -> list[int]:
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)):
+            raise InputError(f"{name} must be a list of token ids, got {type(ids).__name__}")
+        out = [check_int(f"{name}[{i}]", t, error=InputError) for i, t in enumerate(ids)]
         v = self.target.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < v]
+        bad = [t for t in out if not 0 <= t < v]
         if bad:
-            raise InputError(f"token ids outside [0, {v}): {bad[:5]}")
+            raise InputError(f"{name}: token ids outside [0, {v}): {bad[:5]}")
+        return out
 
     # --- generation ---------------------------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], mode: str = "parse",
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], mode: Mode = "parse",
                  max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, top_k: int = 0,
-                 top_p: float = 1.0) -> GenerateResult:
-        if mode not in MODES:
-            raise InputError(f"unknown mode {mode!r}; available: {', '.join(MODES)}")
-        sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
-        if int(max_new_tokens) < 1:
-            raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+                 top_p: float = 1.0, eos_ids: Sequence[int] | None = None) -> GenerateResult:
+        """Generate for a batch of prompts (texts, or token-id lists) with `mode`. `eos_ids`: the stop ids (default:
+        the target's config, generation config and tokenizer EOS; [] = none)."""
+        req = self.request(prompts, mode, max_new_tokens, temperature, seed, top_k, top_p, eos_ids)
+        runner = MODE_RUNNERS[mode][0]
+        fetches = FETCHES[0]
+        res = runner(self, req)
+        res.stats["mode"] = mode
+        res.stats["host_transfers"] = FETCHES[0] - fetches
+        res.stats["compiled_programs"] = compiled_programs()
+        return res
+
+    def request(self, prompts, mode: str, max_new_tokens, temperature, seed, top_k, top_p,
+                eos_ids) -> Request:
+        """A validated request: every check that can fail happens here, before any program runs or allocates."""
+        check_choice("mode", mode, MODES, error=InputError)
+        max_new = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
+        sampling = SamplingParams(temperature, top_k, top_p, seed)
+        if mode in DRAFT_MODES and self.draft is None:
+            raise ConfigError(f"mode {mode!r} needs a draft model: ParseEngine(target, draft, ...)")
         if "eagle3" in mode and self.eagle3 is None:
             raise ConfigError(f"mode {mode!r} needs an EAGLE-3 head for the target: pass "
                               "ParseEngine(..., eagle3=pj.load_eagle3(DIR, target)); train one with "
                               "`parse-jax train-eagle3` (the embedded pair ships one)")
-        if mode == "target":
-            res = generate(self.target, prompts, **kw)
-        elif mode == "sd":
-            res = speculative_generate(self.target, self.draft, prompts, gamma=self.config.gamma, **kw)
-        elif mode == "eagle3":
-            res = eagle3_generate(self.target, self.eagle3, prompts, gamma=self.config.eagle3_gamma,
-                                  tree=self.config.eagle3_tree, **kw)
-        else:
-            ids = encode_prompts(self.target, prompts)
-            if mode == "parse+eagle3":
-                check_tree(self.config.eagle3_tree, sampling.temperature)
-            if mode == "parse+eagle3" and self.config.rounds == "multi":
-                raise ConfigError("mode 'parse+eagle3' runs single-round PARSE (the target's continuation is "
-                                  "decoded with EAGLE-3); set rounds='single'")
-            if mode == "parse" and self.config.rounds == "multi":
-                res = self._parse_multi(ids, int(max_new_tokens), sampling)
-            else:
-                res = self._verify_then_continue(ids, int(max_new_tokens), sampling, sequential=mode == "sequential",
-                                                  eagle=mode == "parse+eagle3")
-        res.stats["mode"] = mode
-        res.stats["compiled_programs"] = compiled_programs()
-        return res
+        if "eagle3" in mode:
+            check_tree(self.config.eagle3.tree, sampling.temperature)
+        if eos_ids is not None:
+            if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, (Sequence, np.ndarray)):
+                raise InputError(f"eos_ids must be a list of token ids, got {eos_ids!r}")
+            v = self.target.config.vocab_size
+            eos_ids = [check_int(f"eos_ids[{i}]", t, 0, v - 1, error=InputError) for i, t in enumerate(eos_ids)]
+        ids = encode_prompts(self.target, prompts)
+        self._check_positions(ids, max_new, mode)
+        return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(self.target, eos_ids))
 
-    def _draft(self, contexts: list[list[int]], budget: int, sampling: SamplingParams) -> tuple[list[list[int]], float]:
-        t0 = time.perf_counter()
-        res = generate(self.draft, contexts, max_new_tokens=max(1, min(self.config.max_draft_tokens, budget)),
-                       temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                       seed=sampling.seed, eos_ids=list(resolve_eos(self.target)))
-        return res.tokens, time.perf_counter() - t0
+    def _check_positions(self, ids: list[list[int]], max_new: int, mode: str) -> None:
+        """Every mode writes `max_new_tokens` past the prompt plus what its passes write beyond the last token it
+        may emit (its draft: what it drafts): all of it must fit the models' positions, checked before any cache is
+        allocated."""
+        _, target_need, draft_need = MODE_RUNNERS[mode]
+        models = [("target", self.target, target_need(self, max_new))]
+        if mode in DRAFT_MODES:
+            models.append(("draft", self.draft, draft_need(self, max_new)))
+        for name, model, extra in models:
+            limit = model.config.max_position_embeddings
+            for i, p in enumerate(ids):
+                if len(p) + extra > limit:
+                    raise InputError(f"prompt {i} has {len(p)} tokens; mode {mode} with max_new_tokens={max_new} "
+                                     f"needs {len(p) + extra} positions (cache slots) in the {name}, which holds "
+                                     f"{limit} (max_position_embeddings)")
 
-    def _verify_then_continue(self, ids: list[list[int]], max_new: int, sampling: SamplingParams,
-                              sequential: bool, eagle: bool = False) -> GenerateResult:
-        """Single round: draft everything, verify (one pass, or one per segment), accept, continue (token by token,
-        or with EAGLE-3 from the features of that same verification pass)."""
-        drafts, t_draft = self._draft(ids, max_new, sampling)
-        eos = resolve_eos(self.target)
-        # a draft's closing EOS is not content to verify (the judge was never shown one): the target decides to stop,
-        # from its next-token distribution at the accepted boundary
-        drafts = [d[:-1] if len(d) > 1 and d[-1] in eos else d for d in drafts]
-        bounds = [self.boundaries(d) for d in drafts]
-        t0 = time.perf_counter()
-        if sequential:
-            accepted_b, cache, first_logits, passes, vtokens = self._verify_sequential(ids, drafts, bounds, max_new)
-        else:
-            accepted_b, cache, first_logits, passes, vtokens, out = self._verify_parallel(ids, drafts, bounds,
-                                                                                          max_new, eagle)
-        t_verify = time.perf_counter() - t0
-        done_in_draft = [b > 0 and drafts[i][b - 1] in eos for i, b in enumerate(accepted_b)]
-        remaining = np.array([0 if done_in_draft[i] else max(0, max_new - accepted_b[i]) for i in range(len(ids))]
-                             + [0] * (cache.batch - len(ids)), np.int32)
-        t0 = time.perf_counter()
-        temperature, top_p = sampling.loop_args()
-        num_new = bucket(max_new, 16)
-        cont, cont_n = np.zeros((cache.batch, num_new), np.int32), np.zeros(cache.batch, np.int32)
-        cont_passes, extra = 0, {}
-        if sampling.greedy:  # rows whose next token (from the verification pass) is EOS are finished: no decoding
-            first = to_host(first_logits).argmax(-1)
-            stop = np.isin(first, eos) & (remaining > 0)
-            cont[stop, 0], cont_n[stop], remaining = first[stop], 1, np.where(stop, 0, remaining)
-        rows, rem = self._continued_rows(remaining)
-        if rows is not None:
-            # only the rows that still have tokens to write are decoded, in the smallest batch bucket that holds them
-            ctx = (cache, first_logits, out.tokens, out.features) if eagle else (cache, first_logits)
-            if len(rows) < cache.batch:
-                ctx = take_rows(ctx, rows)  # otherwise rows is every row, in order
-            if eagle:
-                head = self.eagle3
-                program = eagle3_continue_program(self.target.config, head.config, self.target.attention_impl,
-                                                  self.config.eagle3_gamma, num_new, sampling.greedy,
-                                                  sampling.top_k, self.config.eagle3_tree)
-                c_cache, c_logits, c_tokens, c_feats = ctx
-                toks, n_new, rounds, acc, prop = program(self.target.params, head.params, c_cache, c_logits, c_tokens,
-                                                         c_feats, c_cache.lengths, rem, eos, temperature, top_p,
-                                                         prng_key(sampling.seed + 1))
-                toks, n_new, cont_passes = to_host(toks), to_host(n_new), int(rounds)
-                extra = {"eagle3_accepted_tokens": int(to_host(acc)[rem > 0].sum()),
-                         "eagle3_draft_tokens": int(to_host(prop)[rem > 0].sum())}
-            else:
-                program = continue_program(self.target.config, self.target.attention_impl, num_new,
-                                           sampling.greedy, sampling.top_k)
-                state = program(self.target.params, *ctx, rem, eos, temperature, top_p, prng_key(sampling.seed + 1))
-                toks, n_new = to_host(state.tokens), to_host(state.num_new)
-                cont_passes = int(state.step) - 1  # the first continuation token comes from verification
-            live = rem > 0
-            cont[rows[live]] = toks[live, :num_new]
-            cont_n[rows[live]] = n_new[live]
-        extra["continued_requests"] = int((remaining > 0).sum())
-        extra["continue_batch"] = 0 if rows is None else len(rows)
-        t_cont = time.perf_counter() - t0
-        tokens = [drafts[i][: accepted_b[i]] + cont[i, : cont_n[i]].tolist() for i in range(len(ids))]
-        stats = {**extra,
-            "target_passes": passes + cont_passes,
-            # passes summed over requests: each request sits through every verification pass, and through the
-            # continuation's passes only when it was continued
-            "request_passes": passes * len(ids) + cont_passes * extra["continued_requests"],
-            "verify_passes": passes,
-            "new_tokens": sum(len(t) for t in tokens),
-            "draft_tokens": sum(len(d) for d in drafts),
-            "accepted_tokens": int(sum(accepted_b)),
-            "accepted_per_request": list(accepted_b),
-            "prefixes_per_request": [len(b) for b in bounds],
-            "verify_tokens": vtokens,
-            "seconds_draft": t_draft, "seconds_verify": t_verify, "seconds_continue": t_cont,
-            "seconds": t_draft + t_verify + t_cont,
-        }
-        stats["tokens_per_s"] = stats["new_tokens"] / stats["seconds"] if stats["seconds"] > 0 else float("inf")
-        stats["accepted_per_pass"] = stats["accepted_tokens"] / max(passes, 1)
+    def result(self, tokens: list[list[int]], seconds: float, verify_passes: int, target_passes: int,
+               rows: dict, continued: np.ndarray | None = None, continue_batch: int | None = None,
+               rounds: int | None = None) -> GenerateResult:
+        """A PARSE mode's result: texts, tokens and `GenerationStats` from its per-row device counters."""
+        n = len(tokens)
+        accepted = [int(x) for x in rows["accepted"][:n]]
+        cont_passes = target_passes - verify_passes
+        continued_n = int(np.sum(continued)) if continued is not None else None
+        stats = GenerationStats(
+            new_tokens=sum(len(t) for t in tokens), seconds=seconds, target_passes=target_passes,
+            verify_passes=verify_passes, rounds=rounds,
+            request_passes=(verify_passes * n + cont_passes * continued_n if continued_n is not None
+                            else target_passes * n),
+            draft_tokens=int(np.sum(rows["draft_len"][:n])), accepted_tokens=sum(accepted),
+            accepted_per_request=accepted, prefixes_per_request=[int(x) for x in rows["prefixes"][:n]],
+            verify_tokens=int(np.sum(rows["block_tokens"][:n])), continued_requests=continued_n,
+            continue_batch=continue_batch,
+            eagle3_accepted_tokens=(int(np.sum(rows["eagle3_accepted_tokens"][:n]))
+                                    if "eagle3_accepted_tokens" in rows else None),
+            eagle3_draft_tokens=(int(np.sum(rows["eagle3_draft_tokens"][:n]))
+                                 if "eagle3_draft_tokens" in rows else None))
         texts = [self.target.tokenizer.decode(t) for t in tokens]
-        return GenerateResult(texts=texts, tokens=tokens, stats=stats)
-
-    def _continued_rows(self, remaining: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-        """(rows, their token budgets): the verified rows to continue, padded to a batch bucket with repeats of a
-        live row whose budget is 0; rows is None when no row has tokens left. A sharded target keeps its whole batch
-        (its rows are laid out over the `data` axis)."""
-        live = np.flatnonzero(remaining > 0)
-        if live.size == 0:
-            return None, remaining[:0]
-        if isinstance(self.target, distributed.ShardedModel) or bucket(live.size, 1) >= remaining.shape[0]:
-            return np.arange(remaining.shape[0]), remaining
-        pad = bucket(live.size, 1) - live.size
-        rows = np.concatenate([live, np.full(pad, live[0])]).astype(np.int32)
-        return rows, np.concatenate([remaining[live], np.zeros(pad, remaining.dtype)])
-
-    def _verify_parallel(self, ids, drafts, bounds, max_new, taps: bool = False):
-        """Prompt + draft + K suffix copies in ONE pass over an empty cache; commit prompt + accepted prefix."""
-        blocks = [pack(0, p + d, [len(p) + x for x in b], self.suffix_ids) for p, d, b in zip(ids, drafts, bounds)]
-        length = length_bucket(max(blk.length for blk in blocks))
-        k_max = bucket(self.config.max_prefixes, 1)
-        batch = bucket(len(ids), 1)
-        # an EAGLE-3 continuation writes a chain (+ tree leaves) past the last token it may emit
-        margin = 1 + (self.config.eagle3_gamma + self.config.eagle3_tree if taps else 0)
-        cache_len = length_bucket(max(length, max(len(p) for p in ids) + max_new + margin))
-        cache = self.target.init_cache(batch, cache_len)
-        blocks = blocks + [pack(0, [0], [1], self.suffix_ids)] * (batch - len(ids))
-        before = [len(p) - 1 for p in ids] + [0] * (batch - len(ids))
-        out = self._verify(self.target, cache, blocks, self.yes_id, self.no_id, length, k_max, before,
-                          taps=self.eagle3.config.taps if taps else ())
-        valid = ~np.isnan(out.scores)
-        idx = accept(np.nan_to_num(out.scores), valid, self.config.threshold, self.config.policy)
-        accepted_b = [bounds[i][idx[i]] if idx[i] >= 0 else 0 for i in range(len(ids))]
-        take = np.where(idx >= 0, idx, k_max)  # k_max: the context's own last token
-        first_logits = out.boundary_logits[np.arange(batch), take]
-        lengths = np.array([len(p) + b for p, b in zip(ids, accepted_b)] + [1] * (batch - len(ids)), np.int32)
-        vtokens = int(sum(b.length for b in blocks[: len(ids)]))
-        return accepted_b, out.cache.set_lengths(lengths), first_logits, 1, vtokens, out
-
-    def _verify_sequential(self, ids, drafts, bounds, max_new):
-        """SpecReason-style: prefill the prompt, then one target pass per segment (segment + suffix)."""
-        batch = bucket(len(ids), 1)
-        seg_max = max(max(np.diff([0] + b)) for b in bounds)
-        length = length_bucket(seg_max + len(self.suffix_ids))
-        p_max = length_bucket(max(len(p) for p in ids))
-        cache_len = length_bucket(max(p_max + max(len(d) for d in drafts) + length, p_max + max_new + 1))
-        cache = self.target.init_cache(batch, cache_len)
-        rows = list(ids) + [[0]] * (batch - len(ids))
-        prompt_blocks = [pack(0, p, [len(p)], self.suffix_ids) for p in rows]
-        # the prefill pass also scores the empty prefix, which nothing reads; it gives the context's logits
-        plen = length_bucket(max(b.length for b in prompt_blocks))
-        out = self._verify(self.target, cache, prompt_blocks, self.yes_id, self.no_id, plen, 1,
-                          [len(p) - 1 for p in rows])
-        cache = out.cache.commit(np.array([len(p) for p in rows], np.int32))
-        first_logits = out.boundary_logits[:, 1]
-        passes, vtokens = 1, sum(b.length for b in prompt_blocks[: len(ids)])
-        accepted_b = [0] * len(ids)
-        stopped = [False] * len(ids)
-        policy_longest = self.config.policy == "longest_valid"
-        for k in range(max(len(b) for b in bounds)):
-            active = [i for i in range(len(ids)) if not stopped[i] and k < len(bounds[i])]
-            if not active:
-                break
-            blocks, seg_lens = [], []
-            lengths = to_host(cache.lengths)
-            for i in range(batch):
-                if i in active:
-                    start = bounds[i][k - 1] if k else 0
-                    seg = drafts[i][start: bounds[i][k]]
-                    blocks.append(pack(int(lengths[i]), seg, [len(seg)], self.suffix_ids))
-                    seg_lens.append(len(seg))
-                else:
-                    blocks.append(pack(int(lengths[i]), [0], [1], self.suffix_ids))
-                    seg_lens.append(0)
-            out = self._verify(self.target, cache, blocks, self.yes_id, self.no_id, length, 1)
-            passes += 1
-            vtokens += sum(blocks[i].length for i in active)
-            ok = out.scores[:, 0] >= self.config.threshold
-            commit = np.array([seg_lens[i] if i in active else 0 for i in range(batch)], np.int32)
-            cache = out.cache.commit(commit)
-            for i in active:
-                if ok[i]:
-                    accepted_b[i] = bounds[i][k]
-                    first_logits = first_logits.at[i].set(out.boundary_logits[i, 0])
-                elif not policy_longest:
-                    stopped[i] = True
-        # roll back whatever was committed past the accepted prefix (a failed segment, or longest_valid's tail)
-        lengths = np.array([len(p) + b for p, b in zip(ids, accepted_b)] + [1] * (batch - len(ids)), np.int32)
-        return accepted_b, cache.set_lengths(lengths), first_logits, passes, vtokens
-
-    def _parse_multi(self, ids: list[list[int]], max_new: int, sampling: SamplingParams) -> GenerateResult:
-        """Multi round: draft, verify over the target's cache, accept, the target writes one segment, repeat.
-
-        The target's cache carries over between rounds. The last token the target emitted is not in its
-        cache yet, so each verification block starts with it (boundaries shift by one)."""
-        n, batch = len(ids), bucket(len(ids), 1)
-        cfg, eos = self.config, resolve_eos(self.target)
-        seg_stop = np.array(sorted(set(eos.tolist()) | set(self.delimiter_ids[-1:])), np.int32)
-        k_max = bucket(cfg.max_prefixes, 1)
-        block_max = bucket(1 + cfg.max_draft_tokens + k_max * len(self.suffix_ids))
-        p_max = max(len(p) for p in ids)
-        cache = self.target.init_cache(batch, bucket(p_max + max_new + block_max + 1))
-        # prefill all but each prompt's last token; that one opens the first verification block
-        rows = list(ids) + [[0]] * (batch - n)
-        width = bucket(max(len(p) for p in rows))
-        prefill = [pack(0, p[:-1] or [0], [max(len(p) - 1, 1)], self.suffix_ids) for p in rows]
-        out = self._verify(self.target, cache, prefill, self.yes_id, self.no_id, bucket(width + len(self.suffix_ids)),
-                          1)
-        cache = out.cache.commit(np.array([len(p) - 1 for p in rows], np.int32))
-        last = [p[-1] for p in rows]
-        outs: list[list[int]] = [[] for _ in range(n)]
-        done = [False] * n
-        stats = {"target_passes": 1, "verify_passes": 0, "draft_tokens": 0, "accepted_tokens": 0, "rounds": 0,
-                 "verify_tokens": 0, "seconds_draft": 0.0, "seconds_verify": 0.0, "seconds_continue": 0.0}
-        seg_budget = bucket(cfg.max_segment, 16)
-        program = continue_program(self.target.config, self.target.attention_impl, seg_budget, sampling.greedy,
-                                   sampling.top_k)
-        while not all(done):
-            stats["rounds"] += 1
-            active = [i for i in range(n) if not done[i]]
-            budget = max(1, min(cfg.max_draft_tokens, max(max_new - len(outs[i]) for i in active)))
-            drafts_active, t = self._draft([ids[i] + outs[i] for i in active], budget, sampling)
-            stats["seconds_draft"] += t
-            drafts = {i: d[: max(1, max_new - len(outs[i]))] for i, d in zip(active, drafts_active)}
-            lengths = to_host(cache.lengths)
-            blocks, bounds = [], {}
-            for i in range(batch):
-                if i in drafts:
-                    bounds[i] = self.boundaries(drafts[i])
-                    blocks.append(pack(int(lengths[i]), [last[i]] + drafts[i], [1 + b for b in bounds[i]],
-                                       self.suffix_ids))
-                else:
-                    blocks.append(pack(int(lengths[i]), [last[i]], [1], self.suffix_ids))
-            t0 = time.perf_counter()
-            res = self._verify(self.target, cache, blocks, self.yes_id, self.no_id, block_max, k_max, [0] * batch)
-            stats["seconds_verify"] += time.perf_counter() - t0
-            stats["target_passes"] += 1
-            stats["verify_passes"] += 1
-            stats["verify_tokens"] += sum(blocks[i].length for i in drafts)
-            stats["draft_tokens"] += sum(len(d) for d in drafts.values())
-            valid = ~np.isnan(res.scores)
-            idx = accept(np.nan_to_num(res.scores), valid, cfg.threshold, cfg.policy)
-            commit = np.zeros(batch, np.int32)
-            remaining = np.zeros(batch, np.int32)
-            for i in active:
-                b = bounds[i][idx[i]] if idx[i] >= 0 else 0
-                outs[i] += drafts[i][:b]
-                stats["accepted_tokens"] += b
-                commit[i] = 1 + b
-                if (b and drafts[i][b - 1] in eos) or len(outs[i]) >= max_new:
-                    done[i] = True
-                else:
-                    remaining[i] = min(cfg.max_segment, max_new - len(outs[i]))
-            take = np.where(idx >= 0, idx, k_max)
-            first_logits = res.boundary_logits[np.arange(batch), take]
-            cache = res.cache.commit(commit)
-            if not remaining.any():
-                break
-            t0 = time.perf_counter()
-            state = program(self.target.params, cache, first_logits, remaining, seg_stop, *sampling.loop_args(),
-                            prng_key(sampling.seed + stats["rounds"]))
-            cont, cont_n = to_host(state.tokens), to_host(state.num_new)
-            stats["seconds_continue"] += time.perf_counter() - t0
-            stats["target_passes"] += int(state.step) - 1
-            cache = state.cache
-            for i in active:
-                if remaining[i] == 0:
-                    continue
-                seg = cont[i, : cont_n[i]].tolist()
-                outs[i] += seg
-                last[i] = seg[-1]
-                if seg[-1] in eos or len(outs[i]) >= max_new:
-                    done[i] = True
-        stats["new_tokens"] = sum(len(o) for o in outs)
-        stats["seconds"] = stats["seconds_draft"] + stats["seconds_verify"] + stats["seconds_continue"]
-        stats["tokens_per_s"] = stats["new_tokens"] / stats["seconds"] if stats["seconds"] > 0 else float("inf")
-        stats["accepted_per_pass"] = stats["accepted_tokens"] / max(stats["verify_passes"], 1)
-        return GenerateResult(texts=[self.target.tokenizer.decode(o) for o in outs], tokens=outs, stats=stats)
+        return GenerateResult(texts=texts, tokens=tokens, stats=stats.as_dict())

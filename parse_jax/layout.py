@@ -1,4 +1,4 @@
-"""Where to cut a draft into candidate prefixes, and the packed verification block of DESIGN §2.
+"""Where to cut a draft into candidate prefixes, and the packed verification block of docs/design.md §2.
 
 Pure numpy: the engine calls these on the host, the model only ever sees `tokens`, `positions`,
 `limit` and `group`. Boundaries are token counts: prefix k is `draft[:b_k]`, 0 < b_1 < ... < b_K <= D,
@@ -41,6 +41,27 @@ def delimiter_boundaries(draft: Sequence[int], delimiter: Sequence[int]) -> list
     return out
 
 
+def text_delimiter_boundaries(token_texts: Sequence[str], delimiters: Sequence[str]) -> list[int]:
+    """Boundaries from the decoded text: after every token whose text completes a delimiter occurrence (the
+    earliest-ending occurrence of any delimiter after the previous one ends; occurrences never overlap), then the
+    full draft. `token_texts`: the draft's tokens' texts, in order."""
+    _check_draft(len(token_texts))
+    delimiters = [d for d in delimiters]
+    if not delimiters or any(not d for d in delimiters):
+        raise InputError(f"delimiters must be non-empty strings, got {delimiters!r}")
+    out, text, start = [], "", 0
+    for t, piece in enumerate(token_texts):
+        for ch in piece:
+            text += ch
+            if any(text.endswith(d) and len(text) - len(d) >= start for d in delimiters):
+                start = len(text)
+                if not out or out[-1] != t + 1:
+                    out.append(t + 1)
+    if not out or out[-1] != len(token_texts):
+        out.append(len(token_texts))
+    return out
+
+
 def stride_boundaries(draft_len: int, stride: int) -> list[int]:
     """Every `stride` tokens, then the full draft."""
     _check_draft(draft_len)
@@ -53,11 +74,16 @@ def stride_boundaries(draft_len: int, stride: int) -> list[int]:
 def hybrid_boundaries(draft: Sequence[int], delimiter: Sequence[int], min_len: int, max_len: int) -> list[int]:
     """Delimiter boundaries, with segments shorter than `min_len` merged into the next and segments
     longer than `max_len` split into equal pieces (so a split never leaves a sliver)."""
+    return hybrid_from_boundaries(delimiter_boundaries(draft, delimiter), len(draft), min_len, max_len)
+
+
+def hybrid_from_boundaries(delimited: Sequence[int], draft_len: int, min_len: int, max_len: int) -> list[int]:
+    """`hybrid_boundaries` from delimiter boundaries found any way (token ids or decoded text)."""
     if not 1 <= min_len <= max_len:
         raise InputError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
     merged, start = [], 0
-    for b in delimiter_boundaries(draft, delimiter):
-        if b - start >= min_len or b == len(draft):
+    for b in delimited:
+        if b - start >= min_len or b == draft_len:
             merged.append(b)
             start = b
     out, start = [], 0
@@ -77,8 +103,18 @@ def cap_boundaries(boundaries: Sequence[int], max_prefixes: int) -> list[int]:
     if len(b) <= max_prefixes:
         return b
     head = b[:-1]
-    picks = np.linspace(0, len(head) - 1, max_prefixes - 1).round().astype(int) if max_prefixes > 1 else []
-    return [head[i] for i in picks] + [b[-1]]
+    return [head[i] for i in cap_picks(len(head), max_prefixes)] + [b[-1]]
+
+
+def cap_picks(num_head: int, max_prefixes: int) -> list[int]:
+    """Indices of the `max_prefixes - 1` head candidates kept out of `num_head` (> that many): evenly spread from the
+    first to the last, rounded half up, in integers so that the device segmenter (`segment.py`) picks the same."""
+    k = max_prefixes - 1
+    if k <= 0:
+        return []
+    if k == 1:
+        return [0]
+    return [(2 * i * (num_head - 1) + (k - 1)) // (2 * (k - 1)) for i in range(k)]
 
 
 def check_boundaries(boundaries: Sequence[int], draft_len: int) -> list[int]:
@@ -96,7 +132,7 @@ def check_boundaries(boundaries: Sequence[int], draft_len: int) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class PackedBlock:
-    """One request's verification block: draft then K suffix copies (DESIGN §2). All int32 [T]."""
+    """One request's verification block: draft then K suffix copies (docs/design.md §2). All int32 [T]."""
 
     tokens: np.ndarray
     positions: np.ndarray

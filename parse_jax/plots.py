@@ -32,8 +32,15 @@ def _errors(values: Sequence[float], low: Sequence[float], high: Sequence[float]
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    """Write whole or not at all (a temporary file renamed into place): an old plot survives a failed run."""
+    from parse_jax.atomic import replacing
+
+    path = Path(path)
+    try:
+        with replacing(path) as tmp:
+            fig.savefig(tmp, dpi=DPI, format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
     return path
 
 

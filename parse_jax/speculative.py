@@ -20,23 +20,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from parse_jax.decode import (
-    PAD_ID,
-    GenerateResult,
-    SamplingParams,
-    bucket,
-    encode_prompts,
-    forward_fn,
-    length_bucket,
-    pad_prompts,
-    register_program,
-    resolve_eos,
-    to_host,
-)
 from parse_jax.errors import InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.programs import bucket, fetch, forward_fn, length_bucket, register_program
+from parse_jax.requests import (
+    PAD_ID,
+    GenerateResult,
+    GenerationStats,
+    SamplingParams,
+    encode_prompts,
+    pad_prompts,
+    resolve_eos,
+)
 from parse_jax.sampling import filter_logits, prng_key, sample_token
 
 
@@ -204,7 +201,7 @@ def spec_batch(target, prompts, gamma: int, max_new_tokens: int, temperature: fl
     tokens past the last emitted one, so each prompt needs that much cache beyond its budget."""
     if int(gamma) < 1:
         raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
-    sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
     if int(max_new_tokens) < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     ids = encode_prompts(target, prompts, add_bos)
@@ -222,19 +219,16 @@ def spec_batch(target, prompts, gamma: int, max_new_tokens: int, temperature: fl
 
 
 def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -> GenerateResult:
-    """Texts, tokens and stats of a speculation program's `(tokens, num_new, rounds, accepted, proposed)`."""
-    tokens, num_new, rounds, accepted, proposed = (to_host(x) for x in out)
-    rows = range(len(ids))
-    toks = [tokens[i, : num_new[i]].tolist() for i in rows]
+    """Texts, tokens and stats of a speculation program's fetched `(tokens, num_new, rounds, accepted, proposed)`."""
+    tokens, num_new, rounds, accepted, proposed = out
+    n = len(ids)
+    toks = [tokens[i, : num_new[i]].tolist() for i in range(n)]
     texts = [target.tokenizer.decode(t) if target.tokenizer is not None else "" for t in toks]
-    total = int(num_new[: len(ids)].sum())
-    stats = {"target_passes": int(rounds), "new_tokens": total, "seconds": seconds,
-             "tokens_per_s": total / seconds if seconds > 0 else float("inf"),
-             "draft_tokens": int(proposed[: len(ids)].sum()), "accepted_tokens": int(accepted[: len(ids)].sum()),
-             "accepted_per_request": [int(x) for x in accepted[: len(ids)]],
-             "acceptance_rate": float(accepted[: len(ids)].sum() / max(proposed[: len(ids)].sum(), 1)),
-             "gamma": int(gamma)}
-    return GenerateResult(texts=texts, tokens=toks, stats=stats)
+    stats = GenerationStats(new_tokens=int(num_new[:n].sum()), seconds=seconds, target_passes=int(rounds),
+                            draft_tokens=int(proposed[:n].sum()), accepted_tokens=int(accepted[:n].sum()),
+                            accepted_per_request=[int(x) for x in accepted[:n]],
+                            acceptance_rate=float(accepted[:n].sum() / max(proposed[:n].sum(), 1)), gamma=int(gamma))
+    return GenerateResult(texts=texts, tokens=toks, stats=stats.as_dict())
 
 
 def run_spec(target, program, drafter_params, sb: SpecBatch, gamma: int) -> GenerateResult:
@@ -243,7 +237,7 @@ def run_spec(target, program, drafter_params, sb: SpecBatch, gamma: int) -> Gene
     t0 = time.perf_counter()
     out = program(target.params, drafter_params, sb.prompt, sb.lens, sb.max_new, sb.eos, *sb.sampling.loop_args(),
                   prng_key(sb.sampling.seed))
-    out = jax.block_until_ready(out)
+    out = fetch(out)
     return spec_result(target, sb.ids, out, time.perf_counter() - t0, gamma)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from parse_jax.bench import (
     BENCH_MODES,
+    check_run_settings,
     check_writable,
     format_provenance,
     format_row,
@@ -29,6 +30,7 @@ from parse_jax.bench import (
 )
 from parse_jax.engine import ParseConfig
 from parse_jax.errors import ConfigError, InputError
+from parse_jax.validation import check_float
 
 SWEEP_PARAMS = ("threshold", "max_prefixes", "segmenter", "max_draft_tokens")
 DEFAULT_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
@@ -40,11 +42,13 @@ def parse_value(param: str, text: str) -> dict:
     text = text.strip()
     try:
         if param == "threshold":
-            return {"threshold": float(text)}
+            value = float(text)
         if param in ("max_prefixes", "max_draft_tokens"):
             return {param: int(text)}
     except ValueError:
         raise InputError(f"--values for {param} must be numbers, got {text!r}") from None
+    if param == "threshold":
+        return {"threshold": check_float("threshold", value, 0.0, 1.0, error=InputError)}
     if param == "segmenter":
         name, _, delta = text.partition(":")
         if delta:
@@ -74,19 +78,26 @@ def sweep_configs(base: ParseConfig, param: str, values: Sequence[str]) -> list[
 
 def run_sweep(target, draft, base: ParseConfig, task, param: str, values: Sequence[str], n: int = 100,
               mode: str = "parse", max_new_tokens: int = 32, batch_size: int = 16, repeats: int = 3, seed: int = 0,
-              split: str = "test", progress: bool = True, models: dict | None = None) -> dict:
-    """`target` once, then `mode` with each value of `param`, on the same `n` problems of `split`."""
+              split: str = "test", progress: bool = True, models: dict | None = None,
+              eos_ids: Sequence[int] | None = None) -> dict:
+    """`target` once, then `mode` with each value of `param`, on the same `n` problems of `split` (a --data
+    `DataTask` has one split: its file)."""
     if mode not in BENCH_MODES or mode_config(base, mode)[1] in ("target", "draft"):
         raise InputError(f"a sweep varies a PARSE mode; got {mode!r}")
+    check_run_settings(n, max_new_tokens, batch_size, repeats, seed)
     configs = sweep_configs(base, param, values)
-    runners = {"target": mode_runner(target, draft, base, "target")}
+    runners = {"target": mode_runner(target, draft, base, "target", eos_ids=eos_ids)}
     for label, _, cfg in configs:
-        runners[f"{param}={label}"] = mode_runner(target, draft, cfg, mode)
+        runners[f"{param}={label}"] = mode_runner(target, draft, cfg, mode, eos_ids=eos_ids)
+    split = getattr(task, "split", split)
     problems = task.problems(n, seed, split=split)
     rows = measure(runners, task, problems, max_new_tokens, batch_size, repeats, seed, progress=progress)
     settings = {"param": param, "values": [label for label, _, _ in configs], "mode": mode, "n": n,
                 "max_new_tokens": max_new_tokens, "batch_size": batch_size, "repeats": repeats, "seed": seed,
-                "task": getattr(task, "name", None), "split": split, "temperature": 0.0}
+                "task": getattr(task, "name", None), "split": split, "temperature": 0.0,
+                "eos_ids": None if eos_ids is None else list(eos_ids)}
+    if getattr(task, "data", None) is not None:
+        settings["data"], settings["data_sha256"] = task.data, task.data_sha256
     config = {**settings, "parse_config": dataclasses.asdict(base), "models": models}
     points = [{"value": label, "overrides": overrides, **rows[f"{param}={label}"]} for label, overrides, _ in configs]
     return {**settings, "parse_config": dataclasses.asdict(base), "baseline": rows["target"], "points": points,
@@ -119,7 +130,7 @@ def write_sweep(result: dict, folder: str | Path, stem: str | None = None, title
     """STEM.json, STEM.md and the PNG plots (per value; accuracy vs throughput Pareto) into `folder`."""
     from parse_jax.plots import sweep_plots
 
-    folder = check_writable(folder)
+    folder = Path(check_writable(folder))
     stem = stem or f"sweep_{result['param']}"
     paths = [write_json(result, folder / f"{stem}.json"),
              write_text(folder / f"{stem}.md", sweep_markdown(result, title or f"Sweep of {result['param']}"))]
@@ -157,10 +168,11 @@ def calibrate(target, draft, base: ParseConfig, task, tolerance: float = 0.01,
               thresholds: Sequence[float] = DEFAULT_THRESHOLDS, n: int = 200, mode: str = "parse", seed: int = 0,
               progress: bool = True, log: Callable[[str], None] = print, **kw) -> dict:
     """A threshold sweep on dev problems (never the held-out test split), then `pick_threshold`."""
-    if not 0.0 <= tolerance < 1.0:
-        raise InputError(f"tolerance must lie in [0, 1), got {tolerance}")
+    check_float("tolerance", tolerance, 0.0, 1.0, max_open=True, error=InputError)
     if not thresholds:
         raise ConfigError("no thresholds to calibrate over")
+    for t in thresholds:
+        check_float("threshold", t, 0.0, 1.0)
     result = run_sweep(target, draft, base, task, "threshold", [f"{t:g}" for t in thresholds], n=n, mode=mode,
                        seed=seed, split=DEV_SPLIT, progress=progress, **kw)
     result["calibration"] = pick_threshold(result, tolerance)

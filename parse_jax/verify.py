@@ -15,12 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from parse_jax.decode import forward_fn, register_program, to_host
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.layout import PackedBlock, pad_blocks
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder
+from parse_jax.programs import forward_fn, register_program, to_host
 
 POLICIES = ("earliest_error", "longest_valid")
 
@@ -28,14 +28,54 @@ POLICIES = ("earliest_error", "longest_valid")
 def judge_token_id(tokenizer, word: str) -> int:
     """The id of a judge word, tokenized on its own; a word that is not exactly one token is refused."""
     ids = tokenizer.encode(word)
+    if tokenizer.has_unknown(ids):
+        raise ConfigError(f"judge word {word!r} is not in this tokenizer's vocabulary (it encodes to the unknown "
+                          "token): it could not be scored")
+    if any(int(t) in tokenizer.special_ids for t in ids):
+        raise ConfigError(f"judge word {word!r} is a special token ({ids}): a judge word must be ordinary text the "
+                          "target answers with")
     if len(ids) != 1:
         raise ConfigError(f"judge word {word!r} must be exactly one token, but it encodes to {len(ids)}: {ids}")
     return int(ids[0])
 
 
+def judge_ids(tokenizer, yes: str, no: str) -> tuple[int, int, list[int]]:
+    """(yes id, no id, shared tokens): how the judge words are scored. Words of several tokens are scored by their
+    first tokens that differ, after the tokens they share (e.g. a leading space token), which the caller appends to
+    the verification suffix: the ratio of the two words' probabilities at the point where they part, still read from
+    the one pass. Words whose tokens never part (one a prefix of the other), special tokens and text outside the
+    vocabulary are refused."""
+    ids = {}
+    for name, word in (("judge_yes", yes), ("judge_no", no)):
+        enc = [int(t) for t in tokenizer.encode(word)]
+        if not enc:
+            raise ConfigError(f"{name} {word!r} encodes to no tokens")
+        if tokenizer.has_unknown(enc):
+            raise ConfigError(f"{name} {word!r} is not in this tokenizer's vocabulary (it encodes to the unknown "
+                              "token): it could not be scored")
+        if any(t in tokenizer.special_ids for t in enc):
+            raise ConfigError(f"{name} {word!r} contains a special token ({enc}): a judge word must be ordinary text "
+                              "the target answers with")
+        ids[name] = enc
+    y, n = ids["judge_yes"], ids["judge_no"]
+    shared = 0
+    while shared < min(len(y), len(n)) and y[shared] == n[shared]:
+        shared += 1
+    if shared == min(len(y), len(n)):
+        raise ConfigError(f"judge words {yes!r} and {no!r} encode to {y} and {n}: one is a prefix of the other, so "
+                          "no token tells them apart")
+    return y[shared], n[shared], y[:shared]
+
+
 def scores_from_logits(logits: jax.Array, yes_id: int, no_id: int) -> jax.Array:
     """p_yes / (p_yes + p_no) = sigmoid(logit_yes - logit_no): the softmax normaliser cancels."""
     return jax.nn.sigmoid(logits[..., yes_id] - logits[..., no_id])
+
+
+def passes(scores, threshold):
+    """A prefix passes when its score reaches the threshold; a threshold of 1 passes nothing (no score is certain,
+    though float32 rounds a confident one to 1.0): threshold 1 is the target alone, 0 accepts every draft."""
+    return (scores >= threshold) & (threshold < 1.0)
 
 
 def accept(scores: np.ndarray, valid: np.ndarray, threshold: float, policy: str = "earliest_error") -> np.ndarray:
@@ -47,7 +87,7 @@ def accept(scores: np.ndarray, valid: np.ndarray, threshold: float, policy: str 
     if policy not in POLICIES:
         raise ConfigError(f"unknown acceptance policy {policy!r}; available: {', '.join(POLICIES)}")
     scores, valid = np.asarray(scores), np.asarray(valid, bool)
-    ok = (scores >= threshold) & valid
+    ok = np.asarray(passes(scores, threshold)) & valid
     k = scores.shape[-1]
     if policy == "earliest_error":
         fail = ~ok & valid
@@ -55,6 +95,32 @@ def accept(scores: np.ndarray, valid: np.ndarray, threshold: float, policy: str 
         last_valid = np.where(valid.any(-1), k - 1 - valid[..., ::-1].argmax(-1), -1)
         return np.minimum(first_fail - 1, last_valid)
     return np.where(ok.any(-1), k - 1 - ok[..., ::-1].argmax(-1), -1)
+
+
+def accept_on_device(scores: jax.Array, valid: jax.Array, threshold: jax.Array, policy: str) -> jax.Array:
+    """`accept` inside a jitted program (same result; `accept` is its reference)."""
+    ok = passes(scores, threshold) & valid
+    k = scores.shape[-1]
+    if policy == "earliest_error":
+        fail = ~ok & valid
+        first_fail = jnp.where(fail.any(-1), jnp.argmax(fail, -1), k)
+        last_valid = jnp.where(valid.any(-1), k - 1 - jnp.argmax(valid[..., ::-1], -1), -1)
+        return jnp.minimum(first_fail - 1, last_valid).astype(jnp.int32)
+    if policy == "longest_valid":
+        return jnp.where(ok.any(-1), k - 1 - jnp.argmax(ok[..., ::-1], -1), -1).astype(jnp.int32)
+    raise ConfigError(f"unknown acceptance policy {policy!r}; available: {', '.join(POLICIES)}")
+
+
+def verify_block(forward, cache: KVCache, block, yes_id, no_id, taps: tuple[int, ...] = ()):
+    """One verification pass inside a jitted program: `forward` (`programs.forward_fn(..., return_hidden=True)`)
+    over `cache` + a `block.Block` -> (scores [B, K] (NaN past each row's count), boundary_logits [B, K + 1, V],
+    cache with the block written, the tapped features [B, L, len(taps) * d] or None)."""
+    logits, cache, hiddens = forward(block.tokens, block.positions, cache, block.limit, block.group)
+    at_scores = jnp.take_along_axis(logits, block.score_index[..., None], axis=1)
+    scores = jnp.where(block.valid, scores_from_logits(at_scores, yes_id, no_id), jnp.nan)
+    boundary_logits = jnp.take_along_axis(logits, block.boundary_index[..., None], axis=1)
+    features = jnp.concatenate([hiddens[i] for i in taps], axis=-1) if taps else None
+    return scores, boundary_logits, cache, features
 
 
 @dataclasses.dataclass
@@ -68,7 +134,7 @@ class VerifyOutput:
 
 
 @functools.cache
-def _verify_program(cfg: ModelConfig, attention_impl: str, taps: tuple[int, ...] = ()):
+def verify_program(cfg: ModelConfig, attention_impl: str, taps: tuple[int, ...] = ()):
     module = Decoder(cfg, attention_impl)
 
     def run(params, cache, tokens, positions, limit, group, score_index, boundary_index, yes_id, no_id):
@@ -131,7 +197,7 @@ def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: in
     `taps`: also return those hidden states (indices into the decoder's `hiddens`) of every block token."""
     length, k_max = check_blocks(cache, blocks, length, num_prefixes)
     arrays = verify_arrays(blocks, length, k_max, before_index)
-    program = _verify_program(model.config, model.attention_impl, tuple(int(t) for t in taps))
+    program = verify_program(model.config, model.attention_impl, tuple(int(t) for t in taps))
     scores, boundary_logits, cache, features = program(model.params, cache, arrays["tokens"], arrays["positions"],
                                                        arrays["limit"], arrays["group"], arrays["score_index"],
                                                        arrays["boundary_index"], np.int32(yes_id), np.int32(no_id))

@@ -21,3 +21,26 @@ def pair_dir(tmp_path_factory):
     save_model(TARGET, d / "target")
     save_model(DRAFT, d / "draft")
     return d
+
+
+RSS_LIMIT_BYTES = 3 * 2**30
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+    """Every jitted program keeps its executables for the life of the process; hundreds of test modules' worth of
+    them (each PARSE program holds a few verification passes) outgrow a 24 GiB CI machine. After a module, when the
+    process holds more than RSS_LIMIT_BYTES, drop JAX's compilation caches (later modules compile what they need)."""
+    yield
+    if os.path.exists("/proc/self/statm") and _rss_bytes() > RSS_LIMIT_BYTES:
+        import gc
+
+        import jax
+
+        jax.clear_caches()
+        gc.collect()

@@ -198,12 +198,10 @@ print("jax imported:", "jax" in sys.modules)
 
 
 def test_parse_defaults_in_help_are_the_engines():
-    import dataclasses
-
     from parse_jax.cli import PARSE_DEFAULTS
     from parse_jax.engine import ParseConfig
 
-    fields = {f.name: f.default for f in dataclasses.fields(ParseConfig)}
+    fields = ParseConfig.flat_fields()  # the flat names the CLI and config files use
     assert PARSE_DEFAULTS == {k: fields[k] for k in PARSE_DEFAULTS}
 
 

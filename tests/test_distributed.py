@@ -171,7 +171,8 @@ def test_mesh_spec_parsing(tmp_path):
     (tmp_path / "m.yaml").write_text("mesh:\n  data: -1\n  model: 1\n")
     assert dist.parse_mesh_spec(str(tmp_path / "m.yaml")) == {"data": -1, "model": 1}
     assert dict(dist.make_mesh(str(tmp_path / "m.yaml")).shape) == {"data": 1, "model": 1}
-    shipped = {p.name: dist.parse_mesh_spec(str(p)) for p in sorted((ROOT / "configs").glob("mesh_*.yaml"))}
+    shipped = {p.name: dist.parse_mesh_spec(str(p))
+               for p in sorted((ROOT / "parse_jax" / "configs").glob("mesh_*.yaml"))}
     assert shipped == {"mesh_data2_model4.yaml": {"data": 2, "model": 4},
                        "mesh_model_all.yaml": {"data": 1, "model": -1}}
     for bad in ("data=2,pipeline=2", "data", "data=x", {"data": 0}, {"data": -1, "model": -1}):

@@ -9,9 +9,9 @@ from parse_jax.decode import generate
 from parse_jax.eagle3 import (
     Eagle3,
     Eagle3Config,
-    _applies,
     default_taps,
     eagle3_generate,
+    head_applies,
     init_head,
     load_eagle3,
     save_eagle3,
@@ -50,7 +50,7 @@ def test_head_shapes_and_taps(family):
 def _teacher_forced_logits(target, head, tokens, t, steps):
     """The drafting path with ground-truth tokens: head prefill over positions 0..t, then `steps - 1` own steps."""
     cfg = head.config
-    target_fwd, head_apply, lm = _applies(target.config, cfg, "xla", target.params, head.params)
+    target_fwd, head_apply, lm = head_applies(target.config, cfg, "xla", target.params, head.params)
     b, length = tokens.shape
     limit, group = causal_metadata(b, length)
     pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
@@ -81,7 +81,7 @@ def test_training_time_test_equals_the_drafting_path(family):
     b, length = tokens.shape
     limit, group = causal_metadata(b, length)
     pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
-    target_fwd, _, _ = _applies(target.config, head.config, "xla", target.params, head.params)
+    target_fwd, _, _ = head_applies(target.config, head.config, "xla", target.params, head.params)
     _, _, feats = target_fwd(tokens, pos, KVCache.init(target.config, b, length), limit, group)
     steps = 3
     train = ttt_logits(head.params, head.config, target.params, target.config, tokens, feats, steps)
@@ -174,10 +174,10 @@ def test_engine_modes_eagle3_and_parse_eagle3():
     target, draft = _engine_pair()
     head = random_head(target, 42)
     expect = generate(target, ENGINE_PROMPTS, max_new_tokens=20).tokens
-    eng = ParseEngine(target, draft, ParseConfig(max_draft_tokens=12, threshold=1.01), eagle3=head)
+    eng = ParseEngine(target, draft, ParseConfig(max_draft_tokens=12, threshold=1.0), eagle3=head)
     assert eng.generate(ENGINE_PROMPTS, mode="eagle3", max_new_tokens=20).tokens == expect
     res = eng.generate(ENGINE_PROMPTS, mode="parse+eagle3", max_new_tokens=20)
-    assert res.tokens == expect  # threshold > 1: nothing accepted, the continuation is lossless EAGLE-3
+    assert res.tokens == expect  # threshold 1: nothing accepted, the continuation is lossless EAGLE-3
     assert res.stats["accepted_tokens"] == 0 and res.stats["eagle3_draft_tokens"] > 0
     # threshold 0: every draft accepted, then EAGLE-3 continues from the committed boundary with the features of
     # the verification pass; the continuation equals the target's own greedy continuation of that context

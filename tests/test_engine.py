@@ -1,4 +1,4 @@
-"""ParseEngine on random models with the embedded task's tokenizer: the contracts of DESIGN §2 and §4."""
+"""ParseEngine on random models with the embedded task's tokenizer: the contracts of docs/design.md §2 and §4."""
 
 import numpy as np
 import pytest
@@ -25,7 +25,7 @@ PROMPTS = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :", "( 5 - 5 ) + ( 6 * 2 ) 
 
 
 def _engine(**kw):
-    return ParseEngine(TARGET, DRAFT, ParseConfig(**{"max_draft_tokens": 12, **kw}))
+    return ParseEngine(TARGET, DRAFT, ParseConfig(**{"max_draft_tokens": 12, "rounds": "single", **kw}))
 
 
 def test_prefix_scores_equal_separate_causal_passes():
@@ -44,7 +44,7 @@ def test_prefix_scores_equal_separate_causal_passes():
 @pytest.mark.parametrize("mode", ["parse", "sequential"])
 def test_threshold_above_one_is_the_target_alone(mode):
     expect = generate(TARGET, PROMPTS, max_new_tokens=20).tokens
-    res = _engine(threshold=1.01).generate(PROMPTS, mode=mode, max_new_tokens=20)
+    res = _engine(threshold=1.0).generate(PROMPTS, mode=mode, max_new_tokens=20)
     assert res.tokens == expect
     assert res.stats["accepted_tokens"] == 0
 
@@ -99,13 +99,17 @@ def test_sd_and_target_modes_through_the_engine():
 
 
 def test_bad_configuration_and_requests():
-    with pytest.raises(ConfigError, match="exactly one token"):
-        ParseEngine(TARGET, DRAFT, ParseConfig(judge_yes="Correct Correct"))
+    with pytest.raises(ConfigError, match="prefix of the other"):
+        ParseEngine(TARGET, DRAFT, ParseConfig(judge_yes="Correct Correct", judge_no="Correct"))
     with pytest.raises(ConfigError, match="segmenter"):
         ParseConfig(segmenter="sentences")
+    with pytest.raises(ConfigError, match="never occur"):  # no token of the task's vocabulary writes a newline
+        ParseEngine(TARGET, DRAFT, ParseConfig(delimiter="\n\n"))
+    with pytest.raises(ConfigError, match="vocabulary"):
+        ParseEngine(TARGET, DRAFT, ParseConfig(judge_yes="Yes"))
     with pytest.raises(InputError, match="unknown mode"):
         _engine().generate(PROMPTS, mode="fast")
-    with pytest.raises(InputError, match="different vocabularies"):
+    with pytest.raises(ConfigError, match="different vocabulary sizes"):
         ParseEngine(TARGET, random_model("qwen3", 1))
     with pytest.raises(InputError, match="draft is empty"):
         _engine().prefix_scores([1, 2], [], [1])
@@ -115,7 +119,7 @@ def test_bad_configuration_and_requests():
 
 def test_multi_round_threshold_above_one_is_the_target_alone_and_zero_accepts_drafts():
     expect = generate(TARGET, PROMPTS, max_new_tokens=24).tokens
-    eng = _engine(threshold=1.01, rounds="multi", segmenter="stride", stride=3, max_segment=5, min_segment=2)
+    eng = _engine(threshold=1.0, rounds="multi", segmenter="stride", stride=3, max_segment=5, min_segment=2)
     res = eng.generate(PROMPTS, mode="parse", max_new_tokens=24)
     assert res.tokens == expect
     assert res.stats["accepted_tokens"] == 0 and res.stats["rounds"] > 1
@@ -132,7 +136,8 @@ def test_a_long_run_compiles_a_bounded_number_of_programs():
     """After one request per shape bucket, requests of other lengths and batch sizes in the same buckets compile
     nothing new (stats["compiled_programs"] counts real executables), except one continuation program and one row
     gather per continuation batch bucket (1, 2, 4 here) not seen yet: PARSE continues only the rows it rejected."""
-    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3, threshold=0.3))
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3, threshold=0.3,
+                                                 rounds="single"))
     rng = np.random.default_rng(0)
 
     def prompts(n, length):

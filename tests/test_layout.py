@@ -1,4 +1,4 @@
-"""Segmentation and packing, property-tested against DESIGN §2 written out by hand."""
+"""Segmentation and packing, property-tested against docs/design.md §2 written out by hand."""
 
 import jax.numpy as jnp
 import numpy as np

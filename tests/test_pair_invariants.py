@@ -32,7 +32,7 @@ def prompts():
 def test_greedy_speculation_is_the_target_alone(pair, prompts):
     target, draft = pair
     assert target.config.dtype == "float32"
-    eng = pj.ParseEngine(target, draft, pj.ParseConfig(threshold=1.5))
+    eng = pj.ParseEngine(target, draft, pj.ParseConfig(threshold=1.0))
     expect = eng.generate(prompts, mode="target", max_new_tokens=24)
     for mode in ("sd", "eagle3", "parse", "sequential", "parse+eagle3"):
         res = eng.generate(prompts, mode=mode, max_new_tokens=24)

@@ -56,14 +56,14 @@ def test_pick_threshold(points, tolerance, expect):
 
 def test_calibrate_on_dev_problems_picks_what_its_sweep_supports(tmp_path):
     task = load_task()
-    res = calibrate(TARGET, DRAFT, BASE, task, tolerance=0.0, thresholds=[0.0, 0.5, 1.01], n=5, max_new_tokens=10,
+    res = calibrate(TARGET, DRAFT, BASE, task, tolerance=0.0, thresholds=[0.0, 0.5, 1.0], n=5, max_new_tokens=10,
                     batch_size=5, repeats=1, progress=False, log=lambda s: None)
     assert res["split"] == "train" and len(res["prompts"]) == 5
     assert not any(task.is_heldout(p) for p in res["prompts"])  # the dev split is never the test split
     pts = {p["value"]: p for p in res["points"]}
-    assert set(pts) == {"0", "0.5", "1.01"}
-    assert pts["1.01"]["accepted_tokens"] == 0  # a threshold above 1 accepts nothing: PARSE == target
-    assert pts["1.01"]["accuracy"] == res["baseline"]["accuracy"]
+    assert set(pts) == {"0", "0.5", "1"}
+    assert pts["1"]["accepted_tokens"] == 0  # threshold 1 accepts nothing (no score reaches 1): PARSE == target
+    assert pts["1"]["accuracy"] == res["baseline"]["accuracy"]
     assert pts["0"]["accepted_tokens"] == pts["0"]["draft_tokens"] > 0  # threshold 0 accepts every draft
     chosen = res["calibration"]
     floor = res["baseline"]["accuracy"]

@@ -44,6 +44,8 @@ def as_records(records: str | Path | Sequence[Any], task: Any = None) -> list[Re
     the embedded task's (prompt, solution) pairs (`task.problems(n, seed)`); a bad one is an InputError."""
     if isinstance(records, (str, Path)):
         return load_records(records, task)[0]
+    if not isinstance(records, Sequence):
+        raise InputError(f"records must be a JSONL path or a list of records, got {type(records).__name__}")
     out = []
     for i, r in enumerate(records, start=1):
         if isinstance(r, Record):
@@ -67,22 +69,27 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
              config: Any = None, batch_size: int = 8, *, max_new_tokens: int = 256, temperature: float = 0.0,
              seed: int = 0, task: Any = None, chat: str = "auto", instruction: str = DEFAULT_INSTRUCTION,
              results: ResultsFile | None = None, progress: bool = False,
-             log: Callable[[str], None] | None = None) -> EvalResult:
+             log: Callable[[str], None] | None = None, eos_ids: Sequence[int] | None = None,
+             template_kwargs: dict | None = None) -> EvalResult:
     """Generate with `mode` (a bench mode: target, sd, sequential, parse, parse-multi, eagle3, parse+eagle3, draft)
     on every record, grade, and total. `draft` may be None for mode "target"; `config`: a `ParseConfig`.
 
     `results`: a `ResultsFile` to append to and resume from (what `parse-jax eval --out` uses); default: in
-    memory. Batch b's seed is `seed + its first record's line`, so a resumed run draws what a whole one would."""
-    from parse_jax.bench import mode_runner
+    memory. Batch b's seed is `seed + its first record's line`, so a resumed run draws what a whole one would.
+    `eos_ids`: the stop ids (default: the models' own); `template_kwargs`: for the chat template (e.g.
+    enable_thinking=False). Every setting is checked before the first record runs."""
+    from parse_jax.bench import check_run_settings, mode_runner
     from parse_jax.tasks import load_task
 
+    check_run_settings(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     task = task if task is not None else load_task()
     records = as_records(records, task)
-    runner = mode_runner(target, draft, config, mode, temperature=temperature)
+    runner = mode_runner(target, draft, config, mode, temperature=temperature, eos_ids=eos_ids)
     results = results if results is not None else ResultsFile.in_memory()
     summary = run_eval(records, lambda prompts, offset: runner(prompts, max_new_tokens, seed + offset), results,
                        tokenizer=target.tokenizer, task=task, batch_size=batch_size, chat=chat,
-                       instruction=instruction, progress=progress, log=log or (lambda _: None))
+                       instruction=instruction, progress=progress, log=log or (lambda _: None),
+                       template_kwargs=template_kwargs)
     return EvalResult(accuracy=summary["accuracy"], accuracy_ci95=tuple(summary["accuracy_ci95"]), n=summary["n"],
                       correct=summary["correct"], tokens_per_s=summary["tokens_per_s"],
                       accepted_per_pass=summary["accepted_per_pass"], new_tokens=summary["new_tokens"],

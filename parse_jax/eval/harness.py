@@ -17,11 +17,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from parse_jax.atomic import check_file_writable, write_text
 from parse_jax.decode import GenerateResult
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.eval.data import Record
 from parse_jax.eval.extract import extract_answer, format_number
 from parse_jax.eval.report import format_summary, summarize
+from parse_jax.validation import check_int
 
 RESULTS_VERSION = 1
 CHAT = ("auto", "on", "off")
@@ -53,22 +55,27 @@ class ResultsFile:
         return cls(None, header or {}, [])
 
     @classmethod
-    def open(cls, path: str | Path, header: dict) -> ResultsFile:
-        """Start `path` with `header`, or check an existing one against it and read its finished records."""
+    def check(cls, path: str | Path, header: dict) -> None:
+        """Everything `open` checks (a folder, an unwritable place, another run's file), without writing: what
+        `parse-jax eval` calls before the models load, so that a bad start leaves no file behind."""
         path = Path(path)
         if path.is_dir():
             raise InputError(f"--out {path} is a folder; give a file name such as {path / 'results.jsonl'}")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not path.exists() or path.stat().st_size == 0:
-                with open(path, "w") as f:
-                    f.write(json.dumps(header) + "\n")
-                return cls(path, header, [])
+            check_file_writable(path)
+        except InputError as e:
+            raise InputError(f"cannot write results file {path}: {str(e).partition(': ')[2]}") from None
+        if path.exists() and path.stat().st_size > 0:
+            cls._read(path, header)
+
+    @classmethod
+    def _read(cls, path: Path, header: dict) -> tuple[dict, list[dict], int, int]:
+        """(header, results, bytes of complete lines, file size) of an existing results file checked against
+        `header`."""
+        try:
             raw = path.read_bytes()
-            with open(path, "ab"):
-                pass  # writable? fail now, not after the first batch
         except OSError as e:
-            raise InputError(f"cannot write results file {path}: {e.strerror or e}") from None
+            raise InputError(f"cannot read results file {path}: {e.strerror or e}") from None
         lines = raw.split(b"\n")
         complete = lines[:-1]  # whatever follows the last newline is a torn write
         good_bytes = sum(len(x) + 1 for x in complete)
@@ -81,14 +88,29 @@ class ResultsFile:
                     good_bytes -= len(line) + 1  # a partial flush of a long line is not)
                     break
                 raise InputError(f"results file {path} is corrupt at line {i}; move it away to start over") from None
-        if not parsed or parsed[0].get("type") != "header":
+        if not parsed or not isinstance(parsed[0], dict) or parsed[0].get("type") != "header":
             raise InputError(f"{path} exists and is not a parse-jax eval results file; choose another --out")
         _check_header(path, parsed[0], header)
-        if good_bytes < len(raw):
-            with open(path, "r+b") as f:
-                f.truncate(good_bytes)
-        results = [r for r in parsed[1:] if r.get("type") == "result"]
-        return cls(path, parsed[0], results)
+        results = [r for r in parsed[1:] if isinstance(r, dict) and r.get("type") == "result"]
+        return parsed[0], results, good_bytes, len(raw)
+
+    @classmethod
+    def open(cls, path: str | Path, header: dict) -> ResultsFile:
+        """Start `path` with `header` (written whole: a temporary file renamed into place), or check an existing
+        one against it and read its finished records."""
+        path = Path(path)
+        cls.check(path, header)
+        if not path.exists() or path.stat().st_size == 0:
+            write_text(path, json.dumps(header) + "\n")
+            return cls(path, header, [])
+        old, results, good_bytes, size = cls._read(path, header)
+        try:
+            with open(path, "r+b") as f:  # writable? fail now, not after the first batch
+                if good_bytes < size:
+                    f.truncate(good_bytes)
+        except OSError as e:
+            raise InputError(f"cannot write results file {path}: {e.strerror or e}") from None
+        return cls(path, old, results)
 
     def append(self, rows: Sequence[dict]) -> None:
         """Append finished records and push them to disk before anything else happens."""
@@ -124,7 +146,8 @@ def _check_header(path: Path, old: dict, new: dict) -> None:
         raise ConfigError(f"{where} with other settings ({shown}); resume with the same ones or choose a new --out")
 
 
-def build_prompt(record: Record, tokenizer, chat: str = "auto", instruction: str = DEFAULT_INSTRUCTION):
+def build_prompt(record: Record, tokenizer, chat: str = "auto", instruction: str = DEFAULT_INSTRUCTION,
+                 template_kwargs: dict | None = None):
     """The model input of a record: task prompts as they are (text, BOS added by the engine); GSM8K questions
     through the model's chat template when it has one (token ids; the template writes its own BOS), else
     "Question: ...\\nAnswer:" text."""
@@ -138,7 +161,8 @@ def build_prompt(record: Record, tokenizer, chat: str = "auto", instruction: str
     if chat == "off" or template is None:
         return PLAIN_FORMAT.format(question=record.prompt)
     content = f"{record.prompt}\n{instruction}" if instruction else record.prompt
-    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": content}]))
+    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                          **(template_kwargs or {})))
 
 
 def grade(record: Record, text: str, task=None) -> tuple[bool, str | None]:
@@ -154,12 +178,11 @@ def grade(record: Record, text: str, task=None) -> tuple[bool, str | None]:
 def run_eval(records: Sequence[Record], generate: Callable[[list, int], GenerateResult], results: ResultsFile,
              tokenizer=None, task=None, batch_size: int = 8, chat: str = "auto",
              instruction: str = DEFAULT_INSTRUCTION, progress: bool = True,
-             log: Callable[[str], None] = print) -> dict:
+             log: Callable[[str], None] = print, template_kwargs: dict | None = None) -> dict:
     """Evaluate the records not yet in `results`, batch by batch; returns the summary over the whole file.
 
     `generate(prompts, seed_offset)` runs one batch (texts + tokens + stats)."""
-    if batch_size < 1:
-        raise InputError(f"batch size must be >= 1, got {batch_size}")
+    check_int("batch_size", batch_size, 1, error=InputError)
     todo = [r for r in records if r.key not in results.done]
     if len(todo) < len(records):
         log(f"resuming {results.path}: {len(records) - len(todo)} of {len(records)} records already done")
@@ -167,7 +190,7 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
     correct = sum(bool(r["correct"]) for r in results.results)
     for i in range(0, len(todo), batch_size):
         batch = todo[i: i + batch_size]
-        prompts = [build_prompt(r, tokenizer, chat, instruction) for r in batch]
+        prompts = [build_prompt(r, tokenizer, chat, instruction, template_kwargs) for r in batch]
         t0 = time.perf_counter()
         res = generate(prompts, batch[0].line)
         seconds = time.perf_counter() - t0
@@ -202,3 +225,38 @@ def write_summary(results: ResultsFile, summary: dict, provenance: dict, bad_lin
            "data_sha256": results.header["data_sha256"], "settings": results.header["settings"],
            "bad_lines": [{"line": b.line, "reason": b.reason} for b in bad_lines], "provenance": provenance}
     return write_json(doc, summary_path(results.path))
+
+
+class DataTask:
+    """The records of a JSONL file (`--data` of bench, sweep and calibrate) as a task: `problems` gives the first n
+    records' model inputs (as eval builds them: chat template or plain text; file order, the seed plays no part),
+    `grade` grades an output exactly as eval does, so accuracy means eval's accuracy."""
+
+    split = "data"
+
+    def __init__(self, path: str | Path, records: Sequence[Record], tokenizer, task=None, chat: str = "auto",
+                 instruction: str = DEFAULT_INSTRUCTION, template_kwargs: dict | None = None) -> None:
+        from parse_jax.eval.data import file_sha256
+
+        self.data, self.data_sha256 = str(path), file_sha256(path)
+        self.name = f"data:{Path(path).name}"
+        self.records, self.task = list(records), task
+        self.inputs = [build_prompt(r, tokenizer, chat, instruction, template_kwargs) for r in self.records]
+        self._by_input = {_hashable(x): r for x, r in zip(self.inputs, self.records)}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def problems(self, n: int, seed: int = 0, split: str = "data") -> list[tuple]:
+        check_int("n", n, 1, error=InputError)
+        if n > len(self.records):
+            raise InputError(f"n={n}, but {self.data} holds {len(self.records)} records; give --n "
+                             f"{len(self.records)} or fewer")
+        return [(x, r.reference) for x, r in zip(self.inputs[:n], self.records[:n])]
+
+    def grade(self, prompt, text: str) -> bool:
+        return grade(self._by_input[_hashable(prompt)], text, self.task)[0]
+
+
+def _hashable(prompt):
+    return prompt if isinstance(prompt, str) else tuple(int(t) for t in prompt)

@@ -11,8 +11,14 @@ a crash or an error never leaves a half-written checkpoint under the requested n
 
 from __future__ import annotations
 
+import gc
+import glob
 import json
+import os
+import re
 import shutil
+import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -62,25 +68,84 @@ def check_params(params: Any, cfg: ModelConfig) -> None:
                               + "; ".join(problems))
 
 
+def _prepare_parent(path: Path) -> None:
+    """Create the folder `path` goes into, or a CheckpointError naming the path (a file in the way, no
+    permission) instead of a raw OSError."""
+    for parent in (path.parent, *path.parent.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise CheckpointError(f"cannot write {path}: {parent} is a file, not a folder")
+            break
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot write {path}: cannot create {path.parent} ({e.strerror or e})") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise CheckpointError(f"cannot write {path}: no write permission in {path.parent}")
+
+
+def _tmp_owner(tmp: Path) -> int | None:
+    """The process id in a temporary folder's name (`.NAME.tmp-PID-XXXX`); None for older names without one."""
+    match = re.fullmatch(r"\..+\.(?:tmp|old)-(\d+)-[0-9a-f]+", tmp.name)
+    return int(match.group(1)) if match else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def clean_stale_temporaries(path: Path, started: float) -> list[Path]:
+    """Remove the hidden `.NAME.tmp-*` / `.NAME.old-*` folders earlier killed saves of `path` left behind: those
+    whose writer process is gone, or (names without a process id) older than this run's start `started`
+    (a time.time()). A live writer's folder is kept. Returns what was removed."""
+    removed: list[Path] = []
+    if not path.parent.is_dir():
+        return removed
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*-*"):
+        if not re.fullmatch(rf"\.{re.escape(path.name)}\.(tmp|old)-[0-9a-f-]+", tmp.name) or not tmp.is_dir():
+            continue
+        pid = _tmp_owner(tmp)
+        try:
+            stale = not _alive(pid) if pid is not None else tmp.stat().st_mtime < started
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
 def save_model(model: Model, path: str | Path, overwrite: bool = False) -> Path:
-    """Write `model` as a parse-jax checkpoint at `path`; an existing path is an error unless `overwrite`."""
+    """Write `model` as a parse-jax checkpoint at `path`; an existing path is an error unless `overwrite`.
+    Temporary folders of earlier killed saves to the same path are removed first."""
+    started = time.time()
     path = Path(path).absolute()
     check_params(model.params, model.config)
     if path.exists() and not overwrite:
-        raise CheckpointError(f"{path} already exists; pass overwrite=True to replace it")
+        raise CheckpointError(f"{path} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{path} exists and is not a folder")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    _prepare_parent(path)
+    clean_stale_temporaries(path, started)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        tmp.mkdir()
+        try:
+            tmp.mkdir()
+        except OSError as e:
+            raise CheckpointError(f"cannot write {path}: cannot create {tmp} ({e.strerror or e})") from None
         (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
         if model.tokenizer is not None:
             model.tokenizer.save(tmp)
         with _checkpointer() as checkpointer:  # synchronous: nothing still writes once it returns
             checkpointer.save(tmp / PARAMS_DIR, args=ocp.args.StandardSave(model.params))
         if path.exists():  # overwrite: move the old one aside first, so some complete copy always exists
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            old = path.parent / f".{path.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             path.rename(old)
             tmp.rename(path)
             shutil.rmtree(old)
@@ -116,7 +181,38 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
     except CheckpointError:
         raise
     except Exception as e:  # Orbax/TensorStore raise many types (some bare Exception) for damaged data
-        raise CheckpointError(f"cannot restore {where}: {e}") from None
+        problem = _orbax_problem(e)
+    _drop_failed_reads()
+    raise CheckpointError(f"cannot restore {where}: {problem}")
+
+
+def _drop_failed_reads() -> None:
+    """Orbax leaves the other reads of a failed restore as coroutines that raise when collected, each printing
+    a 60-line TensorStore dump ("Exception ignored in ..."): collect them now, silently, so the user sees one line."""
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+
+
+def _orbax_problem(error: BaseException) -> str:
+    """One line from an Orbax/TensorStore failure (often a 60-line spec dump): the param whose data could not be
+    read (TensorStore names its key, e.g. `layers_1.self_attn.k_proj.kernel`) and the root cause."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    text = "\n".join(str(x) for x in chain)
+    keys = [k for k in re.findall(r"'path': '([^'/][^']*?)/?'", text) if not k.startswith("/")]
+    keys += re.findall(r'Error reading "([^"/]+)/', text)
+    cause = next((line for x in reversed(chain) for line in str(x).splitlines()[:1] if line.strip()), repr(chain[-1]))
+    cause = cause if len(cause) <= 400 else cause[:400] + "..."
+    if keys:
+        return f"the data of param {keys[-1].replace('.', '/')} is damaged or unreadable ({cause})"
+    return cause
 
 
 def abstract_params_one_device(cfg: ModelConfig) -> dict[str, Any]:
@@ -156,8 +252,7 @@ def folder_tokenizer(folder: Path, cfg: ModelConfig) -> Tokenizer | None:
     """The tokenizer files of `folder` (None when it has no tokenizer.json), checked against the embedding."""
     if not (folder / "tokenizer.json").is_file():
         return None
-    eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else None
-    tokenizer = Tokenizer.from_folder(folder, bos_id=cfg.bos_token_id, eos_id=eos)
+    tokenizer = Tokenizer.from_folder(folder)
     check_vocab(tokenizer, cfg)
     return tokenizer
 

@@ -1,6 +1,6 @@
 """The Flax decoder shared by Llama-3, Qwen2/2.5 and Qwen3; the config selects each family's details.
 
-Every call is "a new block over a cache": explicit RoPE positions and DESIGN §2 mask metadata
+Every call is "a new block over a cache": explicit RoPE positions and docs/design.md §2 mask metadata
 (`limit`, `group`) make prefill, one-token decode, multi-prefix verification and tree drafts one call.
 Parameter names follow HF's module names so that import is a rename and a transpose.
 """
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 import pallas_kernels
 from parse_jax.models.cache import KVCache, write_block
-from parse_jax.models.config import ModelConfig, rope_inv_freq
+from parse_jax.models.config import MASKED_LOGIT, ModelConfig, rope_attention_scaling, rope_inv_freq
 
 
 class RMSNorm(nn.Module):
@@ -28,11 +28,15 @@ class RMSNorm(nn.Module):
         return scale * x32.astype(x.dtype)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """HF's rotate-half RoPE; x [B, T, H, D], positions [B, T]."""
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array, scaling: float = 1.0) -> jax.Array:
+    """HF's rotate-half RoPE; x [B, T, H, D], positions [B, T]; `scaling` multiplies cos/sin (yarn's attention
+    factor), in float32 before the cast, as transformers does."""
     freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    if scaling != 1.0:
+        cos, sin = cos * scaling, sin * scaling
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
@@ -60,9 +64,9 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = RMSNorm(cfg.rms_norm_eps, dtype, name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, dtype, name="k_norm")(k)
-        inv_freq = jnp.asarray(rope_inv_freq(cfg))
-        q = apply_rope(q, positions, inv_freq)
-        k = apply_rope(k, positions, inv_freq)
+        inv_freq, scaling = jnp.asarray(rope_inv_freq(cfg)), rope_attention_scaling(cfg)
+        q = apply_rope(q, positions, inv_freq, scaling)
+        k = apply_rope(k, positions, inv_freq, scaling)
         k_cache = write_block(k_cache, k, lengths)
         v_cache = write_block(v_cache, v, lengths)
         out = pallas_kernels.attention(q, k_cache, v_cache, lengths, limit, group, impl=self.attention_impl)
@@ -128,8 +132,12 @@ class Decoder(nn.Module):
             logits = embed.attend(x)
         else:
             logits = _dense(cfg.vocab_size, False, dtype, "lm_head")(x)
+        logits = logits.astype(jnp.float32)
+        if cfg.vocab_limit is not None and cfg.vocab_limit < cfg.vocab_size:
+            # padded rows (align_vocab) are not tokens: never sampled, never the argmax
+            logits = jnp.where(jnp.arange(cfg.vocab_size) < cfg.vocab_limit, logits, MASKED_LOGIT)
         cache = cache.replace(k=tuple(ks), v=tuple(vs))
-        return logits.astype(jnp.float32), cache, tuple(hiddens)
+        return logits, cache, tuple(hiddens)
 
 
 def causal_metadata(batch: int, t: int) -> tuple[jax.Array, jax.Array]:

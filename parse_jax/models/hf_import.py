@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import safetensors
 import safetensors.numpy
 
 from parse_jax.errors import CheckpointError, ConfigError
-from parse_jax.models.config import ModelConfig, config_from_hf, read_hf_config
+from parse_jax.models.config import ModelConfig, config_from_hf, generation_eos_ids, merge_ids, read_hf_config
 from parse_jax.models.model import Model, init_params
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.progress import bar
@@ -73,40 +72,43 @@ def unflatten(flat: dict[ParamPath, Any]) -> dict[str, Any]:
 
 
 class _Entry:
-    """One tensor of a safetensors file: where it lies and what the header says it is."""
+    """One tensor of a safetensors file: its name, file, dtype tag and shape (read through `safetensors`)."""
 
-    def __init__(self, file: Path, data_start: int, dtype: str, shape: list[int], offsets: list[int]) -> None:
-        self.file, self.data_start, self.dtype, self.shape, self.offsets = file, data_start, dtype, shape, offsets
-
-    def raw(self) -> bytes:
-        begin, end = self.offsets
-        with open(self.file, "rb") as f:
-            f.seek(self.data_start + begin)
-            data = f.read(end - begin)
-        if len(data) != end - begin:
-            raise CheckpointError(f"{self.file} is truncated")
-        return data
+    def __init__(self, file: Path, name: str, dtype: str, shape: list[int]) -> None:
+        self.file, self.name, self.dtype, self.shape = file, name, dtype, shape
 
     def read(self) -> np.ndarray:
-        """Raw read + view: safetensors' own numpy loader has no bfloat16."""
-        return np.frombuffer(self.raw(), dtype=_ST_DTYPES[self.dtype]).reshape(self.shape)
+        """The whole tensor (safetensors' numpy framework gives bfloat16 as `ml_dtypes.bfloat16`)."""
+        return self.read_slice(())
+
+    def read_slice(self, index: tuple[slice, ...]) -> np.ndarray:
+        """Only the rows/columns `index` selects: what one device of a mesh needs."""
+        try:
+            with safetensors.safe_open(str(self.file), framework="numpy") as f:
+                array = f.get_slice(self.name)[index] if index else f.get_tensor(self.name)
+        except Exception as e:  # SafetensorError, OSError: a file changed or damaged since its header was read
+            raise CheckpointError(f"cannot read tensor {self.name} from {self.file}: {e}") from None
+        if array.dtype.kind == "V" and self.dtype == "BF16":  # older safetensors: raw 2-byte records
+            array = array.view(ml_dtypes.bfloat16)
+        return array
+
+    def raw(self) -> bytes:
+        return self.read().tobytes()
 
 
 def _read_header(path: Path) -> dict[str, _Entry]:
-    """Validate a safetensors file (the library checks header, offsets and file size) and index it."""
+    """Index a safetensors file; the library checks the header, the offsets and the file size."""
     if not path.is_file():
         raise CheckpointError(f"safetensors file not found: {path}")
     try:
-        with safetensors.safe_open(str(path), framework="numpy"):
-            pass
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-    except Exception as e:  # SafetensorError, struct.error, JSONDecodeError: all mean a broken file
+        with safetensors.safe_open(str(path), framework="numpy") as f:
+            entries = {}
+            for name in f.keys():
+                info = f.get_slice(name)
+                entries[name] = _Entry(path, name, info.get_dtype(), list(info.get_shape()))
+    except Exception as e:  # SafetensorError and friends: all mean a broken file
         raise CheckpointError(f"corrupt or truncated safetensors file {path}: {e}") from None
-    header.pop("__metadata__", None)
-    return {name: _Entry(path, 8 + n, info["dtype"], list(info["shape"]), list(info["data_offsets"]))
-            for name, info in header.items()}
+    return entries
 
 
 def read_safetensors(folder: str | Path) -> dict[str, _Entry]:
@@ -163,10 +165,12 @@ def resolve_tied(cfg: ModelConfig, entries: dict[str, _Entry]) -> tuple[ModelCon
 
 
 def params_from_safetensors(entries: dict[str, _Entry], cfg: ModelConfig, check_finite: bool = True,
-                            where: str = "") -> dict[str, Any]:
+                            where: str = "", shardings: dict[ParamPath, Any] | None = None) -> dict[str, Any]:
     """Map HF tensors onto the param tree of `cfg`, cast to `cfg.dtype`.
 
-    Every name, shape and dtype is checked before any data is read; all problems go into one error."""
+    Every name, shape and dtype is checked before any data is read; all problems go into one error.
+    `shardings` (param path -> Sharding): each array is built by `jax.make_array_from_callback`, so every device
+    reads only its own slice of the file (an 8B+ target never sits whole on one device or in host memory)."""
     expected = expected_params(cfg)
     wanted = {hf_name(path)[0]: path for path in expected}
     missing = sorted(n for n in wanted if n not in entries)
@@ -198,16 +202,37 @@ def params_from_safetensors(entries: dict[str, _Entry], cfg: ModelConfig, check_
     flat: dict[ParamPath, Any] = {}
     non_finite = []
     for name, path in bar(len(wanted), f"reading {where or 'safetensors'}", iterable=wanted.items(), unit="tensor"):
-        array = entries[name].read()
-        if check_finite and not np.isfinite(array).all():
-            non_finite.append(f"{name} ({entries[name].file.name})")
+        entry, transpose = entries[name], hf_name(path)[1]
+        if shardings is not None:
+            flat[path] = _sharded_read(entry, transpose, expected[path].shape, shardings[path], target,
+                                       non_finite if check_finite else None)
             continue
-        if hf_name(path)[1]:
+        array = entry.read()
+        if check_finite and not np.isfinite(array).all():
+            non_finite.append(f"{name} ({entry.file.name})")
+            continue
+        if transpose:
             array = array.T
         flat[path] = jnp.asarray(array.astype(target))
     if non_finite:
         raise CheckpointError(f"checkpoint {where} has non-finite values (inf/nan) in: {', '.join(non_finite)}")
     return unflatten(flat)
+
+
+def _sharded_read(entry: _Entry, transpose: bool, shape: tuple[int, ...], sharding: Any, target: np.dtype,
+                  non_finite: list[str] | None) -> jax.Array:
+    """One param as a global array whose every shard is read straight from its slice of the file."""
+
+    def read(index: tuple[slice, ...]) -> np.ndarray:
+        index = tuple(index)
+        part = entry.read_slice(index[::-1] if transpose else index)
+        if non_finite is not None and not np.isfinite(part).all():
+            label = f"{entry.name} ({entry.file.name})"
+            if label not in non_finite:
+                non_finite.append(label)
+        return np.ascontiguousarray((part.T if transpose else part).astype(target))
+
+    return jax.make_array_from_callback(tuple(shape), sharding, read)
 
 
 def check_vocab(tokenizer: Tokenizer, cfg: ModelConfig) -> None:
@@ -217,20 +242,43 @@ def check_vocab(tokenizer: Tokenizer, cfg: ModelConfig) -> None:
                               f"than the model's embedding ({cfg.vocab_size} rows)")
 
 
-def load_hf(folder: str | Path, dtype: str | None = None, check_finite: bool = True,
-            attention_impl: str = "xla") -> Model:
-    """Load a HF folder (config.json, safetensors, tokenizer.json) as a `Model` in `dtype`
-    (default: config.json's dtype when bfloat16, else float32)."""
+def read_hf_folder(folder: str | Path, dtype: str | None = None) -> tuple[ModelConfig, Tokenizer, dict[str, _Entry]]:
+    """Config, tokenizer and tensor index of a HF folder; reads no tensor data. The config's stop ids are
+    config.json's `eos_token_id`, generation_config.json's and the tokenizer's EOS, merged (HF's generate stops
+    at generation_config.json's)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"model folder not found: {folder}")
     cfg = read_hf_config(folder / "config.json", dtype)
-    eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else None
-    tokenizer = Tokenizer.from_folder(folder, bos_id=cfg.bos_token_id, eos_id=eos)
+    tokenizer = Tokenizer.from_folder(folder)
     check_vocab(tokenizer, cfg)
+    stops = merge_ids(cfg.eos_token_ids, generation_eos_ids(folder, cfg.vocab_size), [tokenizer.eos_id])
+    cfg = cfg.replace(eos_token_ids=stops)
     cfg, entries = resolve_tied(cfg, read_safetensors(folder))
+    return cfg, tokenizer, entries
+
+
+def load_hf(folder: str | Path, dtype: str | None = None, check_finite: bool = True,
+            attention_impl: str = "xla") -> Model:
+    """Load a HF folder (config.json, safetensors, tokenizer.json) as a `Model` in `dtype`
+    (default: config.json's dtype when bfloat16, else float32)."""
+    cfg, tokenizer, entries = read_hf_folder(folder, dtype)
     params = params_from_safetensors(entries, cfg, check_finite, where=str(folder))
     return Model(cfg, params, tokenizer, attention_impl)
+
+
+def load_hf_sharded(folder: str | Path, mesh: Any, rules: Any = None, dtype: str | None = None,
+                    check_finite: bool = True, attention_impl: str = "xla", fallback_replicated: bool = False) -> Model:
+    """A HF folder straight into `mesh`: each device reads only its shard of every tensor (`get_slice`) with
+    the shardings of `parse_jax.distributed` (`rules` default: `fitting_rules`). Returns a `ShardedModel`."""
+    from parse_jax.distributed import ShardedModel, fitting_rules, param_shardings
+
+    cfg, tokenizer, entries = read_hf_folder(folder, dtype)
+    rules = rules or fitting_rules(cfg, mesh, fallback_replicated)
+    tree = param_shardings(cfg, mesh, rules)
+    shardings = {tuple(k.key for k in path): s for path, s in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    params = params_from_safetensors(entries, cfg, check_finite, where=str(folder), shardings=shardings)
+    return ShardedModel(cfg, params, tokenizer, attention_impl, mesh, rules)
 
 
 # ---------------------------------------------------------------------------------------- export
@@ -268,6 +316,11 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
                              "high_freq_factor": high, "original_max_position_embeddings": int(old_len)}
     elif cfg.rope_type == "linear":
         d["rope_scaling"] = {"rope_type": "linear", "factor": cfg.rope_scaling[0]}
+    elif cfg.rope_type == "yarn":
+        factor, old_len, beta_fast, beta_slow, attention, truncate = cfg.rope_scaling
+        d["rope_scaling"] = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": int(old_len),
+                             "beta_fast": beta_fast, "beta_slow": beta_slow, "attention_factor": attention,
+                             "truncate": bool(truncate)}
     back = config_from_hf(d, cfg.dtype)
     if back != cfg:
         diff = {f: (getattr(cfg, f), getattr(back, f)) for f in cfg.to_dict() if getattr(cfg, f) != getattr(back, f)}

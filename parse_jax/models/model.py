@@ -39,7 +39,14 @@ def init_params(cfg: ModelConfig, seed: int = 0) -> dict[str, Any]:
 
 
 class Model:
-    """What `pj.load_model` returns: `config`, `params`, `tokenizer`, `logits(ids)`."""
+    """What `pj.load_model` returns: `config`, `params`, `tokenizer`, `logits(ids)`.
+
+    `eagle3`: the EAGLE-3 head that came with this target (`pj.load_pair` sets the embedded pair's), the default
+    head of modes `eagle3` and `parse+eagle3`. `mesh`: None here; a sharded model (`parse_jax.distributed`) has one.
+    """
+
+    eagle3: Any = None
+    mesh: Any = None
 
     def __init__(self, config: ModelConfig, params: dict[str, Any], tokenizer: Any = None,
                  attention_impl: str = "xla") -> None:
@@ -81,6 +88,11 @@ class Model:
 
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         return _empty_cache_fn(self.config, batch, max_len)()
+
+    def place_rows(self, x: np.ndarray) -> Any:
+        """Per-request host inputs [B, ...] as this model's programs take them: as they are on one device; a sharded
+        model puts its rows over the mesh's `data` axis."""
+        return x
 
     def forward(self, tokens, positions, cache: KVCache, limit, group, return_hidden: bool = False):
         """One pass of a new block over `cache` (donated); see `Decoder`."""

@@ -1,6 +1,10 @@
 """`Tokenizer`: a HF `tokenizer.json` (via the `tokenizers` library) plus the bits of
 `tokenizer_config.json` generation needs: BOS/EOS ids and the jinja chat template.
 
+BOS and EOS are exactly what the tokenizer files define, as `transformers.AutoTokenizer` reads them: a
+`bos_token: null` (Qwen) means no BOS even when config.json has a `bos_token_id` (stop ids from config.json and
+generation_config.json go into `ModelConfig.eos_token_ids` instead).
+
 No `transformers` at run time: the fast tokenizer file holds the whole pipeline, and the chat template
 is rendered the way `transformers` renders it (sandboxed jinja2, `raise_exception`, `bos_token`, ...).
 """
@@ -21,9 +25,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from parse_jax.errors import CheckpointError, ConfigError, InputError
 
-# Every file `save` writes back when it was present at load; the first one is required.
+# Every file `save` writes back when it was present at load; the first one is required. generation_config.json
+# is not a tokenizer file, but it travels with them so that save / convert / export keep it.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "chat_template.json")
+                   "chat_template.jinja", "chat_template.json", "generation_config.json")
 
 
 def _read_json(name: str, data: bytes | None, source: str) -> dict[str, Any]:
@@ -47,13 +52,6 @@ def _token_content(value: Any) -> str | None:
     return None
 
 
-def _first_id(value: Any) -> int | None:
-    """config.json's `eos_token_id` may be an int or a list of ints; take the first."""
-    if isinstance(value, list):
-        value = value[0] if value else None
-    return int(value) if isinstance(value, int) else None
-
-
 class Tokenizer:
     """Text <-> ids without special tokens, plus BOS/EOS ids and chat-template rendering.
 
@@ -63,8 +61,9 @@ class Tokenizer:
 
     def __init__(self, files: Mapping[str, bytes], *, bos_id: int | None = None, eos_id: int | None = None,
                  source: str = "<memory>") -> None:
-        """`files`: file name -> contents (must include tokenizer.json); `bos_id`/`eos_id` are the
-        fallbacks used when tokenizer_config.json names no BOS/EOS token (HF falls back to config.json)."""
+        """`files`: file name -> contents (must include tokenizer.json); `bos_id`/`eos_id`: used only when
+        neither tokenizer_config.json nor special_tokens_map.json has the key at all (a bare tokenizer.json built
+        in memory); an explicit `null` there means none, as in transformers."""
         if "tokenizer.json" not in files:
             raise CheckpointError(f"tokenizer.json is required ({source})")
         self.source = source
@@ -77,34 +76,75 @@ class Tokenizer:
         special = _read_json("special_tokens_map.json", self.files.get("special_tokens_map.json"), source)
         self.bos_token = _token_content(config.get("bos_token")) or _token_content(special.get("bos_token"))
         self.eos_token = _token_content(config.get("eos_token")) or _token_content(special.get("eos_token"))
-        self.bos_id = self._resolve(self.bos_token, bos_id)
-        self.eos_id = self._resolve(self.eos_token, eos_id)
+        self.unk_token = _token_content(config.get("unk_token")) or _token_content(special.get("unk_token"))
+        named = lambda key: key in config or key in special  # noqa: E731
+        self.bos_id = self._resolve(self.bos_token, None if named("bos_token") else bos_id)
+        self.eos_id = self._resolve(self.eos_token, None if named("eos_token") else eos_id)
         if self.bos_token is None and self.bos_id is not None:
             self.bos_token = self._tok.id_to_token(self.bos_id)
         if self.eos_token is None and self.eos_id is not None:
             self.eos_token = self._tok.id_to_token(self.eos_id)
+        self.unk_id = self._find_unk()
         self.chat_template = self._find_chat_template(config)
 
     @classmethod
     def from_folder(cls, folder: str | Path, bos_id: int | None = None, eos_id: int | None = None) -> Tokenizer:
         """Load the tokenizer files of a HF model folder (or a parse-jax checkpoint).
 
-        BOS/EOS fall back to `bos_id`/`eos_id`, else to the folder's config.json ids."""
+        BOS/EOS come from tokenizer_config.json / special_tokens_map.json only, as in transformers (config.json's
+        ids are never a fallback: Qwen's `bos_token: null` beside a `bos_token_id` means no BOS); `bos_id` /
+        `eos_id` apply only when those files do not mention the token at all."""
         folder = Path(folder)
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise CheckpointError(f"tokenizer.json not found: {path}")
         files = {name: (folder / name).read_bytes() for name in TOKENIZER_FILES if (folder / name).is_file()}
-        if (bos_id is None or eos_id is None) and (folder / "config.json").is_file():
-            cfg = _read_json("config.json", (folder / "config.json").read_bytes(), str(folder))
-            bos_id = bos_id if bos_id is not None else _first_id(cfg.get("bos_token_id"))
-            eos_id = eos_id if eos_id is not None else _first_id(cfg.get("eos_token_id"))
         return cls(files, bos_id=bos_id, eos_id=eos_id, source=str(folder))
 
     def _resolve(self, token: str | None, fallback: int | None) -> int | None:
         """A named token wins; one missing from the vocabulary is treated as not named."""
         token_id = self._tok.token_to_id(token) if token is not None else None
         return token_id if token_id is not None else fallback
+
+    def _find_unk(self) -> int | None:
+        """The id unknown text encodes to: the tokenizer model's `unk_token` (BPE, WordPiece, WordLevel) or
+        `unk_id` (Unigram), else tokenizer_config.json's; None for byte-level BPE (nothing is unknown)."""
+        if type(self._tok.model).__name__ == "Unigram":  # its unk_id is not exposed: read the file
+            unk = (json.loads(self.files["tokenizer.json"].decode("utf-8")).get("model") or {}).get("unk_id")
+            if isinstance(unk, int):
+                return unk
+        for token in (getattr(self._tok.model, "unk_token", None), self.unk_token):
+            if isinstance(token, str) and self._tok.token_to_id(token) is not None:
+                return self._tok.token_to_id(token)
+        return None
+
+    @functools.cached_property
+    def token_texts(self) -> tuple[str, ...]:
+        """The text of each token id on its own (special tokens: ""), for boundaries found in decoded text: a step
+        delimiter such as "\n\n" is often merged with the character before it (`.\n\n` is one token)."""
+        n = self._tok.get_vocab_size(with_added_tokens=True)
+        return tuple(self._tok.decode_batch([[i] for i in range(n)], skip_special_tokens=True))
+
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of every added token (special or not: chat markers, `<think>`, BOS, EOS, padding) and of the
+        unknown token: never valid as ordinary words (e.g. judge words)."""
+        ids = set(self._tok.get_added_tokens_decoder())
+        ids.update(x for x in (self.bos_id, self.eos_id, self.unk_id) if x is not None)
+        return frozenset(ids)
+
+    def has_unknown(self, ids: Any) -> bool:
+        """Whether an encoding contains the unknown token (the text was not representable)."""
+        return self.unk_id is not None and any(int(i) == self.unk_id for i in ids)
+
+    def same_vocabulary(self, other: Tokenizer) -> bool:
+        """Same id -> token map (added tokens included, with their special flags) and the same model, pre-tokenizer,
+        normalizer and decoder: two files that encode every text to the same ids."""
+        return self._identity == other._identity
+
+    @functools.cached_property
+    def _identity(self) -> tuple[Any, ...]:
+        return _tokenizer_identity(self)
 
     def _find_chat_template(self, config: dict[str, Any]) -> str | None:
         """transformers 5 writes chat_template.jinja; older folders keep it in tokenizer_config.json
@@ -141,7 +181,8 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             **kwargs: Any) -> str:
-        """Render `messages` with the model's chat template, as `transformers` would (tokenize=False)."""
+        """Render `messages` with the model's chat template, as `transformers` would (tokenize=False); extra
+        keyword arguments reach the template (e.g. `enable_thinking=False` for Qwen3)."""
         if self.chat_template is None:
             raise ConfigError(f"the tokenizer has no chat_template (looked in tokenizer_config.json, "
                               f"chat_template.jinja and chat_template.json of {self.source})")
@@ -165,6 +206,18 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab={self.vocab_size}, bos={self.bos_id}, eos={self.eos_id}, source={self.source!r})"
+
+
+def _tokenizer_identity(tok: Tokenizer) -> tuple[Any, ...]:
+    """What decides the ids of every text, normalized (merges as pairs, whichever format the file uses)."""
+    d = json.loads(tok.files["tokenizer.json"].decode("utf-8"))
+    model = dict(d.get("model") or {})
+    if isinstance(model.get("merges"), list):
+        model["merges"] = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    added = sorted((t.get("id"), t.get("content"), bool(t.get("special"))) for t in d.get("added_tokens") or [])
+    parts = [json.dumps(x, sort_keys=True, default=list)
+             for x in (model, d.get("normalizer"), d.get("pre_tokenizer"), d.get("decoder"))]
+    return (*parts, added)
 
 
 def _raise_exception(message: str) -> None:

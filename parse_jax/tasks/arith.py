@@ -37,7 +37,7 @@ Grading rules, precisely:
   looks at the final answer only, not at the steps. ``text`` is the generated continuation, without the prompt.
 
 Difficulty is set by ``TaskConfig``: the expression shapes (more leaves = more steps and more orders), the operators
-and the modulus. Measured on the 2-core CPU (DESIGN §7): ``(x o x) o (x o x)`` mod 10 with ``+ - *`` (the default)
+and the modulus. Measured on the 2-core CPU (design.md §6): ``(x o x) o (x o x)`` mod 10 with ``+ - *`` (the default)
 reached 72% with a 1.3M model in 7 minutes with the loss still falling, while 2-digit +/- was far too hard.
 """
 
@@ -588,7 +588,7 @@ class Task:
 
 
 PRESETS: dict[str, TaskConfig] = {
-    # 3 steps, 2 orders: the measured shape (DESIGN §7).
+    # 3 steps, 2 orders: the measured shape (docs/design.md §6).
     "default": TaskConfig(),
     # Same shape, no multiplication: a gentler table to learn.
     "easy": TaskConfig(ops=("+", "-")),

@@ -1,4 +1,4 @@
-"""Training batches with static shapes, in the layout the target verifies with (DESIGN §2).
+"""Training batches with static shapes, in the layout the target verifies with (docs/design.md §2).
 
 Every row is one solution (clean, synthetically corrupted, or a real draft output) written once, followed by a
 copy of the verification suffix for every step boundary and for the final answer: ``BOS prompt s1 ; s2 ; ...

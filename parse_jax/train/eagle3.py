@@ -32,6 +32,7 @@ from parse_jax.train.evaluate import solve_many
 from parse_jax.train.forward import train_forward
 from parse_jax.train.recipe import PhaseSpec
 from parse_jax.train.trainer import train_phase
+from parse_jax.validation import check_float, check_int
 
 SAMPLES_FILE = "samples.json"
 
@@ -53,10 +54,12 @@ class Eagle3Spec:
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "unroll", "samples", "seq_len", "checkpoint_every"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"EAGLE-3 training: {name} must be >= 1, got {getattr(self, name)}")
+            check_int(f"EAGLE-3 training: {name}", getattr(self, name), 1)
         if not 0 < self.step_decay <= 1:
             raise ConfigError(f"EAGLE-3 training: step_decay must lie in (0, 1], got {self.step_decay}")
+        check_float("EAGLE-3 training: lr", self.lr, 0.0, min_open=True)
+        check_int("EAGLE-3 training: seed", self.seed, 0, 2**63 - 1)
+        check_int("EAGLE-3 training: warmup_steps", self.warmup_steps, 0)
 
     def phase(self) -> PhaseSpec:
         return PhaseSpec(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
@@ -175,6 +178,8 @@ def train_eagle3(target, task: Task, out: str | Path, spec: Eagle3Spec | None = 
     """Train (or resume) a head for `target` into `out`; returns it, also saved in `out/eagle3/`."""
     spec = spec or Eagle3Spec()
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"EAGLE-3 training: out {out} is a file; a training run needs a folder")
     cfg = Eagle3Config.for_target(target.config)
     rows = target_rows(target, task, spec, out, progress)
     n = len(rows)

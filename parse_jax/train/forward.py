@@ -14,21 +14,14 @@ import jax.numpy as jnp
 from pallas_kernels.reference import visibility
 from parse_jax.models.config import ModelConfig, rope_inv_freq
 from parse_jax.models.decoder import apply_rope
-
-
-def rms_norm(x, scale, eps):
-    return scale * (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps))
-
-
-def linear(p, x):
-    y = x @ p["kernel"]
-    return y + p["bias"] if "bias" in p else y
+from parse_jax.models.functional import linear, rms_norm
 
 
 def train_logits(params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
                  limit: jax.Array | None = None, group: jax.Array | None = None) -> jax.Array:
     """int [B, T] -> float32 logits [B, T, V] (float32 models). Without metadata: causal, positions 0..T-1; with
-    `positions`, `limit` and `group` [B, T]: the multi-prefix mask of DESIGN §2 over the row alone (no cache)."""
+    `positions`, `limit` and `group` [B, T]: the multi-prefix mask of docs/design.md §2 over the row alone (no
+    cache)."""
     return train_forward(params, cfg, tokens, positions, limit, group)[0]
 
 

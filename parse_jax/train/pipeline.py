@@ -37,6 +37,7 @@ from parse_jax.train.data import BatchStream, Encoder
 from parse_jax.train.grow import grown_config, widen_params
 from parse_jax.train.recipe import ModelSpec, Recipe
 from parse_jax.train.trainer import train_phase
+from parse_jax.validation import check_int
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tokenizer"
 SAMPLES_FILE = "draft_samples.json"
@@ -120,10 +121,14 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
 
     `grow_from`: a trained narrow target (a model folder of the recipe's `target_model` shape) that takes the place
     of the target phase; the recipe must grow it (`grow.enabled`)."""
+    if steps is not None:
+        check_int("steps", steps, 1)
     recipe = with_steps(recipe, steps)
     if grow_from is not None and not recipe.grow.enabled:
         raise ConfigError(f"--grow-from needs a recipe that grows its target (grow.enabled); {recipe.name} does not")
     out = Path(out if out is not None else recipe.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out {out} is a file; a training run needs a folder")
     if mode == "fresh":
         for name in ("draft_run", "target_run", "grow_run", SAMPLES_FILE):
             p = out / name

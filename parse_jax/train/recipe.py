@@ -12,8 +12,9 @@ import yaml
 from parse_jax.errors import ConfigError
 from parse_jax.models.config import ModelConfig
 from parse_jax.train.grow import check_growable, grown_config
+from parse_jax.validation import check_float, check_int
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # parse_jax/configs: ships in the wheel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,17 @@ class PhaseSpec:
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """A NaN, infinite or non-positive learning rate would train a head of NaNs: refused here."""
+        for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints"):
+            check_int(f"training: {name}", getattr(self, name), 1)
+        check_int("training: warmup_steps", self.warmup_steps, 0)
+        check_int("training: seed", self.seed, 0, 2**63 - 1)
+        check_float("training: lr", self.lr, 0.0, min_open=True)
+        check_float("training: final_lr_ratio", self.final_lr_ratio, 0.0, 1.0)
+        check_float("training: weight_decay", self.weight_decay, 0.0)
+        check_float("training: grad_clip", self.grad_clip, 0.0, min_open=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,13 +26,19 @@ import optax
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from parse_jax.errors import CheckpointError
+from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import init_params
 from parse_jax.train.forward import train_logits
 from parse_jax.train.recipe import PhaseSpec
+from parse_jax.validation import check_choice
 
 RUN_FILE = "run.json"
+
+
+class TrainingError(ConfigError):
+    """A run whose loss or params became NaN/inf: the settings (learning rate, data) cannot train this model."""
+
 CKPT_DIR = "ckpt"
 
 
@@ -110,6 +116,19 @@ def _write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def _check_finite(name: str, step: int, metrics: dict[str, float], params: Any, spec: PhaseSpec) -> None:
+    """Stop at the first logged step whose loss or params are NaN/inf: such a run must never write a checkpoint or
+    a model (the last good checkpoint stays the latest)."""
+    bad = [k for k in ("loss", "grad_norm") if k in metrics and not np.isfinite(metrics[k])]
+    if not bad and not bool(jax.tree.reduce(lambda a, b: a & b,
+                                            jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)), params))):
+        bad = ["params"]
+    if bad:
+        shown = ", ".join(f"{k} {metrics[k]}" if k in metrics else "non-finite params" for k in bad)
+        raise TrainingError(f"training {name} diverged at step {step} ({shown}) with lr {spec.lr:g}: nothing was "
+                            "saved for this step; lower the learning rate (or raise warmup) and rerun")
+
+
 def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable[[int], dict[str, np.ndarray]],
                 folder: str | Path, fingerprint: dict[str, Any], *, judge_weight: float = 0.0,
                 mode: str = "auto", on_step: Callable[[int], None] | None = None,
@@ -124,8 +143,7 @@ def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable
     folder = Path(folder)
     fingerprint = {"phase": name, "model": cfg.to_dict(), "spec": dataclasses.asdict(spec), **fingerprint}
     fingerprint = json.loads(json.dumps(fingerprint))
-    if mode not in ("auto", "resume", "fresh"):
-        raise ValueError(f"mode must be auto, resume or fresh, got {mode!r}")
+    check_choice("mode", mode, ("auto", "resume", "fresh"))
     if mode == "fresh" and folder.exists():
         shutil.rmtree(folder)
     opt = make_optimizer(spec)
@@ -170,6 +188,7 @@ def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable
             done = step + 1
             if done % spec.checkpoint_every == 0 or done == spec.steps or done % 25 == 0 or step == start:
                 metrics = {k: float(v) for k, v in metrics.items()}
+                _check_finite(name, done, metrics, params, spec)
                 history.append({"step": done, **metrics})
                 now = time.perf_counter()
                 shown = {k: f"{v:.4f}" if k == "loss" else f"{v:.3f}" for k, v in metrics.items() if k != "grad_norm"}

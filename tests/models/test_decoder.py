@@ -58,7 +58,7 @@ def test_rollback_hides_uncommitted_block():
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_prefix_copies_in_one_pass_equal_separate_passes(family):
-    """DESIGN §2 metadata: each suffix copy scores as if it followed its prefix alone."""
+    """docs/design.md §2 metadata: each suffix copy scores as if it followed its prefix alone."""
     model = random_model(family, 5)
     rng = np.random.default_rng(5)
     v = model.config.vocab_size

@@ -48,7 +48,8 @@ def test_bos_eos_from_tokenizer_config(folder) -> None:
     assert (tok.bos_token, tok.eos_token) == SPECIALS[:2]
 
 
-def test_bos_eos_fall_back_to_config_json(tmp_path) -> None:
+def test_bos_eos_never_fall_back_to_config_json(tmp_path) -> None:
+    """As transformers: tokenizer files decide (stop ids from config.json go into ModelConfig.eos_token_ids)."""
     write_tokenizer(tmp_path)
     cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
     cfg.pop("bos_token")
@@ -57,9 +58,12 @@ def test_bos_eos_fall_back_to_config_json(tmp_path) -> None:
     assert (Tokenizer.from_folder(tmp_path).bos_id, Tokenizer.from_folder(tmp_path).eos_id) == (None, None)
     (tmp_path / "config.json").write_text(json.dumps({"bos_token_id": 3, "eos_token_id": [2, 1]}))
     tok = Tokenizer.from_folder(tmp_path)
-    assert (tok.bos_id, tok.eos_id) == (3, 2)
-    assert tok.eos_token == "<|im_start|>"
-    assert Tokenizer.from_folder(tmp_path, bos_id=1, eos_id=0).bos_id == 1  # explicit fallbacks win over config.json
+    assert (tok.bos_id, tok.eos_id) == (None, None)
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert (reference.bos_token_id, reference.eos_token_id) == (None, None)
+    # an explicit fallback applies where the files do not mention the token (bos), not over an explicit null (eos)
+    assert (Tokenizer.from_folder(tmp_path, bos_id=1, eos_id=0).bos_id,
+            Tokenizer.from_folder(tmp_path, bos_id=1, eos_id=0).eos_id) == (1, None)
 
 
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
@@ -116,3 +120,22 @@ def test_missing_tokenizer_json_names_path(tmp_path) -> None:
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="tokenizer.json"):
         Tokenizer.from_folder(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["unigram", "wordlevel", "bytelevel"])
+def test_unknown_token_is_found_for_every_model_type(kind: str) -> None:
+    import tokenizers
+    from tokenizers import models, pre_tokenizers
+
+    if kind == "unigram":
+        tok = tokenizers.Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -1.0)], 0, False))
+    elif kind == "wordlevel":
+        tok = tokenizers.Tokenizer(models.WordLevel({"a": 0, "<unk>": 1, "b": 2}, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    else:
+        from tests.models.hf_tiny import make_tokenizer
+        tok = make_tokenizer()
+    ours = Tokenizer({"tokenizer.json": tok.to_str().encode()})
+    assert ours.unk_id == {"unigram": 0, "wordlevel": 1, "bytelevel": None}[kind]
+    assert ours.has_unknown(ours.encode("a z b")) == (kind != "bytelevel")
+    assert not ours.has_unknown(ours.encode("a b" if kind == "wordlevel" else "ab"))

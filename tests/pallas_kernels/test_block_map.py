@@ -1,5 +1,5 @@
 """The block map against the dense mask: every non-empty tile is visited, full tiles are full, and for the
-packed layout of DESIGN §2 (contiguous groups) exactly the non-empty tiles are visited."""
+packed layout of docs/design.md §2 (contiguous groups) exactly the non-empty tiles are visited."""
 
 import functools
 

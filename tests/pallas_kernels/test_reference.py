@@ -1,4 +1,4 @@
-"""The XLA reference attention against DESIGN §2's rule written out token by token."""
+"""The XLA reference attention against docs/design.md §2's rule written out token by token."""
 
 import jax
 import jax.numpy as jnp

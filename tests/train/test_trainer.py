@@ -43,7 +43,7 @@ def test_training_forward_equals_model_logits(tok, spec_kw):
 
 
 def test_packed_rows_score_each_copy_like_its_standalone_verification_prompt(tok, task, enc):
-    """The training forward over a packed row (DESIGN §2 metadata) gives every judge position the logits of a plain
+    """The training forward over a packed row (design.md §2) gives every judge position the logits of a plain
     causal pass over that prefix's verification prompt."""
     cfg = model_config(ModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=48,
                                  max_position_embeddings=64), tok)

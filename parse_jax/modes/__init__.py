@@ -1,0 +1,3 @@
+"""One module per generation mode: `target` (the target alone), `sd` (token-level speculative decoding with the
+draft), `eagle3` (EAGLE-3 drafting), `sequential` (one verification pass per step), `parse` (single- and
+multi-round PARSE, and parse+eagle3). `parse_jax.engine.MODE_RUNNERS` maps mode names to them."""

@@ -1,0 +1,428 @@
+"""Mode `parse` (and `parse+eagle3`): the draft writes a whole answer, ONE target pass scores every step-prefix,
+the longest valid prefix is kept and the target continues from it (single round), or the target writes up to its
+next step boundary and the draft drafts again (multi round, one `lax.while_loop`).
+
+Each request batch runs as one jitted program that returns everything the result needs; the host encodes before
+and decodes after, with one transfer of the results (`programs.fetch`). At batch > 1 the single round may stop
+once between verification and continuation, to continue only the rows that still have tokens to write in a smaller
+batch (where the decode step is compute-bound, that is cheaper than carrying finished rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from parse_jax.decode import decode_loop, prefill
+from parse_jax.eagle3 import Eagle3Config, eagle_loop, head_applies
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.modes.parse_program import (
+    Judge,
+    RoundSpec,
+    block_lengths,
+    draft_answers,
+    ends_in_eos,
+    is_eos,
+    join,
+    verify_round,
+)
+from parse_jax.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
+from parse_jax.requests import PAD_ID, GenerateResult, pad_prompts
+from parse_jax.sampling import prng_key
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleSpec:
+    """The static settings of an EAGLE-3 continuation (mode parse+eagle3)."""
+
+    config: Eagle3Config
+    gamma: int
+    tree: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleShape:
+    """Static shapes of a single-round program."""
+
+    draft_cap: int     # the most draft tokens (max_draft_tokens, within the request's budget)
+    draft_new: int     # its bucket
+    draft_cache: int
+    lengths: tuple[int, ...]  # verification block buckets (prompt + draft + K suffix copies), see block_lengths
+    cache_len: int     # the target's cache
+    num_new: int       # continuation tokens (bucket)
+
+
+def _round_stats(v, draft_len) -> dict:
+    return {"accepted": v.accepted, "prefixes": v.prefixes, "draft_len": draft_len, "block_tokens": v.block_tokens}
+
+
+@functools.cache
+def single_round_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_impl: str, draft_impl: str,
+                         spec: RoundSpec, shape: SingleShape, greedy: bool, top_k: int, fused: bool,
+                         eagle: EagleSpec | None = None):
+    """Draft -> segment -> pack -> verify -> accept -> commit, then (with `fused`) the continuation, in one program.
+
+    `fused=False` stops after the commit and returns what the continuation needs (`continue_single` runs it on the
+    rows that still have tokens to write)."""
+    target, draft = Decoder(target_cfg, target_impl), Decoder(draft_cfg, draft_impl)
+
+    def run(target_params, draft_params, head_params, prompt, prompt_lens, max_new, eos_ids, judge: Judge,
+            temperature, top_p, rng_draft, rng_continue):
+        b = prompt.shape[0]
+        budget = jnp.where(max_new > 0, jnp.minimum(shape.draft_cap, max_new), 0)
+        d_tokens, d_len = draft_answers(forward_fn(draft, draft_params), draft_cfg, prompt, prompt_lens, budget,
+                                        eos_ids, rng_draft, shape.draft_new, shape.draft_cache, greedy, temperature,
+                                        top_k, top_p)
+        taps = eagle.config.taps if eagle is not None else ()
+        t_forward = forward_fn(target, target_params, return_hidden=True)
+        cache = KVCache.init(target_cfg, b, shape.cache_len)
+        v = verify_round(t_forward, cache, spec, judge, jnp.zeros((b,), jnp.int32), prompt, prompt_lens, d_tokens,
+                         d_len, shape.lengths, taps)
+        remaining = jnp.where(ends_in_eos(d_tokens, v.accepted, eos_ids) | (max_new <= 0), 0,
+                              jnp.maximum(max_new - v.accepted, 0))
+        stats = _round_stats(v, d_len)
+        if not fused:
+            # greedy: a row whose next token is EOS is finished here, without taking a continuation row
+            first = jnp.argmax(v.first_logits, axis=-1).astype(jnp.int32)
+            stop = (is_eos(first, eos_ids) & (remaining > 0)) if greedy else jnp.zeros((b,), bool)
+            return {"draft": d_tokens, "remaining": jnp.where(stop, 0, remaining), "stop": stop, "first": first,
+                    "cache": v.cache, "first_logits": v.first_logits, "tokens": v.tokens, "features": v.features,
+                    **stats}
+        cont, cont_n, extra = continuation(target_cfg, target_impl, eagle, target_params, head_params, v.cache,
+                                           v.first_logits, v.tokens, v.features, remaining, eos_ids, rng_continue,
+                                           shape.num_new, greedy, temperature, top_k, top_p)
+        out = join(d_tokens, v.accepted, cont, shape.draft_new + shape.num_new)
+        return {"tokens": out, "num_new": v.accepted + cont_n, "continued": remaining > 0, **stats, **extra}
+
+    return register_program(jax.jit(run))
+
+
+def continuation(target_cfg, target_impl, eagle: EagleSpec | None, target_params, head_params, cache, first_logits,
+                 ctx_tokens, ctx_features, remaining, eos_ids, rng, num_new: int, greedy, temperature, top_k, top_p):
+    """The target writes each row's `remaining` tokens from its accepted boundary: token by token, or with EAGLE-3
+    from the taps of the verification pass. -> (tokens [B, num_new], count [B], stats)."""
+    if eagle is None:
+        forward = forward_fn(Decoder(target_cfg, target_impl), target_params)
+        state = decode_loop(forward, cache, first_logits, remaining, eos_ids, rng, num_new, greedy, temperature,
+                            top_k, top_p)
+        return state.tokens, state.num_new, {"continue_passes": state.step - 1}
+    target_fwd, head_apply, lm = head_applies(target_cfg, eagle.config, target_impl, target_params, head_params)
+    b = first_logits.shape[0]
+    state = eagle_loop(target_fwd, head_apply, lm, eagle.config, cache, KVCache.init(eagle.config.layer, b,
+                       cache.max_len), first_logits, ctx_tokens, ctx_features, cache.lengths, remaining, eos_ids,
+                       rng, eagle.gamma, num_new, greedy, temperature, top_k, top_p, 0, eagle.tree)
+    live = remaining > 0
+    return state.tokens[:, :num_new], state.num_new, {
+        "continue_passes": state.rounds, "eagle3_accepted_tokens": jnp.where(live, state.accepted, 0),
+        "eagle3_draft_tokens": jnp.where(live, state.proposed, 0)}
+
+
+@functools.cache
+def continue_single(target_cfg: ModelConfig, target_impl: str, num_new: int, greedy: bool, top_k: int,
+                    eagle: EagleSpec | None = None):
+    """The continuation of a split single round, on the rows picked by the host."""
+
+    def run(target_params, head_params, cache, first_logits, ctx_tokens, ctx_features, remaining, eos_ids,
+            temperature, top_p, rng):
+        cont, cont_n, extra = continuation(target_cfg, target_impl, eagle, target_params, head_params, cache,
+                                           first_logits, ctx_tokens, ctx_features, remaining, eos_ids, rng, num_new,
+                                           greedy, temperature, top_k, top_p)
+        return {"tokens": cont, "num_new": cont_n, **extra}
+
+    return register_program(jax.jit(run))
+
+
+# ------------------------------------------------------------------------------------------------ multi round
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiShape:
+    """Static shapes of a multi-round program."""
+
+    prompt: int        # prompt bucket
+    draft_cap: int     # the most draft tokens per round (max_draft_tokens)
+    draft_new: int     # its bucket
+    segment_cap: int   # the most tokens the target writes per round (max_segment)
+    pending: int       # tokens the draft may have to catch up on per round (the target's segment + 1)
+    first_lengths: tuple[int, ...]  # the first round's block buckets: prompt + draft + K suffix copies
+    lengths: tuple[int, ...]        # later rounds': the target's last token + draft + K suffix copies
+    segment: int       # bucket of segment_cap
+    num_new: int       # the output buffer (bucket of max_new_tokens)
+    cache_len: int     # both caches
+
+
+@struct.dataclass
+class MultiState:
+    target_cache: KVCache    # prompt + output except `last`
+    draft_cache: KVCache     # the first `draft_cache.lengths` tokens of prompt + output
+    seq: jax.Array           # [B, P + N + D] prompt then output: what the draft catches up from
+    out: jax.Array           # [B, N + D] the output so far
+    num_new: jax.Array       # [B] output tokens
+    last: jax.Array          # [B] the last token of prompt + output (the target has not seen it yet)
+    done: jax.Array          # [B]
+    rounds: jax.Array        # scalar
+    passes: jax.Array        # scalar: target passes
+    accepted: jax.Array      # [B] draft tokens accepted over all rounds
+    drafted: jax.Array       # [B] draft tokens written
+    block_tokens: jax.Array  # [B] verification tokens
+    prefixes: jax.Array      # [B] prefixes scored
+
+
+def write_at(buf: jax.Array, start: jax.Array, values: jax.Array, count: jax.Array) -> jax.Array:
+    """buf[b, start[b] + j] = values[b, j] for j < count[b] (other slots unchanged)."""
+    b, w = values.shape
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, w))
+    j = jnp.arange(w)[None, :]
+    cols = jnp.where(j < count[:, None], start[:, None] + j, buf.shape[1])
+    return buf.at[rows, cols].set(values, mode="drop")
+
+
+@functools.cache
+def multi_round_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_impl: str, draft_impl: str,
+                        spec: RoundSpec, shape: MultiShape, greedy: bool, top_k: int):
+    """Rounds of (draft -> ONE verification pass -> accept -> the target writes up to its next step boundary) until
+    every row is done: the first round verifies prompt + draft over an empty cache (as a single round does), the
+    others run in one `lax.while_loop` over the target's cache. Neither cache is prefilled again: the draft keeps
+    its own cache across rounds and only reads the tokens it has not seen (the target's last segment)."""
+    target, draft = Decoder(target_cfg, target_impl), Decoder(draft_cfg, draft_impl)
+    d, w, p = shape.draft_new, shape.pending, shape.prompt
+
+    def run(target_params, draft_params, prompt, prompt_lens, max_new, eos_ids, seg_stop, judge: Judge,
+            temperature, top_p, rng):
+        b = prompt.shape[0]
+        rows = jnp.arange(b)
+        t_fwd = forward_fn(target, target_params, return_hidden=True)
+        t_plain = forward_fn(target, target_params)
+        d_fwd = forward_fn(draft, draft_params)
+
+        def round_(s: MultiState, first_round: bool, draft_cache: KVCache, draft_first: jax.Array) -> MultiState:
+            key = jax.random.fold_in(rng, s.rounds)
+            k_draft, k_cont = jax.random.split(key)
+            live = ~s.done
+            seq_len = prompt_lens + s.num_new
+            budget = jnp.where(live, jnp.minimum(shape.draft_cap, max_new - s.num_new), 0)
+            dstate = decode_loop(d_fwd, draft_cache, draft_first, budget, eos_ids, k_draft, d, greedy, temperature,
+                                 top_k, top_p)
+            draft_tokens, n = dstate.tokens, dstate.num_new
+            closing = jnp.take_along_axis(draft_tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
+            # a closing EOS is not verified (the judge never saw one): the target's next token decides to stop
+            draft_len = jnp.maximum(jnp.where((n > 1) & is_eos(closing, eos_ids), n - 1, n), 1)
+            if first_round:  # the prompt and the draft in one pass over the empty cache
+                v = verify_round(t_fwd, s.target_cache, spec, judge, jnp.zeros((b,), jnp.int32), prompt,
+                                 prompt_lens, draft_tokens, draft_len, shape.first_lengths)
+            else:  # the target's last token and the draft over its cache
+                v = verify_round(t_fwd, s.target_cache, spec, judge, s.target_cache.lengths, s.last[:, None],
+                                 jnp.ones((b,), jnp.int32), draft_tokens, draft_len, shape.lengths)
+            acc = jnp.where(live, v.accepted, 0)
+            out = write_at(s.out, s.num_new, draft_tokens, acc)
+            seq_ = write_at(s.seq, seq_len, draft_tokens, acc)
+            num = s.num_new + acc
+            done = s.done | (live & (ends_in_eos(draft_tokens, acc, eos_ids) | (num >= max_new)))
+            # the target writes up to its next step boundary (or EOS, or the budget)
+            remaining = jnp.where(done, 0, jnp.minimum(shape.segment_cap, max_new - num))
+            cache = v.cache.set_lengths(jnp.where(live, v.cache.lengths, s.target_cache.lengths))
+            cstate = decode_loop(t_plain, cache, v.first_logits, remaining, seg_stop, k_cont, shape.segment,
+                                 greedy, temperature, top_k, top_p)
+            wrote = cstate.num_new
+            out = write_at(out, num, cstate.tokens, wrote)
+            seq_ = write_at(seq_, seq_len + acc, cstate.tokens, wrote)
+            num2 = num + wrote
+            seg_last = cstate.tokens[rows, jnp.maximum(wrote - 1, 0)]
+            done = done | ((wrote > 0) & (is_eos(seg_last, eos_ids) | (num2 >= max_new)))
+            # the draft keeps what it read of the accepted prefix (all but its last token were fed back to it)
+            d_keep = draft_cache.lengths + jnp.minimum(acc, jnp.maximum(n - 1, 0))
+            d_cache = dstate.cache.set_lengths(jnp.where(live, d_keep, draft_cache.lengths))
+            return s.replace(
+                target_cache=cstate.cache, draft_cache=d_cache, seq=seq_, out=out, num_new=num2,
+                last=jnp.where(wrote > 0, seg_last, s.last), done=done, rounds=s.rounds + 1,
+                passes=s.passes + 1 + jnp.maximum(cstate.step - 1, 0),
+                accepted=s.accepted + acc, drafted=s.drafted + jnp.where(live, draft_len, 0),
+                block_tokens=s.block_tokens + jnp.where(live, v.block_tokens, 0),
+                prefixes=s.prefixes + jnp.where(live, v.prefixes, 0))
+
+        d_cache, d_first = prefill(d_fwd, draft_cfg, prompt, prompt_lens, shape.cache_len)
+        zeros = jnp.zeros((b,), jnp.int32)
+        state = MultiState(target_cache=KVCache.init(target_cfg, b, shape.cache_len), draft_cache=d_cache,
+                           seq=jnp.zeros((b, p + shape.num_new + d), jnp.int32).at[:, :p].set(prompt),
+                           out=jnp.full((b, shape.num_new + d), PAD_ID, jnp.int32), num_new=zeros,
+                           last=prompt[rows, prompt_lens - 1], done=max_new <= 0, rounds=jnp.int32(0),
+                           passes=jnp.int32(0), accepted=zeros, drafted=zeros, block_tokens=zeros, prefixes=zeros)
+        state = round_(state, True, d_cache, d_first)
+
+        def catch_up(s: MultiState) -> tuple[KVCache, jax.Array]:
+            """The draft reads what it has not seen (the target's last segment): its cache and next logits."""
+            seq_len = prompt_lens + s.num_new
+            start = s.draft_cache.lengths
+            n_pend = seq_len - start
+            idx = jnp.clip(start[:, None] + jnp.arange(w)[None, :], 0, s.seq.shape[1] - 1)
+            limit, group = causal_metadata(b, w)
+            pos = start[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :]
+            logits, dc = d_fwd(jnp.take_along_axis(s.seq, idx, axis=1), pos, s.draft_cache, limit, group)
+            return dc.commit(n_pend), logits[rows, jnp.maximum(n_pend - 1, 0)]
+
+        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: round_(s, False, *catch_up(s)), state)
+        return {"tokens": s.out, "num_new": s.num_new, "rounds": s.rounds, "target_passes": s.passes,
+                "accepted": s.accepted, "draft_len": s.drafted, "block_tokens": s.block_tokens,
+                "prefixes": s.prefixes}
+
+    return register_program(jax.jit(run))
+
+
+def host_rows(remaining: np.ndarray, whole_batch: bool) -> tuple[np.ndarray | None, np.ndarray]:
+    """(rows, their budgets) to continue after a split single round: the rows with tokens left, padded to a batch
+    bucket with repeats of a live row whose budget is 0 (None when no row has tokens left). `whole_batch` (a
+    sharded target, whose rows are laid out over `data`) keeps every row."""
+    live = np.flatnonzero(remaining > 0)
+    if live.size == 0:
+        return None, remaining[:0]
+    if whole_batch or bucket(live.size, 1) >= remaining.shape[0]:
+        return np.arange(remaining.shape[0]), remaining
+    pad = bucket(live.size, 1) - live.size
+    rows = np.concatenate([live, np.full(pad, live[0])]).astype(np.int32)
+    return rows, np.concatenate([remaining[live], np.zeros(pad, remaining.dtype)])
+
+
+# ------------------------------------------------------------------------------------------------ host side
+
+
+def _programs_args(eng, req):
+    sampling = req.sampling
+    return (eng.target.config, eng.draft.config, eng.target.attention_impl, eng.draft.attention_impl,
+            eng.round_spec, sampling.greedy, sampling.top_k)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """A jitted program and the arguments of one call (its inputs placed as the target places rows): what a mode
+    runs on the device for a request. `benchmarks/bench_host_share.py` times `program(*args)` alone."""
+
+    program: object
+    args: tuple
+
+
+def single_launch(eng, req, eagle: bool = False, fused: bool | None = None) -> tuple[Launch, SingleShape]:
+    """The single-round program for `req` (fused: with the continuation; default at batch 1 and on a mesh)."""
+    cfg, ids, target = eng.config, req.ids, eng.target
+    head = eng.eagle3 if eagle else None
+    b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
+    cap = cfg.max_draft_tokens  # static; each row drafts min(cap, its budget)
+    d = bucket(min(cap, req.max_new), 16)
+    lengths = block_lengths(p + d + eng.round_spec.max_prefixes * len(eng.suffix_ids))
+    margin = 1 + (cfg.eagle3.gamma + cfg.eagle3.tree if eagle else 0)  # an EAGLE-3 round writes past its last token
+    shape = SingleShape(draft_cap=cap, draft_new=d, draft_cache=length_bucket(p + d), lengths=lengths,
+                        cache_len=length_bucket(max(lengths[-1], p + req.max_new + margin)),
+                        num_new=bucket(req.max_new, 16))
+    e_spec = EagleSpec(head.config, cfg.eagle3.gamma, cfg.eagle3.tree) if eagle else None
+    if fused is None:
+        fused = b == 1 or target.mesh is not None  # a sharded target keeps its whole batch anyway
+    prompt, lens, max_new = (target.place_rows(x) for x in pad_prompts(ids, b, p, req.max_new))
+    t_cfg, d_cfg, t_impl, d_impl, spec, greedy, top_k = _programs_args(eng, req)
+    program = single_round_program(t_cfg, d_cfg, t_impl, d_impl, spec, shape, greedy, top_k, fused, e_spec)
+    keys = prng_key(req.sampling.seed), prng_key(req.sampling.seed + 1)
+    args = (target.params, eng.draft.params, head.params if eagle else None, prompt, lens, max_new, req.eos,
+            eng.judge, *req.sampling.loop_args(), *keys)
+    return Launch(program, args), shape
+
+
+def run_single(eng, req, eagle: bool = False) -> GenerateResult:
+    """Single-round PARSE (mode parse, rounds single; mode parse+eagle3 with `eagle`)."""
+    ids, target = req.ids, eng.target
+    b = bucket(len(ids), 1)
+    fused = b == 1 or target.mesh is not None
+    launch, shape = single_launch(eng, req, eagle, fused)
+    t_cfg, t_impl, greedy, top_k = target.config, target.attention_impl, req.sampling.greedy, req.sampling.top_k
+    e_spec = EagleSpec(eng.eagle3.config, eng.config.eagle3.gamma, eng.config.eagle3.tree) if eagle else None
+    head_params, num_new = launch.args[2], shape.num_new
+    temperature, top_p = req.sampling.loop_args()
+    keys = launch.args[-2:]
+    t0 = time.perf_counter()
+    out = launch.program(*launch.args)
+    if fused:
+        res = fetch(out)
+        continued = res["continued"]
+        batch = b if continued[: len(ids)].any() else 0
+    else:
+        remaining = fetch(out["remaining"])  # the one host step: which rows the continuation takes
+        rows, rem = host_rows(remaining, whole_batch=False)
+        cont = None
+        if rows is not None:
+            ctx = (out["cache"], out["first_logits"], out["tokens"], out["features"])
+            if len(rows) < b:
+                ctx = take_rows(ctx, rows)
+            cont_program = continue_single(t_cfg, t_impl, num_new, greedy, top_k, e_spec)
+            cont = cont_program(target.params, head_params, *ctx, rem, req.eos, temperature, top_p, keys[1])
+        res, cont = fetch(({k: v for k, v in out.items() if k not in ("cache", "first_logits", "tokens", "features")},
+                           cont))
+        res = _assemble_split(res, cont, rows, rem, num_new)
+        continued, batch = remaining > 0, 0 if rows is None else len(rows)
+    seconds = time.perf_counter() - t0
+    n = len(ids)
+    toks = [res["tokens"][i, : res["num_new"][i]].tolist() for i in range(n)]
+    return eng.result(toks, seconds, verify_passes=1, target_passes=1 + int(res["continue_passes"]),
+                      rows=res, continued=continued[:n], continue_batch=batch)
+
+
+def _assemble_split(res: dict, cont: dict | None, rows, rem, num_new: int) -> dict:
+    """The tokens of a split single round: accepted draft, then the EOS found at the boundary or the continuation."""
+    b, d = res["draft"].shape
+    tokens = np.full((b, d + num_new), PAD_ID, np.int32)
+    count = np.zeros(b, np.int32)
+    cont_tok = np.zeros((b, num_new), np.int32)
+    cont_n = np.zeros(b, np.int32)
+    if cont is not None:
+        live = rem > 0
+        cont_tok[rows[live]] = cont["tokens"][live, :num_new]
+        cont_n[rows[live]] = cont["num_new"][live]
+    for i in range(b):
+        a = int(res["accepted"][i])
+        tail = [int(res["first"][i])] if res["stop"][i] else cont_tok[i, : cont_n[i]].tolist()
+        row = res["draft"][i, :a].tolist() + tail
+        tokens[i, : len(row)] = row
+        count[i] = len(row)
+    out = dict(res, tokens=tokens, num_new=count)
+    out["continue_passes"] = 0 if cont is None else int(cont["continue_passes"])
+    for key in ("eagle3_accepted_tokens", "eagle3_draft_tokens"):
+        if cont is not None and key in cont:
+            vals = np.zeros(b, np.int64)
+            vals[rows[rem > 0]] = cont[key][rem > 0]
+            out[key] = vals
+    return out
+
+
+def multi_launch(eng, req) -> Launch:
+    """The multi-round program for `req`."""
+    cfg, ids, target = eng.config, req.ids, eng.target
+    b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
+    cap, seg_cap = cfg.max_draft_tokens, cfg.max_segment  # static; each row is cut to its budget
+    d = bucket(min(cap, req.max_new), 16)
+    seg = min(seg_cap, req.max_new)
+    copies = eng.round_spec.max_prefixes * len(eng.suffix_ids)
+    first_lengths, lengths = block_lengths(p + d + copies), block_lengths(1 + d + copies)
+    shape = MultiShape(prompt=p, draft_cap=cap, draft_new=d, segment_cap=seg_cap, pending=bucket(seg + 2, 8),
+                       first_lengths=first_lengths, lengths=lengths, segment=bucket(seg, 16),
+                       num_new=bucket(req.max_new, 16),
+                       cache_len=length_bucket(max(first_lengths[-1], p + req.max_new + lengths[-1] + 1)))
+    prompt, lens, max_new = (target.place_rows(x) for x in pad_prompts(ids, b, p, req.max_new))
+    seg_stop = np.array(sorted({*req.eos.tolist(), *eng.step_end_ids.tolist()}), np.int32)
+    program = multi_round_program(*_programs_args(eng, req)[:5], shape, req.sampling.greedy, req.sampling.top_k)
+    return Launch(program, (target.params, eng.draft.params, prompt, lens, max_new, req.eos, seg_stop, eng.judge,
+                            *req.sampling.loop_args(), prng_key(req.sampling.seed)))
+
+
+def run_multi(eng, req) -> GenerateResult:
+    """Multi-round PARSE (mode parse, rounds multi): one program for the whole generation."""
+    launch = multi_launch(eng, req)
+    t0 = time.perf_counter()
+    res = fetch(launch.program(*launch.args))
+    seconds = time.perf_counter() - t0
+    toks = [res["tokens"][i, : res["num_new"][i]].tolist() for i in range(len(req.ids))]
+    return eng.result(toks, seconds, verify_passes=int(res["rounds"]), target_passes=int(res["target_passes"]),
+                      rows=res, rounds=int(res["rounds"]))

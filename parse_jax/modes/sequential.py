@@ -1,0 +1,152 @@
+"""Mode `sequential` (SpecReason-style step verification): the same draft and segments as PARSE, but one target
+pass per segment (the segment + the suffix, over the cache that holds the prompt and the segments before it).
+By design it costs one pass per segment; it runs as one program, with no host round trip between segments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from parse_jax.block import pack_block
+from parse_jax.decode import prefill
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import Decoder
+from parse_jax.modes.parse import continuation
+from parse_jax.modes.parse_program import (
+    Judge,
+    RoundSpec,
+    block_lengths,
+    draft_answers,
+    ends_in_eos,
+    join,
+)
+from parse_jax.programs import bucket, fetch, forward_fn, length_bucket, register_program
+from parse_jax.requests import GenerateResult, pad_prompts
+from parse_jax.sampling import prng_key
+from parse_jax.segment import segment
+from parse_jax.verify import passes, verify_block
+
+
+@dataclasses.dataclass(frozen=True)
+class SequentialShape:
+    draft_cap: int
+    draft_new: int
+    draft_cache: int
+    lengths: tuple[int, ...]   # segment + suffix block buckets
+    cache_len: int
+    num_new: int
+
+
+@struct.dataclass
+class SegmentState:
+    cache: KVCache
+    first_logits: jax.Array   # [B, V] after the last accepted segment (or the prompt)
+    accepted: jax.Array       # [B] draft tokens accepted
+    stopped: jax.Array        # [B] earliest_error: a segment failed
+    k: jax.Array              # scalar: the segment being verified
+    passes: jax.Array         # scalar
+    block_tokens: jax.Array   # [B]
+
+
+@functools.cache
+def sequential_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_impl: str, draft_impl: str,
+                       spec: RoundSpec, shape: SequentialShape, greedy: bool, top_k: int):
+    target, draft = Decoder(target_cfg, target_impl), Decoder(draft_cfg, draft_impl)
+
+    def run(target_params, draft_params, prompt, prompt_lens, max_new, eos_ids, judge: Judge, temperature, top_p,
+            rng_draft, rng_continue):
+        b = prompt.shape[0]
+        rows = jnp.arange(b)
+        budget = jnp.where(max_new > 0, jnp.minimum(shape.draft_cap, max_new), 0)
+        d_tokens, d_len = draft_answers(forward_fn(draft, draft_params), draft_cfg, prompt, prompt_lens, budget,
+                                        eos_ids, rng_draft, shape.draft_new, shape.draft_cache, greedy, temperature,
+                                        top_k, top_p)
+        bounds, count = segment(d_tokens, d_len, spec.segmenter, spec.max_prefixes, judge.table, spec.stride,
+                                spec.min_segment, spec.max_segment)
+        t_fwd = forward_fn(target, target_params, return_hidden=True)
+        cache, first_logits = prefill(forward_fn(target, target_params), target_cfg, prompt, prompt_lens,
+                                      shape.cache_len)
+        s_len = judge.suffix.shape[0]
+        zeros = jnp.zeros((b,), jnp.int32)
+        state = SegmentState(cache=cache, first_logits=first_logits, accepted=zeros, stopped=zeros > 0,
+                             k=jnp.int32(0), passes=jnp.int32(1), block_tokens=zeros)
+
+        def active(s: SegmentState):
+            return ~s.stopped & (s.k < count)
+
+        def cond(s: SegmentState):
+            return jnp.any(active(s))
+
+        def body(s: SegmentState):
+            on = active(s)
+            start = jnp.where(s.k > 0, bounds[rows, jnp.maximum(s.k - 1, 0)], 0)
+            end = bounds[rows, jnp.minimum(s.k, spec.max_prefixes - 1)]
+            seg_len = jnp.where(on, end - start, 1)
+            idx = jnp.clip(start[:, None] + jnp.arange(shape.draft_new)[None, :], 0, shape.draft_new - 1)
+            seg = jnp.where(on[:, None], jnp.take_along_axis(d_tokens, idx, axis=1), 0)
+
+            def pass_of(length: int):
+                def run_pass(cache):
+                    block = pack_block(cache.lengths, seg, seg_len, seg_len[:, None], jnp.ones((b,), jnp.int32),
+                                       judge.suffix, length)
+                    scores, logits, cache, _ = verify_block(t_fwd, cache, block, judge.yes_id, judge.no_id)
+                    return scores[:, 0], logits[:, 0], cache
+                return run_pass
+
+            needed = jnp.max(seg_len) + s_len
+            branch = jnp.minimum(jnp.sum(jnp.asarray(shape.lengths) < needed), len(shape.lengths) - 1)
+            score, logits, cache = jax.lax.switch(branch, [pass_of(n) for n in shape.lengths], s.cache)
+            ok = on & passes(score, judge.threshold)
+            failed = on & ~ok
+            return s.replace(
+                cache=cache.commit(jnp.where(on, seg_len, 0)),
+                first_logits=jnp.where(ok[:, None], logits, s.first_logits),
+                accepted=jnp.where(ok, end, s.accepted),
+                stopped=s.stopped | (failed if spec.policy == "earliest_error" else False),
+                k=s.k + 1, passes=s.passes + 1, block_tokens=s.block_tokens + jnp.where(on, seg_len + s_len, 0))
+
+        s = jax.lax.while_loop(cond, body, state)
+        # roll back whatever was committed past the accepted prefix (a failed segment, or longest_valid's tail)
+        cache = s.cache.set_lengths(prompt_lens + s.accepted)
+        remaining = jnp.where(ends_in_eos(d_tokens, s.accepted, eos_ids) | (max_new <= 0), 0,
+                              jnp.maximum(max_new - s.accepted, 0))
+        cont, cont_n, extra = continuation(target_cfg, target_impl, None, target_params, None, cache,
+                                           s.first_logits, None, None, remaining, eos_ids, rng_continue,
+                                           shape.num_new, greedy, temperature, top_k, top_p)
+        out = join(d_tokens, s.accepted, cont, shape.draft_new + shape.num_new)
+        return {"tokens": out, "num_new": s.accepted + cont_n, "continued": remaining > 0, "accepted": s.accepted,
+                "prefixes": count, "draft_len": d_len, "block_tokens": s.block_tokens + prompt_lens,
+                "verify_passes": s.passes, **extra}
+
+    return register_program(jax.jit(run))
+
+
+def run_sequential(eng, req) -> GenerateResult:
+    cfg, ids, target = eng.config, req.ids, eng.target
+    b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
+    cap = cfg.max_draft_tokens  # static; each row drafts min(cap, its budget)
+    d = bucket(min(cap, req.max_new), 16)
+    lengths = block_lengths(d + len(eng.suffix_ids))
+    shape = SequentialShape(draft_cap=cap, draft_new=d, draft_cache=length_bucket(p + d), lengths=lengths,
+                            cache_len=length_bucket(max(p + d + lengths[-1], p + req.max_new + 1)),
+                            num_new=bucket(req.max_new, 16))
+    prompt, lens, max_new = (target.place_rows(x) for x in pad_prompts(ids, b, p, req.max_new))
+    program = sequential_program(target.config, eng.draft.config, target.attention_impl, eng.draft.attention_impl,
+                                 eng.round_spec, shape, req.sampling.greedy, req.sampling.top_k)
+    t0 = time.perf_counter()
+    out = program(target.params, eng.draft.params, prompt, lens, max_new, req.eos, eng.judge,
+                  *req.sampling.loop_args(), prng_key(req.sampling.seed), prng_key(req.sampling.seed + 1))
+    res = fetch(out)
+    seconds = time.perf_counter() - t0
+    n = len(ids)
+    toks = [res["tokens"][i, : res["num_new"][i]].tolist() for i in range(n)]
+    passes = int(res["verify_passes"])
+    return eng.result(toks, seconds, verify_passes=passes, target_passes=passes + int(res["continue_passes"]),
+                      rows=res, continued=res["continued"][:n], continue_batch=b if res["continued"][:n].any() else 0)

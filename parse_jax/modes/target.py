@@ -1,0 +1,12 @@
+"""Mode `target`: the target alone (the baseline every speed-up is measured against)."""
+
+from __future__ import annotations
+
+from parse_jax.decode import generate
+from parse_jax.requests import GenerateResult, Request
+
+
+def run(eng, req: Request) -> GenerateResult:
+    s = req.sampling
+    return generate(eng.target, req.ids, max_new_tokens=req.max_new, temperature=s.temperature, top_k=s.top_k,
+                    top_p=s.top_p, seed=s.seed, eos_ids=req.eos.tolist())

@@ -1,0 +1,225 @@
+"""Where to cut a draft into candidate prefixes, on the device: the same boundaries as `layout.py`'s numpy
+segmenters (their reference), computed inside a jitted program from a padded draft [B, D] so that a PARSE round
+never leaves the device.
+
+Every segmenter first marks the boundary values it would emit (`marks[b, v]`: a prefix ends after v tokens,
+v in 1..D), then `select_boundaries` caps them at `max_prefixes` exactly as `layout.cap_boundaries` does.
+Delimiters are matched by a token automaton (`DelimiterTable`): a scan over the draft with one table lookup per
+token, leftmost non-overlapping occurrences like `layout.delimiter_boundaries`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from parse_jax.errors import ConfigError
+
+Segmenter = Literal["delimiter", "stride", "hybrid"]
+SEGMENTERS: tuple[str, ...] = ("delimiter", "stride", "hybrid")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DelimiterTable:
+    """A delimiter matcher as a transition table over token ids: `table[state, token] = 2 * next_state + ends`,
+    where `ends` says an occurrence of the delimiter ends at that token. After an occurrence the state is 0 again,
+    so occurrences never overlap (the numpy segmenter's leftmost, non-overlapping scan)."""
+
+    table: np.ndarray  # int32 [num_states, vocab]
+
+    @classmethod
+    def from_ids(cls, delimiter: Sequence[int], vocab_size: int) -> DelimiterTable:
+        """The KMP automaton of a token-id delimiter: state s = the first s delimiter tokens were just seen."""
+        delim = [int(t) for t in delimiter]
+        if not delim:
+            raise ConfigError("the delimiter is empty")
+        if any(not 0 <= t < vocab_size for t in delim):
+            raise ConfigError(f"delimiter ids {delim} lie outside the vocabulary [0, {vocab_size})")
+        n = len(delim)
+        fail = [0] * n  # KMP failure function: longest proper border of delim[:s + 1]
+        for s in range(1, n):
+            f = fail[s - 1]
+            while f and delim[s] != delim[f]:
+                f = fail[f - 1]
+            fail[s] = f + (delim[s] == delim[f])
+        table = np.zeros((n, vocab_size), np.int32)  # any token not in the delimiter: back to state 0
+        for s in range(n):
+            for c in set(delim):
+                f = s
+                while f and delim[f] != c:
+                    f = fail[f - 1]
+                nxt = f + (delim[f] == c)
+                table[s, c] = 1 if nxt == n else 2 * nxt
+        return cls(table)
+
+    @classmethod
+    def from_texts(cls, token_texts: Sequence[str], delimiters: Sequence[str], vocab_size: int) -> DelimiterTable:
+        """Delimiters matched in the decoded text (`layout.text_delimiter_boundaries`): a character automaton run
+        over each token's text from every state; `ends` when an occurrence ends inside the token, after which the
+        automaton restarts (occurrences never overlap). Tokens past `token_texts` (padded rows) are empty text."""
+        delimiters = [str(d) for d in delimiters]
+        if not delimiters or any(not d for d in delimiters):
+            raise ConfigError(f"delimiters must be non-empty strings, got {delimiters!r}")
+        goto, ends = text_automaton(delimiters)
+        n = len(goto)
+        alphabet = set(goto[0])
+        table = np.zeros((n, vocab_size), np.int32)  # a token with none of the delimiters' characters: state 0
+        for t in range(vocab_size):
+            text = token_texts[t] if t < len(token_texts) else ""
+            if not text:  # empty text (special tokens, padding) leaves the state as it is
+                table[:, t] = 2 * np.arange(n)
+                continue
+            if not alphabet.intersection(text):
+                continue
+            for s0 in range(n):
+                s, hit = s0, False
+                for ch in text:
+                    s = goto[s].get(ch, 0)
+                    if ends[s]:
+                        s, hit = 0, True
+                table[s0, t] = 2 * s + hit
+        if not (table % 2).any():
+            raise ConfigError(f"no token of this tokenizer can complete the delimiter(s) {delimiters!r}: "
+                              "they never occur in its text")
+        return cls(table)
+
+    def completing_ids(self) -> np.ndarray:
+        """Tokens that complete a delimiter from the start state: where a step ends when the target writes one."""
+        return np.flatnonzero(self.table[0] % 2 == 1).astype(np.int32)
+
+
+def text_automaton(delimiters: Sequence[str]) -> tuple[list[dict[str, int]], list[bool]]:
+    """Aho-Corasick over the delimiters' characters: (goto[state][char] -> state, with failure links folded in;
+    ends[state]: some delimiter is a suffix of the text this state stands for)."""
+    goto: list[dict[str, int]] = [{}]
+    ends = [False]
+    for d in delimiters:
+        s = 0
+        for ch in d:
+            if ch not in goto[s]:
+                goto.append({})
+                ends.append(False)
+                goto[s][ch] = len(goto) - 1
+            s = goto[s][ch]
+        ends[s] = True
+    fail = [0] * len(goto)
+    order = list(goto[0].values())
+    for s in order:  # breadth first: a state's failure is decided before its children's
+        for ch, t in goto[s].items():
+            order.append(t)
+            f = fail[s]
+            while f and ch not in goto[f]:
+                f = fail[f]
+            fail[t] = goto[f][ch] if ch in goto[f] and goto[f][ch] != t else 0
+            ends[t] = ends[t] or ends[fail[t]]
+    alphabet = {ch for d in delimiters for ch in d}
+    full: list[dict[str, int]] = []
+    for s in range(len(goto)):
+        row = {}
+        for ch in alphabet:
+            f = s
+            while f and ch not in goto[f]:
+                f = fail[f]
+            row[ch] = goto[f].get(ch, 0)
+        full.append(row)
+    return full, ends
+
+
+def delimiter_marks(draft: jax.Array, draft_len: jax.Array, table: jax.Array) -> jax.Array:
+    """Bool [B, D + 1]: marks[b, v] when a delimiter occurrence ends at draft token v - 1 (v <= draft_len)."""
+    b, d = draft.shape
+
+    def step(state, tok):
+        entry = table[state, tok]
+        return entry // 2, entry % 2 == 1
+
+    _, ends = jax.lax.scan(step, jnp.zeros((b,), jnp.int32), draft.T)  # ends [D, B]
+    v = jnp.arange(1, d + 1)[None, :]
+    marks = ends.T & (v <= draft_len[:, None])
+    return jnp.concatenate([jnp.zeros((b, 1), bool), marks], axis=1)
+
+
+def stride_marks(draft_len: jax.Array, d: int, stride: int) -> jax.Array:
+    """Bool [B, D + 1]: every `stride` tokens below the draft's length."""
+    v = jnp.arange(d + 1)[None, :]
+    return (v > 0) & (v % stride == 0) & (v < draft_len[:, None])
+
+
+def with_full_draft(marks: jax.Array, draft_len: jax.Array) -> jax.Array:
+    """The full draft is always the last prefix (the whole-draft check)."""
+    v = jnp.arange(marks.shape[1])[None, :]
+    return (marks & (v <= draft_len[:, None])) | (v == draft_len[:, None])
+
+
+def hybrid_marks(delim_marks: jax.Array, draft_len: jax.Array, min_len: int, max_len: int) -> jax.Array:
+    """`layout.hybrid_boundaries` on marks: delimiter segments shorter than `min_len` merged into the next, then
+    segments longer than `max_len` split into equal pieces (piece i ends at start + i * length // pieces)."""
+    b, width = delim_marks.shape
+    cand = with_full_draft(delim_marks, draft_len)
+
+    def merge(start, v):
+        keep = cand[:, v] & ((v - start >= min_len) | (v == draft_len))
+        return jnp.where(keep, v, start), keep
+
+    _, kept = jax.lax.scan(merge, jnp.zeros((b,), jnp.int32), jnp.arange(width))
+    kept = kept.T  # [B, D + 1]
+    v = jnp.broadcast_to(jnp.arange(width)[None, :], (b, width))
+    # the kept segment (start, end] that holds v: start = last kept value < v, end = first kept value >= v
+    start = jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
+                             jax.lax.cummax(jnp.where(kept, v, 0), axis=1)[:, :-1]], axis=1)
+    end = jax.lax.cummin(jnp.where(kept, v, width), axis=1, reverse=True)
+    length = jnp.maximum(end - start, 1)
+    pieces = -(-length // max_len)
+    r = v - start
+    i = -(-r * pieces // length)  # the only piece that could end at v
+    split = (v > 0) & (v < end) & (end < width) & (i <= pieces - 1) & ((i * length) // pieces == r)
+    return kept | split
+
+
+def select_boundaries(marks: jax.Array, max_prefixes: int) -> tuple[jax.Array, jax.Array]:
+    """(boundaries [B, K] ascending, count [B]): the marked values capped at K = `max_prefixes` as
+    `layout.cap_boundaries` caps them (the last always kept, the rest spread by `layout.cap_picks`); entries past
+    `count` are 0."""
+    b, width = marks.shape
+    k = max_prefixes
+    n = marks.sum(axis=1).astype(jnp.int32)
+    rank = jnp.cumsum(marks, axis=1) - 1
+    v = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32)[None, :], (b, width))
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, width))
+    ranked = jnp.zeros((b, width), jnp.int32).at[rows, jnp.where(marks, rank, width)].set(v, mode="drop")
+    last = jnp.take_along_axis(ranked, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
+    if k == 1:
+        return last[:, None], jnp.minimum(n, 1)
+    idx = jnp.arange(k, dtype=jnp.int32)[None, :]
+    if k == 2:
+        picks = jnp.zeros((b, k), jnp.int32)
+    else:
+        head = n[:, None] - 1
+        picks = (2 * idx * (head - 1) + (k - 2)) // (2 * (k - 2))
+    capped = jnp.where(idx < k - 1, jnp.take_along_axis(ranked, jnp.clip(picks, 0, width - 1), axis=1),
+                       last[:, None])
+    plain = jnp.take_along_axis(ranked, jnp.minimum(idx, width - 1), axis=1)
+    count = jnp.minimum(n, k)
+    bounds = jnp.where((n > k)[:, None], capped, jnp.where(idx < count[:, None], plain, 0))
+    return bounds, count
+
+
+def segment(draft: jax.Array, draft_len: jax.Array, segmenter: Segmenter, max_prefixes: int,
+            table: jax.Array | None = None, stride: int = 8, min_segment: int = 4,
+            max_segment: int = 32) -> tuple[jax.Array, jax.Array]:
+    """(boundaries [B, K], count [B]) of each row's draft[:draft_len] by `segmenter` (draft_len >= 1)."""
+    d = draft.shape[1]
+    if segmenter == "stride":
+        marks = stride_marks(draft_len, d, stride)
+    elif segmenter == "delimiter":
+        marks = delimiter_marks(draft, draft_len, table)
+    elif segmenter == "hybrid":
+        marks = hybrid_marks(delimiter_marks(draft, draft_len, table), draft_len, min_segment, max_segment)
+    else:
+        raise ConfigError(f"unknown segmenter {segmenter!r}; available: {', '.join(SEGMENTERS)}")
+    return select_boundaries(with_full_draft(marks, draft_len), max_prefixes)

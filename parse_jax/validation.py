@@ -1,0 +1,61 @@
+"""One validation layer for every entry point (API and CLI alike): each check names the field, the value and what
+is allowed, and raises the parse-jax error the caller chose (ConfigError for settings, InputError for requests).
+
+Integers must be integers (a float such as 2.5 or 7.9, or a bool, is refused, never truncated); floats must be
+finite numbers (NaN and inf refused) inside their range. Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+
+from parse_jax.errors import ConfigError, ParseJaxError
+
+
+def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None,
+              error: type[ParseJaxError] = ConfigError) -> int:
+    """`value` as an int in [minimum, maximum]; floats with a fractional part, bools and strings are refused (a
+    float with an integral value, e.g. 8.0 from YAML, is accepted)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error(f"{name} must be an integer, got {value!r}")
+    if not isinstance(value, numbers.Integral):
+        if not math.isfinite(float(value)) or float(value) != int(value):
+            raise error(f"{name} must be an integer, got {value!r}")
+    v = int(value)
+    if minimum is not None and v < minimum:
+        raise error(f"{name} must be >= {minimum}, got {v}" + (f" (allowed: {minimum}..{maximum})"
+                                                              if maximum is not None else ""))
+    if maximum is not None and v > maximum:
+        raise error(f"{name} must be <= {maximum}, got {v}" + (f" (allowed: {minimum}..{maximum})"
+                                                              if minimum is not None else ""))
+    return v
+
+
+def check_float(name: str, value, minimum: float | None = None, maximum: float | None = None,
+                min_open: bool = False, max_open: bool = False,
+                error: type[ParseJaxError] = ConfigError) -> float:
+    """`value` as a finite float in the range (bounds closed unless `min_open` / `max_open`); strings, bools, NaN and
+    inf are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise error(f"{name} must be a finite number, got {value!r}")
+    lo = "(" if min_open else "["
+    hi = ")" if max_open else "]"
+    allowed = f"{lo}{'-inf' if minimum is None else f'{minimum:g}'}, {'inf' if maximum is None else f'{maximum:g}'}{hi}"
+    if minimum is not None and (v < minimum or (min_open and v == minimum)):
+        raise error(f"{name} must lie in {allowed}, got {v:g}")
+    if maximum is not None and (v > maximum or (max_open and v == maximum)):
+        raise error(f"{name} must lie in {allowed}, got {v:g}")
+    return v
+
+
+def check_choice(name: str, value, choices: Iterable[str], error: type[ParseJaxError] = ConfigError) -> str:
+    """`value` if it is one of `choices`."""
+    choices = tuple(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise error(f"unknown {name} {value!r}; available: {', '.join(choices)}")
+    return value

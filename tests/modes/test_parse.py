@@ -1,0 +1,109 @@
+"""The fused PARSE programs (parse_jax/modes/) against the host-orchestrated reference path (tests/parse_reference.py,
+numpy layout + one program per phase), token for token in float32 greedy, for every segmenter and policy, single and
+multi round; and the contract that one `generate` moves nothing to the host but its results."""
+
+import jax
+import numpy as np
+import pytest
+
+from parse_jax.decode import generate
+from parse_jax.engine import ParseConfig, ParseEngine
+from parse_jax.models.model import Model
+from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.tasks import TOKENIZER_DIR
+from tests.parse_reference import ReferenceParse
+from tests.random_models import random_model
+
+TOK = Tokenizer.from_folder(TOKENIZER_DIR)
+V = TOK.vocab_size
+TARGET = Model(random_model("qwen3", 50, vocab_size=V).config, random_model("qwen3", 50, vocab_size=V).params, TOK)
+DRAFT = Model(random_model("llama3", 51, vocab_size=V).config, random_model("llama3", 51, vocab_size=V).params, TOK)
+PROMPTS = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :", "( 5 - 5 ) + ( 6 * 2 ) :", "( 2 + 2 ) :"]
+
+
+def _threshold_with_partial_acceptance(eng: ParseEngine) -> float:
+    """A threshold at which some drafts are accepted part-way on these random models (the comparison is then not
+    trivially all-or-nothing)."""
+    drafts = generate(DRAFT, PROMPTS, max_new_tokens=eng.config.max_draft_tokens, eos_ids=[TOK.eos_id]).tokens
+    ids = [[TOK.bos_id] + TOK.encode(p) for p in PROMPTS]
+    scores = np.concatenate([eng.prefix_scores(c, d, eng.boundaries(d)) for c, d in zip(ids, drafts)])
+    return float(np.quantile(scores, 0.4))
+
+
+CASES = [  # (segmenter, policy, rounds): each segmenter and each policy, both rounds
+    ("delimiter", "earliest_error", "single"),
+    ("stride", "longest_valid", "single"),
+    ("hybrid", "earliest_error", "single"),
+    ("hybrid", "longest_valid", "multi"),
+    ("stride", "earliest_error", "multi"),
+    ("delimiter", "longest_valid", "multi"),
+]
+
+
+@pytest.mark.parametrize("segmenter,policy,rounds", CASES)
+def test_fused_programs_equal_the_reference_path(segmenter, policy, rounds):
+    base = dict(segmenter=segmenter, policy=policy, rounds=rounds, stride=3, min_segment=2, max_segment=5,
+                max_draft_tokens=12, max_prefixes=5, delimiter=")")  # K not a power of 2
+    threshold = _threshold_with_partial_acceptance(ParseEngine(TARGET, DRAFT, ParseConfig(**base)))
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**base, threshold=threshold))
+    ref = ReferenceParse(eng)
+    modes = ["parse", "sequential"] if rounds == "single" else ["parse"]
+    for mode in modes:
+        for prompts in (PROMPTS[:1], PROMPTS):  # batch 1 (one fused program) and 4 (split continuation)
+            got = eng.generate(prompts, mode=mode, max_new_tokens=20)
+            expect = ref.generate(prompts, mode=mode, max_new_tokens=20)
+            assert got.tokens == expect.tokens, (mode, len(prompts))
+            assert got.stats["accepted_tokens"] == expect.stats["accepted_tokens"]
+            if rounds == "single":
+                assert got.stats["target_passes"] == expect.stats["target_passes"]
+            else:  # the reference prefills the prompt in a pass of its own; the fused program verifies it with
+                assert got.stats["rounds"] == expect.stats["rounds"]  # the first draft
+                assert got.stats["target_passes"] == expect.stats["target_passes"] - 1
+
+
+@pytest.mark.parametrize("rounds", ["single", "multi"])
+def test_one_generate_moves_nothing_to_the_host_but_its_results(rounds):
+    """Under transfer_guard("disallow") any implicit device-to-host read (np.asarray, int(), a Python branch on a
+    device value) raises; the results come back in one explicit fetch."""
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(rounds=rounds, max_draft_tokens=12, threshold=0.3,
+                                                 segmenter="stride", stride=3, max_segment=5, min_segment=2))
+    eng.generate(PROMPTS[:1], mode="parse", max_new_tokens=30)  # compile outside the guard
+    with jax.transfer_guard_device_to_host("disallow"):
+        res = eng.generate(PROMPTS[:1], mode="parse", max_new_tokens=30)
+    assert res.stats["host_transfers"] == 1
+    assert res.stats["accepted_tokens"] > 0 and res.stats["new_tokens"] > res.stats["accepted_tokens"]
+    if rounds == "multi":
+        assert res.stats["rounds"] > 1
+        with jax.transfer_guard_device_to_host("disallow"):  # every row in the one program at batch > 1 too
+            assert eng.generate(PROMPTS, mode="parse", max_new_tokens=30).stats["host_transfers"] == 1
+
+
+def test_the_transfer_guard_catches_a_host_read():
+    """The guard the test above relies on does catch an implicit read of a device value on this backend (in a fresh
+    process: the check is of JAX's guard, not of state other tests leave behind)."""
+    import subprocess
+    import sys
+
+    code = ("import jax, numpy as np\n"
+            "x = jax.numpy.arange(3) + 1\n"
+            "with jax.transfer_guard_device_to_host('disallow'):\n"
+            "    try:\n"
+            "        np.asarray(x)\n"
+            "    except Exception as e:\n"
+            "        print('caught', type(e).__name__, str(e)[:60])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("caught") and "isallowed" in out.stdout, out.stdout + out.stderr
+
+
+def test_parse_eagle3_program_equals_the_reference_path():
+    """parse+eagle3: verification with feature taps, then the EAGLE-3 continuation, in the one program."""
+    from tests.test_eagle3 import ENGINE_PROMPTS, _engine_pair, random_head
+
+    target, draft = _engine_pair()
+    eng = ParseEngine(target, draft, ParseConfig(max_draft_tokens=10, segmenter="stride", stride=3, threshold=0.5),
+                      eagle3=random_head(target, 43))
+    ref = ReferenceParse(eng)
+    for prompts in (ENGINE_PROMPTS[:1], ENGINE_PROMPTS):
+        got = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=16)
+        expect = ref.generate(prompts, mode="parse+eagle3", max_new_tokens=16)
+        assert got.tokens == expect.tokens and got.stats["accepted_tokens"] == expect.stats["accepted_tokens"]

@@ -1,0 +1,137 @@
+"""Bad input through the Python API (issue 17): each entry point refuses with a parse-jax error naming the field and
+the value (never a truncated float, a silent clamp or a deep traceback), before any work or allocation."""
+
+import math
+
+import numpy as np
+import pytest
+
+from parse_jax.bench import mode_runner, run_bench
+from parse_jax.distributed import parse_mesh_spec
+from parse_jax.engine import ParseConfig, ParseEngine
+from parse_jax.errors import ConfigError, InputError, ParseJaxError
+from parse_jax.eval.evaluate import evaluate
+from parse_jax.sweep import calibrate, run_sweep, sweep_configs
+from parse_jax.tasks import load_task
+from parse_jax.train.eagle3 import Eagle3Spec
+from parse_jax.train.recipe import PhaseSpec
+from tests.test_engine import DRAFT, TARGET
+
+TASK = load_task()
+PROMPT = "( 1 + 2 ) :"
+
+
+def _engine(**kw):
+    return ParseEngine(TARGET, DRAFT, ParseConfig(**{"max_draft_tokens": 8, **kw}))
+
+
+def _bench(**kw):
+    return run_bench(_engine(), TASK, **{"n": 2, "modes": ["target"], "max_new_tokens": 4, "batch_size": 2,
+                                         "repeats": 1, "progress": False, "log": lambda s: None, **kw})
+
+
+def _sweep(**kw):
+    return run_sweep(TARGET, DRAFT, ParseConfig(), TASK, "threshold", ["0.5"],
+                     **{"n": 2, "max_new_tokens": 4, "batch_size": 2, "repeats": 1, "progress": False, **kw})
+
+
+def _eval(**kw):
+    return evaluate(TARGET, DRAFT, TASK.problems(2, 3), **{"mode": "target", "max_new_tokens": 4, **kw})
+
+
+# (call, error class, text the message must contain): entry points this side of the engine
+CASES = [
+    (lambda: _bench(n=0), InputError, "n must be >= 1, got 0"),
+    (lambda: _bench(n=2.5), InputError, "n must be an integer, got 2.5"),
+    (lambda: _bench(repeats=0), InputError, "repeats must be >= 1, got 0"),
+    (lambda: _bench(batch_size=1.5), InputError, "batch_size must be an integer, got 1.5"),
+    (lambda: _bench(max_new_tokens=0), InputError, "max_new_tokens must be >= 1, got 0"),
+    (lambda: _bench(max_new_tokens=8.7), InputError, "max_new_tokens must be an integer, got 8.7"),
+    (lambda: _bench(seed=-1), InputError, "seed must be >= 0, got -1"),
+    (lambda: _bench(seed=2**70), InputError, f"seed must be <= {2**63 - 1}"),
+    (lambda: _bench(eos_ids=[10**6]), InputError, "eos_ids must be <="),
+    (lambda: _bench(eos_ids="1,2"), InputError, "eos_ids must be a list of token ids"),
+    (lambda: _sweep(n=0), InputError, "n must be >= 1, got 0"),
+    (lambda: _sweep(repeats=2.5), InputError, "repeats must be an integer, got 2.5"),
+    (lambda: sweep_configs(ParseConfig(), "threshold", ["0.5", "1.5"]), InputError, "threshold must lie in [0, 1]"),
+    (lambda: sweep_configs(ParseConfig(), "max_prefixes", ["2.5"]), InputError, "must be numbers, got '2.5'"),
+    (lambda: calibrate(TARGET, DRAFT, ParseConfig(), TASK, tolerance=1.5), InputError, "tolerance must lie in [0, 1)"),
+    (lambda: calibrate(TARGET, DRAFT, ParseConfig(), TASK, tolerance=math.nan), InputError, "tolerance must be a "
+                                                                                            "finite number"),
+    (lambda: calibrate(TARGET, DRAFT, ParseConfig(), TASK, thresholds=[0.5, 7.0]), ConfigError,
+     "threshold must lie in [0, 1], got 7"),
+    (lambda: _eval(batch_size=0), InputError, "batch_size must be >= 1, got 0"),
+    (lambda: _eval(max_new_tokens=2.5), InputError, "max_new_tokens must be an integer, got 2.5"),
+    (lambda: _eval(temperature=math.nan), InputError, "temperature must be a finite number"),
+    (lambda: _eval(temperature=-1.0), InputError, "temperature must lie in [0, inf], got -1"),
+    (lambda: _eval(seed=2**70), InputError, "seed must be <="),
+    (lambda: _eval(eos_ids=[-3]), InputError, "eos_ids must be >= 0, got -3"),
+    (lambda: evaluate(TARGET, DRAFT, None, mode="target"), InputError, "records must be a JSONL path or a list"),
+    (lambda: mode_runner(TARGET, None, None, "parse"), ConfigError, "needs a draft model"),
+    (lambda: parse_mesh_spec("data=1,data=1"), ConfigError, "axis 'data' given twice"),
+    (lambda: parse_mesh_spec({"data": 2.5}), ConfigError, "mesh axis data must be an integer, got 2.5"),
+    (lambda: parse_mesh_spec({"data": True}), ConfigError, "mesh axis data must be an integer, got True"),
+    (lambda: parse_mesh_spec({"data": 0}), ConfigError, "mesh axis data must be >= 1"),
+    (lambda: Eagle3Spec(lr=math.nan), ConfigError, "lr must be a finite number, got nan"),
+    (lambda: Eagle3Spec(lr=math.inf), ConfigError, "lr must be a finite number, got inf"),
+    (lambda: Eagle3Spec(lr=0.0), ConfigError, "lr must lie in (0, inf], got 0"),
+    (lambda: Eagle3Spec(steps=2.5), ConfigError, "steps must be an integer, got 2.5"),
+    (lambda: PhaseSpec(lr=math.nan), ConfigError, "training: lr must be a finite number"),
+    (lambda: PhaseSpec(lr=-1e-3), ConfigError, "training: lr must lie in (0, inf]"),
+    (lambda: PhaseSpec(batch_size=7.9), ConfigError, "training: batch_size must be an integer, got 7.9"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", CASES, ids=[c[2][:40] for c in CASES])
+def test_api_bad_input_names_the_field_and_value(call, error, message):
+    with pytest.raises(error) as e:
+        call()
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_train_out_as_a_file_is_refused(tmp_path):
+    from parse_jax.train.eagle3 import train_eagle3
+    from parse_jax.train.pipeline import run_recipe
+    from parse_jax.train.recipe import Recipe
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        run_recipe(Recipe(), out=blocker)
+    with pytest.raises(ConfigError, match="is a file"):
+        train_eagle3(TARGET, TASK, blocker, Eagle3Spec(steps=1, samples=1))
+    assert blocker.read_text() == "x"
+
+
+# Engine-level cases of issue 17 (parse_jax/engine.py, decode.py, verify.py): the engine's own validation.
+ENGINE_CASES = [
+    (lambda: ParseConfig(threshold=-1), "threshold"),
+    (lambda: ParseConfig(threshold=5.0), "threshold"),
+    (lambda: ParseConfig(threshold="0.5"), "threshold"),
+    (lambda: ParseConfig(max_prefixes=2.5), "max_prefixes"),
+    (lambda: ParseEngine(TARGET, None).generate([PROMPT], mode="parse", max_new_tokens=4), "draft"),
+    (lambda: ParseEngine(TARGET, DRAFT, ParseConfig(judge_yes="Yes")), "Yes"),
+    (lambda: _engine().generate([1, 2, 3], max_new_tokens=4), "prompt"),
+    (lambda: _engine().generate(None, max_new_tokens=4), "prompt"),
+    (lambda: _engine().generate([PROMPT], mode="parse", max_new_tokens=100000), "100000"),
+    (lambda: _engine().prefix_scores(list(np.arange(5000) % 20 + 4), [5, 6, 7], [3]), "5000"),
+    (lambda: _engine().generate([PROMPT], max_new_tokens=4, seed=2**70), "seed"),
+]
+
+
+@pytest.mark.parametrize("call, field", ENGINE_CASES, ids=[str(i) for i in range(len(ENGINE_CASES))])
+def test_engine_bad_input_is_refused_with_a_named_field(call, field):
+    with pytest.raises(ParseJaxError) as e:
+        call()
+    assert field in str(e.value)
+
+
+def test_eos_ids_reach_the_engine():
+    """--eos-ids / eos_ids=...: generation stops at the first id given (needs ParseEngine.generate(eos_ids=))."""
+    cfg = ParseConfig(max_draft_tokens=8)
+    for mode in ("target", "parse"):
+        full = mode_runner(TARGET, DRAFT, cfg, mode)([PROMPT], 8, 0)
+        ids = [int(t) for t in full.tokens[0]]
+        k = ids.index(ids[2])  # where that id first appears
+        res = mode_runner(TARGET, DRAFT, cfg, mode, eos_ids=[ids[2]])([PROMPT], 8, 0)
+        assert [int(t) for t in res.tokens[0]] in (ids[:k], ids[:k + 1]), mode  # the stop id kept or dropped

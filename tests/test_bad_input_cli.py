@@ -1,0 +1,211 @@
+"""Bad input on the command line (issue 17): every case exits 2 with exactly one line on stderr naming the problem
+(the flag or field and the value), and every file present before the run is byte-identical after it (no
+placeholder over an old result, no header-only results file, no empty output folder, no temporary left).
+
+Through `main()` in this process (the console script's code path, without a jax import per case). Cases marked
+`quiet` fail only once the models are loaded, so they run with -q (the "loading ..." phase lines are not errors).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from parse_jax.cli import main
+
+MODEL_ERRORS = ("cannot", "not found", "no such", "does not exist", "missing", "not a")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, pair_dir):
+    """A folder of finished results (a bench JSON, a bench --out folder, a sweep folder, an eval results file with
+    its summary) and of bad inputs (YAML files, data files, a plain file where a folder belongs)."""
+    from parse_jax.tasks import load_task
+
+    d = tmp_path_factory.mktemp("bad_input")
+    (d / "good.json").write_text('{"modes": {"target": {"tokens_per_s": 1.0}}, "n": 300}\n')
+    (d / "bench").mkdir()
+    (d / "bench" / "bench.json").write_text('{"n": 1}\n')
+    (d / "bench" / "bench.md").write_text("# old bench\n")
+    (d / "sweep").mkdir()
+    (d / "sweep" / "sweep_threshold.json").write_text('{"old": true}\n')
+    probs = load_task().problems(2, 5)
+    (d / "data.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p, _ in probs))
+    (d / "gsm.jsonl").write_text(json.dumps({"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}) + "\n")
+    header = {"type": "header", "version": 1, "data": str(d / "data.jsonl"), "data_sha256": "0" * 64,
+              "settings": {"mode": "target"}}
+    (d / "results.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(
+        {"type": "result", "key": "1:abc", "line": 1, "correct": True}) + "\n")
+    (d / "results.summary.json").write_text('{"n": 1}\n')
+    (d / "file").write_text("a plain file\n")
+    (d / "mesh_bad.yaml").write_text("mesh: {data: 2, model: [\n")
+    (d / "pc_list.yaml").write_text("- threshold\n- 0.5\n")
+    (d / "pc_typo.yaml").write_text("treshold: 0.3\n")
+    (d / "pc_yes.yaml").write_text("judge_yes: Yes\n")  # YAML 1.1: a boolean, not the word
+    (d / "pc_float.yaml").write_text("max_prefixes: 2.5\n")
+    (d / "pc_threshold.yaml").write_text("threshold: 7\n")
+    (d / "pc_bad.yaml").write_text("threshold: [0.5\n")
+    (d / "pc_judge.yaml").write_text("judge_yes: Zebra\n")  # not in the embedded vocabulary
+    return d
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+P = "PAIR"  # replaced by the pair folder
+W = "WORK"  # replaced by the work folder
+PROMPT = "( 1 + 2 ) :"
+
+# (args, text the one error line must contain, quiet)
+CASES = [
+    # generate
+    (["generate", "--pair", P, "--max-new-tokens", "0", PROMPT], "--max-new-tokens must be >= 1, got 0", False),
+    (["generate", "--pair", P, "--max-new-tokens", "2.5", PROMPT], "--max-new-tokens: invalid int value: '2.5'",
+     False),
+    (["generate", "--pair", P, "--temperature", "-1", PROMPT], "--temperature must lie in [0, inf], got -1", False),
+    (["generate", "--pair", P, "--temperature", "nan", PROMPT], "--temperature must be a finite number", False),
+    (["generate", "--pair", P, "--top-p", "0", PROMPT], "--top-p must lie in (0, 1], got 0", False),
+    (["generate", "--pair", P, "--top-p", "1.5", PROMPT], "--top-p must lie in (0, 1], got 1.5", False),
+    (["generate", "--pair", P, "--top-k", "-1", PROMPT], "--top-k must be >= 0, got -1", False),
+    (["generate", "--pair", P, "--seed", "-1", PROMPT], "--seed must be >= 0, got -1", False),
+    (["generate", "--pair", P, "--seed", str(2**70), PROMPT], f"--seed must be <= {2**63 - 1}, got {2**70}", False),
+    (["generate", "--pair", P, "--threshold", "7", PROMPT], "--threshold must lie in [0, 1], got 7", False),
+    (["generate", "--pair", P, "--threshold", "-1", PROMPT], "--threshold must lie in [0, 1], got -1", False),
+    (["generate", "--pair", P, "--threshold", "inf", PROMPT], "--threshold must be a finite number, got inf", False),
+    (["generate", "--pair", P, "--max-prefixes", "0", PROMPT], "--max-prefixes must be >= 1, got 0", False),
+    (["generate", "--pair", P, "--max-prefixes", "2.5", PROMPT], "--max-prefixes: invalid int value: '2.5'", False),
+    (["generate", "--pair", P, "--gamma", "0", PROMPT], "--gamma must be >= 1, got 0", False),
+    (["generate", "--pair", P, "--eagle3-tree", "-1", PROMPT], "--eagle3-tree must be >= 0, got -1", False),
+    (["generate", "--pair", P, "--mesh", "data=1,data=1", PROMPT], "axis 'data' given twice", False),
+    (["generate", "--pair", P, "--mesh", "data=x", PROMPT], "mesh axis data must be an integer, got 'x'", False),
+    (["generate", "--pair", P, "--mesh", "gpu=2", PROMPT], "unknown mesh axes ['gpu']", False),
+    (["generate", "--pair", P, "--mesh", f"{W}/mesh_bad.yaml", PROMPT], "mesh_bad.yaml is not valid YAML at line",
+     False),
+    (["generate", "--pair", P, "--mesh", f"{W}/nowhere.yaml", PROMPT], "mesh config file not found", False),
+    (["generate", "--pair", P, "--parse-config", f"{W}/none.yaml", PROMPT], "cannot read --parse-config", False),
+    (["generate", "--pair", P, "--parse-config", f"{W}/pc_list.yaml", PROMPT], "must hold a mapping", False),
+    (["generate", "--pair", P, "--parse-config", f"{W}/pc_typo.yaml", PROMPT], "unknown PARSE setting 'treshold'",
+     False),
+    (["generate", "--pair", P, "--parse-config", f"{W}/pc_yes.yaml", PROMPT], "judge_yes must be a string, got True",
+     False),
+    (["generate", "--pair", P, "--parse-config", f"{W}/pc_float.yaml", PROMPT],
+     "max_prefixes must be an integer, got 2.5", False),
+    (["generate", "--pair", P, "--parse-config", f"{W}/pc_threshold.yaml", PROMPT],
+     "threshold must lie in [0, 1], got 7", False),
+    (["generate", "--pair", P, "--parse-config", f"{W}/pc_bad.yaml", PROMPT], "pc_bad.yaml is not valid YAML", False),
+    (["generate", "--pair", P, "--set", "threshold=5", PROMPT], "--set threshold=5: threshold must lie in [0, 1]",
+     False),
+    (["generate", "--pair", P, "--set", "threshold", PROMPT], "--set 'threshold': expected KEY=VALUE", False),
+    (["generate", "--pair", P, "--set", "thresh=0.3", PROMPT], "unknown PARSE setting 'thresh'", False),
+    (["generate", "--pair", P, "--set", "stride=2.5", PROMPT], "stride must be an integer, got 2.5", False),
+    (["generate", "--pair", P, "--eos-ids", "a,b", PROMPT], "--eos-ids must be comma-separated token ids", False),
+    (["generate", "--pair", P, "--eos-ids", "-1", PROMPT], "--eos-ids must be >= 0, got -1", False),
+    (["generate", "--pair", P, "--eos-ids", "100000", PROMPT], "--eos-ids must be <=", True),
+    (["generate", "--pair", P, "--no-thinking", PROMPT], "--no-thinking applies to the chat template", False),
+    (["generate", "--pair", P, "--mode", "warp", PROMPT], "unknown mode 'warp'", False),
+    (["generate", "--model", "/typo", PROMPT], "/typo", True),
+    # the engine's own checks, reached through the CLI (judge words in the vocabulary, the cache size)
+    (["generate", "--pair", P, "--parse-config", f"{W}/pc_judge.yaml", PROMPT], "judge_yes 'Zebra'", True),
+    (["generate", "--pair", P, "--mode", "parse", "--max-new-tokens", "100000", PROMPT], "100000", True),
+    # bench: the old result must survive every one of these
+    (["bench", "--pair", P, "--json", f"{W}/good.json", "--n", "0"], "--n must be >= 1, got 0", False),
+    (["bench", "--pair", P, "--json", f"{W}/good.json", "--repeats", "0"], "--repeats must be >= 1, got 0", False),
+    (["bench", "--pair", P, "--json", f"{W}/good.json", "--batch-size", "-1"], "--batch-size must be >= 1, got -1",
+     False),
+    (["bench", "--pair", P, "--json", f"{W}/good.json", "--max-new-tokens", "0"],
+     "--max-new-tokens must be >= 1, got 0", False),
+    (["bench", "--pair", P, "--json", f"{W}/good.json", "--threshold", "5"], "--threshold must lie in [0, 1]", False),
+    (["bench", "--pair", P, "--out", f"{W}/bench", "--n", "0"], "--n must be >= 1", False),
+    (["bench", "--pair", P, "--out", f"{W}/new/sub", "--repeats", "-2"], "--repeats must be >= 1", False),
+    (["bench", "--pair", P, "--n", "2.5"], "--n: invalid int value: '2.5'", False),
+    (["bench", "--pair", P, "--json", f"{W}/bench"], "it is a folder", False),
+    (["bench", "--pair", P, "--json", f"{W}/file/b.json"], "cannot write", False),
+    (["bench", "--pair", P, "--data", f"{W}/none.jsonl"], "cannot read data file", False),
+    (["bench", "--pair", P, "--data", f"{W}/data.jsonl", "--n", "50"], "--n 50, but", False),
+    (["bench", "--pair", P, "--chat", "on"], "--chat and --no-thinking apply to --data records", False),
+    (["bench", "--pair", P, "--modes", "target,warp"], "warp", False),
+    (["bench", "--pair", P, "--rounds", "multi"], "--rounds does not apply here", False),
+    (["bench", "--pair", P, "--json", f"{W}/good.json", "--eos-ids", "1,x"], "--eos-ids must be comma-separated",
+     False),
+    # sweep and calibrate
+    (["sweep", "--pair", P, "--param", "threshold", "--values", "0.1,2", "--out", f"{W}/sweep"],
+     "threshold must lie in [0, 1], got 2", False),
+    (["sweep", "--pair", P, "--param", "max_prefixes", "--values", "2.5", "--out", f"{W}/sweep"], "must be numbers",
+     False),
+    (["sweep", "--pair", P, "--param", "threshold", "--values", "0.5", "--n", "0", "--out", f"{W}/sweep"],
+     "--n must be >= 1", False),
+    (["sweep", "--pair", P, "--param", "threshold", "--values", "0.5", "--out", f"{W}/file"],
+     "cannot write to output folder", False),
+    (["calibrate", "--pair", P, "--thresholds", "0.5,1.5", "--out", f"{W}/sweep"],
+     "--thresholds must lie in [0, 1], got 1.5", False),
+    (["calibrate", "--pair", P, "--thresholds", ",", "--out", f"{W}/sweep"], "at least one threshold", False),
+    (["calibrate", "--pair", P, "--tolerance", "1", "--out", f"{W}/sweep"], "--tolerance must lie in [0, 1)", False),
+    (["calibrate", "--pair", P, "--tolerance", "-0.1", "--out", f"{W}/sweep"], "--tolerance must lie in [0, 1)",
+     False),
+    (["calibrate", "--pair", P, "--threshold", "0.5", "--out", f"{W}/sweep"], "calibrate chooses the threshold",
+     False),
+    # eval: nothing written before everything is checked
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--temperature", "-1"],
+     "--temperature must lie in [0, inf], got -1", False),
+    (["eval", "--model", "/typo", "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl"], "/typo", True),
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/results.jsonl", "--mode", "target"],
+     "results.jsonl was started on a different data file", False),
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--batch-size", "0"],
+     "--batch-size must be >= 1, got 0", False),
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--threshold", "2"],
+     "--threshold must lie in [0, 1], got 2", False),
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/bench"], "is a folder", False),
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--eos-ids", "99999"],
+     "--eos-ids must be <=", True),
+    (["eval", "--pair", P, "--data", f"{W}/gsm.jsonl", "--out", f"{W}/new.jsonl", "--chat", "on", "--mode",
+      "target"], "no chat template", True),
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--no-thinking", "--chat",
+      "off"], "--no-thinking applies to the chat template", False),
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--mode", "all"],
+     "eval runs one mode", False),
+    # train and train-eagle3
+    (["train", "--recipe", "pair_default", "--out", f"{W}/file"], "--out", False),
+    (["train", "--recipe", "pair_default", "--steps", "0", "--out", f"{W}/t"], "--steps must be >= 1, got 0", False),
+    (["train", "--recipe", f"{W}/no_recipe.yaml", "--out", f"{W}/t"], "no_recipe", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "nan"], "--lr must be a finite number, got nan", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "inf"], "--lr must be a finite number, got inf", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "0"], "--lr must lie in (0, inf], got 0", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "-1"], "--lr must lie in (0, inf], got -1", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/file"], "is a file", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--steps", "2.5"], "--steps: invalid int value", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--unroll", "0"], "--unroll must be >= 1", False),
+    # convert
+    (["convert", "--hf", f"{W}/no_hf", "--out", f"{W}/conv"], "no_hf", True),
+]
+
+
+@pytest.mark.parametrize("args, message, quiet", CASES, ids=[" ".join(c[0][:1] + c[0][3:6]) for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_touches_no_file(work, pair_dir, capsys, args, message, quiet):
+    args = [a.replace(P, str(pair_dir)).replace(W, str(work)) if isinstance(a, str) else a for a in args]
+    before = _tree(work)
+    rc = main(args + (["-q"] if quiet else []))
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2, (args, err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"parse-jax {args[0]}: error: ") and message in lines[0], err
+    assert "Traceback" not in err
+    assert _tree(work) == before  # every old file byte-identical; nothing new (no placeholder, no temporary)
+
+
+def test_at_least_sixty_cases():
+    assert len(CASES) >= 60
+
+
+def test_typo_then_corrected_eval_works(work, pair_dir, capsys, tmp_path):
+    """A start with a typo leaves no file, so the corrected rerun runs (issue 17: no "started with other
+    settings")."""
+    out = tmp_path / "r.jsonl"
+    base = ["eval", "--pair", str(pair_dir), "--data", str(work / "data.jsonl"), "--out", str(out), "--mode",
+            "target", "--max-new-tokens", "4", "--no-progress", "-q"]
+    assert main(base + ["--temperature", "-1"]) == 2 and not out.exists()
+    assert main([*base[:3], "/typo", *base[4:]]) == 2 and not out.exists()
+    capsys.readouterr()
+    assert main(base) == 0, capsys.readouterr().err
+    assert len(out.read_text().splitlines()) == 3  # header + 2 records

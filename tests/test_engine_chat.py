@@ -1,0 +1,97 @@
+"""PARSE on chat models in real formats (a tiny random Qwen3 with a byte-level BPE tokenizer in Qwen's format, built
+here): step boundaries from the decoded text, the verification suffix rendered through the chat template, judge words
+of several tokens, special tokens refused."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import parse_jax as pj
+from parse_jax.engine import ParseConfig, ParseEngine
+from parse_jax.errors import ConfigError
+from parse_jax.layout import delimiter_boundaries
+from tests.models.hf_tiny import hf_logits, make_tiny_hf, step_corpus
+
+QUESTION = "Is every step so far correct?"
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    folder = make_tiny_hf("qwen3", tmp_path_factory.mktemp("qwen3"), seed=3, tokenizer="qwen")
+    return folder, pj.load_model(folder)
+
+
+def test_boundaries_are_the_texts_step_ends(qwen):
+    """Every step of the generated solutions ends in "\\n\\n" (or "\\n\\n\\n") after `.`, `:`, a digit or a word; BPE
+    merges the newlines with what precedes them, so matching the delimiter's token ids misses step ends that the
+    decoded text shows."""
+    _, m = qwen
+    tok = m.tokenizer
+    eng = ParseEngine(m, m, ParseConfig(delimiter="\n\n", max_prefixes=64))
+    found = missed_by_ids = total = 0
+    for text in step_corpus(40, seed=7):
+        ids = tok.encode(text)
+        offsets = tok._tok.encode(text, add_special_tokens=False).offsets
+        ends = [m_.end() for m_ in re.finditer("\n\n", text)]  # leftmost, non-overlapping, as the segmenter
+        expect = sorted({next(t for t, (a, b) in enumerate(offsets) if a < e <= b) + 1 for e in ends})
+        got = eng.boundaries(ids)
+        assert got[:-1] == [b for b in expect if b < len(ids)] and got[-1] == len(ids), text
+        for b in got[:-1]:  # each prefix ends with its step's newlines
+            assert "\n\n" in tok.decode(ids[b - 1: b]) or tok.decode(ids[:b]).endswith("\n\n")
+        total += len(ends)
+        found += len(got) - 1
+        missed_by_ids += len(ends) - (len(delimiter_boundaries(ids, tok.encode("\n\n"))) - 1)
+    assert found == total and missed_by_ids > total // 4  # token ids miss many of them; the text finds all
+
+
+def test_chat_suffix_scores_equal_transformers_separate_passes(qwen):
+    folder, m = qwen
+    cfg = ParseConfig(suffix_format="chat", verify_suffix=QUESTION, judge_yes=" correct", judge_no=" wrong",
+                      delimiter=("\n\n", ".\n"))
+    eng = ParseEngine(m, m, cfg)
+    tok = m.tokenizer
+    yes, no = tok.encode(" correct"), tok.encode(" wrong")
+    assert len(yes) > 1 and yes[0] == no[0]  # several tokens each, sharing the leading space
+    expect = ("<|im_end|>\n<|im_start|>user\n" + QUESTION + "<|im_end|>\n<|im_start|>assistant\n"
+              "<think>\n\n</think>\n\n ")  # thinking off; then the judge words' shared leading space
+    assert tok._tok.decode(eng.suffix_ids, skip_special_tokens=False) == expect
+    assert eng.suffix_ids[-1] == yes[0] and (eng.yes_id, eng.no_id) == (yes[1], no[1])
+    ctx = tok.encode(tok.apply_chat_template([{"role": "user", "content": "add 3 and 4"}], enable_thinking=False))
+    draft = tok.encode("we add 3 * 4 = 12.\n\nthe total is 12:\n\nThe answer is 12.")
+    bounds = eng.boundaries(draft)
+    assert len(bounds) == 3
+    scores = eng.prefix_scores(ctx, draft, bounds)
+    for k, b in enumerate(bounds):
+        logits = hf_logits(folder, [ctx + draft[:b] + eng.suffix_ids])[0, -1]
+        expect = 1 / (1 + np.exp(-(logits[eng.yes_id] - logits[eng.no_id])))
+        assert abs(scores[k] - expect) <= 1e-5
+    res = eng.generate([ctx], mode="parse", max_new_tokens=24)  # the fused program over the BPE automaton
+    alone = eng.generate([ctx], mode="target", max_new_tokens=24)
+    assert res.stats["host_transfers"] == 1 and len(res.tokens[0]) > 0 and len(alone.tokens[0]) > 0
+
+
+def test_judge_words_that_cannot_be_scored_are_refused(qwen):
+    _, m = qwen
+    with pytest.raises(ConfigError, match="special token"):
+        ParseEngine(m, m, ParseConfig(judge_yes="<|im_end|>", judge_no=" wrong"))
+    with pytest.raises(ConfigError, match="prefix of the other"):
+        ParseEngine(m, m, ParseConfig(judge_yes=" correct", judge_no=" correct."))
+
+
+def test_the_shipped_qwen3_config_runs_on_a_qwen_format_pair(qwen):
+    """configs/parse/qwen3_chat.yaml: a chat-rendered suffix, judge words, blank-line steps in the decoded text."""
+    import yaml
+
+    from parse_jax.cli import PARSE_CONFIG_DIR
+
+    _, m = qwen
+    cfg = ParseConfig.from_flat(**yaml.safe_load((PARSE_CONFIG_DIR / "qwen3_chat.yaml").read_text()))
+    assert cfg.suffix_format == "chat" and cfg.delimiters == ("\n\n",)
+    eng = ParseEngine(m, m, cfg)
+    ctx = m.tokenizer.encode(m.tokenizer.apply_chat_template([{"role": "user", "content": "add 3 and 4"}],
+                                                              enable_thinking=False))
+    res = eng.generate([ctx], mode="parse", max_new_tokens=16)
+    assert res.stats["prefixes_per_request"][0] >= 1 and res.stats["host_transfers"] == 1
