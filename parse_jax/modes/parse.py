@@ -276,14 +276,14 @@ def multi_round_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_
     return register_program(jax.jit(run))
 
 
-def host_rows(remaining: np.ndarray, whole_batch: bool) -> tuple[np.ndarray | None, np.ndarray]:
+def host_rows(remaining: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     """(rows, their budgets) to continue after a split single round: the rows with tokens left, padded to a batch
-    bucket with repeats of a live row whose budget is 0 (None when no row has tokens left). `whole_batch` (a
-    sharded target, whose rows are laid out over `data`) keeps every row."""
+    bucket with repeats of a live row whose budget is 0 (None when no row has tokens left). A sharded target never
+    gets here: it runs the fused program, its rows laid out over `data`."""
     live = np.flatnonzero(remaining > 0)
     if live.size == 0:
         return None, remaining[:0]
-    if whole_batch or bucket(live.size, 1) >= remaining.shape[0]:
+    if bucket(live.size, 1) >= remaining.shape[0]:
         return np.arange(remaining.shape[0]), remaining
     pad = bucket(live.size, 1) - live.size
     rows = np.concatenate([live, np.full(pad, live[0])]).astype(np.int32)
@@ -351,7 +351,7 @@ def run_single(eng, req, eagle: bool = False) -> GenerateResult:
         batch = b if continued[: len(ids)].any() else 0
     else:
         remaining = fetch(out["remaining"])  # the one host step: which rows the continuation takes
-        rows, rem = host_rows(remaining, whole_batch=False)
+        rows, rem = host_rows(remaining)
         cont = None
         if rows is not None:
             ctx = (out["cache"], out["first_logits"], out["tokens"], out["features"])
