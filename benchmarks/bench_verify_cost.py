@@ -19,10 +19,10 @@ from bench_decode import median_seconds  # benchmarks/ is on sys.path when run a
 
 import parse_jax as pj
 from parse_jax.bench import provenance
-from parse_jax.decode import bucket
 from parse_jax.layout import pack
+from parse_jax.programs import bucket
 from parse_jax.train.evaluate import step_seconds
-from parse_jax.verify import judge_token_id, verify_pass
+from parse_jax.verify import judge_ids, verify_pass
 
 
 def main() -> None:
@@ -36,8 +36,8 @@ def main() -> None:
     task = pj.load_task()
     tok = target.tokenizer
     cfg = pj.ParseConfig()
-    suffix = tok.encode(cfg.verify_suffix)
-    yes, no = judge_token_id(tok, cfg.judge_yes), judge_token_id(tok, cfg.judge_no)
+    yes, no, shared = judge_ids(tok, cfg.judge_yes, cfg.judge_no)
+    suffix = tok.encode(cfg.verify_suffix) + shared
     prompt, solution = task.problems(1, 0)[0]
     ctx = [tok.bos_id, *tok.encode(prompt)]
     one = tok.encode(solution)

@@ -28,12 +28,12 @@ import numpy as np
 
 from parse_jax import distributed as dist
 from parse_jax.bench import provenance
-from parse_jax.decode import bucket
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.layout import pack
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model, init_params
 from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.programs import bucket
 from parse_jax.tasks import TOKENIZER_DIR
 from parse_jax.verify import verify_pass
 

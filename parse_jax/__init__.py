@@ -18,7 +18,7 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree th
 
 # public name -> the module that defines it
 _LAZY = {
-    "GenerateResult": "parse_jax.decode", "generate": "parse_jax.decode",
+    "GenerateResult": "parse_jax.requests", "generate": "parse_jax.decode",
     "load_sharded": "parse_jax.distributed", "make_mesh": "parse_jax.distributed",
     "shard_model": "parse_jax.distributed",
     "Eagle3": "parse_jax.eagle3", "eagle3_generate": "parse_jax.eagle3", "load_eagle3": "parse_jax.eagle3",
@@ -33,7 +33,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from parse_jax.decode import GenerateResult, generate
+    from parse_jax.decode import generate
     from parse_jax.distributed import load_sharded, make_mesh, shard_model
     from parse_jax.eagle3 import Eagle3, eagle3_generate, load_eagle3, save_eagle3
     from parse_jax.engine import ParseConfig, ParseEngine
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from parse_jax.models.model import Model
     from parse_jax.models.vocab import align_vocab
     from parse_jax.pair import load_pair
+    from parse_jax.requests import GenerateResult
     from parse_jax.settings import Eagle3Settings, SpecSettings
     from parse_jax.speculative import speculative_generate
     from parse_jax.tasks import load_task

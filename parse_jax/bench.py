@@ -28,11 +28,13 @@ from tqdm import tqdm
 
 from parse_jax import atomic, compile_cache
 from parse_jax.atomic import check_writable
-from parse_jax.decode import GenerateResult, compiled_programs, generate
+from parse_jax.decode import generate
 from parse_jax.engine import MODES, ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.eval.report import wilson
+from parse_jax.programs import compiled_programs
 from parse_jax.progress import logger
+from parse_jax.requests import GenerateResult
 from parse_jax.validation import check_float, check_int
 
 MULTI_SUFFIX = "-multi"

@@ -19,17 +19,8 @@ from parse_jax.errors import InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
-from parse_jax.programs import (  # noqa: F401  (re-exported: the names callers of generate use)
-    bucket,
-    compiled_programs,
-    fetch,
-    forward_fn,
-    length_bucket,
-    register_program,
-    take_rows,
-    to_host,
-)
-from parse_jax.requests import (  # noqa: F401
+from parse_jax.programs import bucket, compiled_programs, fetch, forward_fn, length_bucket, register_program
+from parse_jax.requests import (
     PAD_ID,
     GenerateResult,
     GenerationStats,

@@ -8,6 +8,7 @@ mode's result and statistics in one place (`result`). See docs/design.md for the
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
@@ -37,6 +38,7 @@ from parse_jax.requests import GenerateResult, GenerationStats, Request, Samplin
 from parse_jax.segment import DelimiterTable
 from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings  # noqa: F401  (re-exported)
 from parse_jax.speculative import check_pair
+from parse_jax.tasks import JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
 from parse_jax.validation import check_choice, check_int
 from parse_jax.verify import judge_ids, verify_pass
 
@@ -109,6 +111,12 @@ class ParseEngine:
         if tok is None:
             raise ConfigError("the target has no tokenizer: the suffix and judge words cannot be encoded")
         cfg = self.config
+        if tok.chat_template and cfg.suffix_format == "plain" and (cfg.verify_suffix, cfg.judge_yes, cfg.judge_no) == (
+                VERIFY_SUFFIX, JUDGE_YES, JUDGE_NO):
+            warnings.warn(f"the target is a chat model but the PARSE settings are the embedded task's defaults "
+                          f"(suffix {VERIFY_SUFFIX!r}, judge words {JUDGE_YES!r}/{JUDGE_NO!r}): its scores will not "
+                          "mean much; pass a ParseConfig for the model (e.g. --parse-config qwen3_chat)",
+                          UserWarning, stacklevel=2)
         self.suffix_ids = (chat_suffix(tok, cfg.verify_suffix) if cfg.suffix_format == "chat"
                            else self._encode_setting("verify_suffix", cfg.verify_suffix))
         self.yes_id, self.no_id, shared = judge_ids(tok, cfg.judge_yes, cfg.judge_no)

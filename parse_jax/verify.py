@@ -25,20 +25,6 @@ from parse_jax.programs import forward_fn, register_program, to_host
 POLICIES = ("earliest_error", "longest_valid")
 
 
-def judge_token_id(tokenizer, word: str) -> int:
-    """The id of a judge word, tokenized on its own; a word that is not exactly one token is refused."""
-    ids = tokenizer.encode(word)
-    if tokenizer.has_unknown(ids):
-        raise ConfigError(f"judge word {word!r} is not in this tokenizer's vocabulary (it encodes to the unknown "
-                          "token): it could not be scored")
-    if any(int(t) in tokenizer.special_ids for t in ids):
-        raise ConfigError(f"judge word {word!r} is a special token ({ids}): a judge word must be ordinary text the "
-                          "target answers with")
-    if len(ids) != 1:
-        raise ConfigError(f"judge word {word!r} must be exactly one token, but it encodes to {len(ids)}: {ids}")
-    return int(ids[0])
-
-
 def judge_ids(tokenizer, yes: str, no: str) -> tuple[int, int, list[int]]:
     """(yes id, no id, shared tokens): how the judge words are scored. Words of several tokens are scored by their
     first tokens that differ, after the tokens they share (e.g. a leading space token), which the caller appends to

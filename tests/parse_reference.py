@@ -11,24 +11,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from parse_jax import distributed
-from parse_jax.decode import (
-    GenerateResult,
-    SamplingParams,
-    bucket,
-    continue_program,
-    encode_prompts,
-    generate,
-    length_bucket,
-    resolve_eos,
-    take_rows,
-    to_host,
-)
+from parse_jax.decode import continue_program, generate
 from parse_jax.eagle3 import continue_program as eagle3_continue_program
 from parse_jax.errors import InputError
 from parse_jax.layout import (
     check_boundaries,
     pack,
 )
+from parse_jax.programs import bucket, length_bucket, take_rows, to_host
+from parse_jax.requests import GenerateResult, SamplingParams, encode_prompts, resolve_eos
 from parse_jax.sampling import prng_key
 from parse_jax.verify import accept, verify_pass
 from parse_jax.verify import passes as clears_threshold

@@ -110,7 +110,7 @@ def test_unwritable_output_is_refused_before_work(tmp_path):
 def test_warm_up_progress_reaches_stderr_before_each_compiling_call(capsys):
     """What compiles (mode, batch shape) and how far the warm-up is show on stderr while it runs, not after."""
     from parse_jax.bench import measure
-    from parse_jax.decode import GenerateResult
+    from parse_jax.requests import GenerateResult
 
     seen = []
 

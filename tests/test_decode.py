@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from parse_jax.decode import bucket, compiled_programs, generate, length_bucket
+from parse_jax.decode import generate
 from parse_jax.errors import InputError
+from parse_jax.programs import bucket, compiled_programs, length_bucket
 from tests.random_models import random_model
 
 

@@ -5,6 +5,7 @@ of several tokens, special tokens refused."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -81,6 +82,15 @@ def test_judge_words_that_cannot_be_scored_are_refused(qwen):
         ParseEngine(m, m, ParseConfig(judge_yes=" correct", judge_no=" correct."))
 
 
+def test_a_chat_model_with_the_embedded_tasks_settings_is_warned_about(qwen):
+    _, m = qwen
+    with pytest.warns(UserWarning, match="PARSE settings are the embedded task's defaults"):
+        ParseEngine(m, m, ParseConfig())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ParseEngine(m, m, ParseConfig(judge_yes=" correct", judge_no=" wrong"))
+
+
 def test_the_shipped_qwen3_config_runs_on_a_qwen_format_pair(qwen):
     """configs/parse/qwen3_chat.yaml: a chat-rendered suffix, judge words, blank-line steps in the decoded text."""
     import yaml
@@ -90,7 +100,9 @@ def test_the_shipped_qwen3_config_runs_on_a_qwen_format_pair(qwen):
     _, m = qwen
     cfg = ParseConfig.from_flat(**yaml.safe_load((PARSE_CONFIG_DIR / "qwen3_chat.yaml").read_text()))
     assert cfg.suffix_format == "chat" and cfg.delimiters == ("\n\n",)
-    eng = ParseEngine(m, m, cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # settings made for the model: no warning about toy defaults
+        eng = ParseEngine(m, m, cfg)
     ctx = m.tokenizer.encode(m.tokenizer.apply_chat_template([{"role": "user", "content": "add 3 and 4"}],
                                                               enable_thinking=False))
     res = eng.generate([ctx], mode="parse", max_new_tokens=16)

@@ -92,7 +92,7 @@ def test_parse_eagle3_continues_like_eagle3_from_the_accepted_prefix(pair):
     prompts = [p for p, _ in task.problems(8, 5)]
     eng = pj.ParseEngine(target, draft, pj.ParseConfig(threshold=0.0, max_draft_tokens=12))
     res = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=24)
-    from parse_jax.decode import encode_prompts
+    from parse_jax.requests import encode_prompts
 
     ids = encode_prompts(target, prompts)
     expect = 0

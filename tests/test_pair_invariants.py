@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import parse_jax as pj
-from parse_jax.decode import encode_prompts
+from parse_jax.requests import encode_prompts
 from parse_jax.train.data import Encoder
 
 ROOT = Path(__file__).resolve().parents[1]

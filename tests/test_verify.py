@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.layout import pack
 from parse_jax.models.decoder import causal_metadata
-from parse_jax.verify import accept, judge_token_id, verify_pass
+from parse_jax.verify import accept, judge_ids, verify_pass
 from tests.random_models import random_model
 
 MODEL = random_model("qwen3", 21)
@@ -105,14 +105,20 @@ def test_acceptance_ignores_padded_prefixes():
         accept(s, valid, 0.5, "best")
 
 
-def test_judge_words_must_be_single_tokens():
+def test_judge_words_are_scored_where_their_tokens_part():
     from parse_jax.models.tokenizer import Tokenizer
     from parse_jax.tasks import TOKENIZER_DIR
 
     tok = Tokenizer.from_folder(TOKENIZER_DIR)
-    assert judge_token_id(tok, "Correct") != judge_token_id(tok, "Incorrect")
-    with pytest.raises(ConfigError, match="exactly one token"):
-        judge_token_id(tok, "Correct Incorrect")
+    [c], [i] = tok.encode("Correct"), tok.encode("Incorrect")
+    assert judge_ids(tok, "Correct", "Incorrect") == (c, i, [])
+    assert judge_ids(tok, "Correct Incorrect", "Correct Correct") == (i, c, [c])  # the shared token joins the suffix
+    with pytest.raises(ConfigError, match="prefix of the other"):
+        judge_ids(tok, "Correct", "Correct Incorrect")
+    with pytest.raises(ConfigError, match="judge_no 'Zebra' is not in this tokenizer's vocabulary"):
+        judge_ids(tok, "Correct", "Zebra")
+    with pytest.raises(ConfigError, match="special token"):
+        judge_ids(tok, tok.id_to_token(tok.eos_id), "Correct")
 
 
 def test_block_that_does_not_fit_the_cache_is_refused():

@@ -18,11 +18,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from parse_jax.atomic import check_file_writable, write_text
-from parse_jax.decode import GenerateResult
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.eval.data import Record
 from parse_jax.eval.extract import extract_answer, format_number
 from parse_jax.eval.report import format_summary, summarize
+from parse_jax.requests import GenerateResult
 from parse_jax.validation import check_int
 
 RESULTS_VERSION = 1

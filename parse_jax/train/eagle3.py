@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from parse_jax.decode import PAD_ID
 from parse_jax.eagle3 import Eagle3, Eagle3Config, init_head, save_eagle3, target_taps, ttt_logits
 from parse_jax.errors import ConfigError
 from parse_jax.progress import bar
+from parse_jax.requests import PAD_ID
 from parse_jax.tasks import Task
 from parse_jax.train.data import Encoder
 from parse_jax.train.evaluate import solve_many

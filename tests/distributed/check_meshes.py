@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from parse_jax import distributed as dist
-from parse_jax.decode import _generate_program, encode_prompts, pad_prompts, resolve_eos
+from parse_jax.decode import _generate_program
 from parse_jax.eagle3 import Eagle3, Eagle3Config, init_head
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ParseJaxError
@@ -27,6 +27,7 @@ from parse_jax.layout import pack
 from parse_jax.models.checkpoint import params_equal, save_model
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.requests import encode_prompts, pad_prompts, resolve_eos
 from parse_jax.sampling import prng_key
 from parse_jax.tasks import TOKENIZER_DIR
 from parse_jax.verify import verify_pass

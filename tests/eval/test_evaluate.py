@@ -11,11 +11,11 @@ import pytest
 
 import parse_jax as pj
 from parse_jax.cli import main
-from parse_jax.decode import compiled_programs
 from parse_jax.eval.data import write_task_jsonl
 from parse_jax.eval.report import wilson
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.programs import compiled_programs
 from parse_jax.tasks import TOKENIZER_DIR, load_task
 from tests.checkpoint_runs import write_run
 from tests.random_models import random_model

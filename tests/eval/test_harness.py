@@ -6,11 +6,11 @@ import json
 import pytest
 
 from parse_jax.bench import mode_runner
-from parse_jax.decode import GenerateResult
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.eval.data import file_sha256, load_records, write_task_jsonl
 from parse_jax.eval.harness import ResultsFile, build_prompt, make_header, run_eval, summary_path, write_summary
 from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.requests import GenerateResult
 from parse_jax.tasks import TOKENIZER_DIR, load_task
 from tests.test_engine import TARGET
 
