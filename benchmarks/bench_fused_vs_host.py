@@ -73,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     lines += [""] + [f"- {name} / host path: {rows[name]['fused_over_host']:.3f}x tokens/s; identical outputs on "
                      f"{100 * same[name]:.1f}% of problems" for name in same]
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_json(out.with_suffix(".json"), result)
     atomic.write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")
     print("\n".join(lines))

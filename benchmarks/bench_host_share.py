@@ -12,7 +12,6 @@ every mode once per repeat; shares are over the sums (and the median per-request
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import jax
 import numpy as np
 
 import parse_jax as pj
+from parse_jax import atomic
 from parse_jax.bench import provenance
 from parse_jax.decode import generate_launch
 from parse_jax.engine import ParseConfig, ParseEngine
@@ -92,9 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    out.with_suffix(".md").write_text(text)
+    atomic.write_json(out.with_suffix(".json"), result)
+    atomic.write_text(out.with_suffix(".md"), text)
     return 0
 
 

@@ -35,7 +35,7 @@ from parse_jax.eval.report import wilson
 from parse_jax.programs import compiled_programs
 from parse_jax.progress import logger
 from parse_jax.requests import GenerateResult
-from parse_jax.validation import check_float, check_int
+from parse_jax.validation import SEED_MAX, check_float, check_int
 
 MULTI_SUFFIX = "-multi"
 MULTI_ROUND_MODES = ("parse",)  # engine modes that honour ParseConfig.rounds; each gets a "<mode>-multi" name
@@ -147,9 +147,6 @@ def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperatur
     eng = ParseEngine(target, draft, cfg)
     return lambda prompts, max_new, seed: eng.generate(prompts, mode=engine_mode, max_new_tokens=max_new,
                                                        temperature=temperature, seed=seed, **extra)
-
-
-SEED_MAX = 2**63 - 1
 
 
 def check_run_settings(n: int | None = None, max_new_tokens: int | None = None, batch_size: int | None = None,

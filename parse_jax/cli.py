@@ -12,7 +12,7 @@ from pathlib import Path
 from parse_jax import __version__
 from parse_jax.errors import ConfigError, InputError, ParseJaxError
 from parse_jax.progress import logger, phase
-from parse_jax.validation import check_float, check_int
+from parse_jax.validation import SEED_MAX, check_float, check_int
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -588,10 +588,9 @@ def _out_folder(out: str | None) -> None:
 
 
 # (flag dest, kind, minimum, maximum, open minimum): the value checks every command shares (validation.py)
-_SEED_MAX = 2**63 - 1
 _CHECKS = (
     ("n", int, 1, None, False), ("max_new_tokens", int, 1, None, False), ("batch_size", int, 1, None, False),
-    ("repeats", int, 1, None, False), ("seed", int, 0, _SEED_MAX, False), ("top_k", int, 0, None, False),
+    ("repeats", int, 1, None, False), ("seed", int, 0, SEED_MAX, False), ("top_k", int, 0, None, False),
     ("max_prefixes", int, 1, None, False), ("gamma", int, 1, None, False), ("max_draft_tokens", int, 1, None, False),
     ("eagle3_gamma", int, 1, None, False), ("eagle3_tree", int, 0, None, False), ("steps", int, 1, None, False),
     ("unroll", int, 1, None, False), ("samples", int, 1, None, False), ("step", int, 0, None, False),

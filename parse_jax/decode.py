@@ -43,8 +43,9 @@ class DecodeState:
     step: jax.Array        # scalar: loop iteration
 
 
-def _is_eos(token: jax.Array, eos_ids: jax.Array) -> jax.Array:
-    return jnp.any(token[:, None] == eos_ids[None, :], axis=-1)
+def is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
+    """Which tokens (any shape) are stop ids."""
+    return jnp.any(tokens[..., None] == eos_ids, axis=-1)
 
 
 def decode_loop(forward, cache: KVCache, first_logits: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
@@ -62,7 +63,7 @@ def decode_loop(forward, cache: KVCache, first_logits: jax.Array, max_new: jax.A
         tok = jnp.where(state.done, PAD_ID, tok)
         tokens = state.tokens.at[:, state.step].set(tok)
         num = state.num_new + (~state.done).astype(jnp.int32)
-        done = state.done | _is_eos(tok, eos_ids) | (num >= max_new)
+        done = state.done | is_eos(tok, eos_ids) | (num >= max_new)
         return state.replace(tokens=tokens, num_new=num, done=done, last=tok, step=state.step + 1)
 
     state = DecodeState(cache=cache, tokens=jnp.full((b, num_new), PAD_ID, jnp.int32),

@@ -322,7 +322,7 @@ def pad_cache(cache: KVCache, batch: int) -> KVCache:
 
 
 @functools.cache
-def _shardedverify_program(cfg: ModelConfig, attention_impl: str, mesh: Mesh, taps: tuple[int, ...]):
+def _sharded_verify_program(cfg: ModelConfig, attention_impl: str, mesh: Mesh, taps: tuple[int, ...]):
     """`verify.py`'s verification program under `shard_map` over `data`: each data shard runs it on its own
     rows. Only `data` is manual; `model` stays automatic, so inside each shard the pass is tensor parallel over
     the params' `model` sharding (GSPMD), in the same program."""
@@ -359,7 +359,7 @@ def sharded_verify_pass(model: Model, cache: KVCache, blocks: Sequence[PackedBlo
              else fitting_rules(model.config, mesh, fallback_replicated=True))
     cache = jax.device_put(pad_cache(cache, padded), cache_shardings(model.config, mesh, padded, rules))
     taps = tuple(int(t) for t in taps)
-    program = _shardedverify_program(model.config, model.attention_impl, mesh, taps)
+    program = _sharded_verify_program(model.config, model.attention_impl, mesh, taps)
     scores, boundary_logits, cache, features = program(model.params, cache, *inputs, np.int32(yes_id),
                                                        np.int32(no_id))
     scores = np.where(arrays["valid"], to_host(scores), np.nan)[:n]

@@ -20,6 +20,7 @@ Policy = Literal["earliest_error", "longest_valid"]
 Rounds = Literal["single", "multi"]
 SuffixFormat = Literal["plain", "chat"]
 ROUNDS: tuple[str, ...] = ("single", "multi")
+SUFFIX_FORMATS: tuple[str, ...] = ("plain", "chat")
 Mode = Literal["target", "sd", "sequential", "parse", "eagle3", "parse+eagle3"]
 MODES: tuple[str, ...] = ("target", "sd", "sequential", "parse", "eagle3", "parse+eagle3")
 
@@ -93,8 +94,7 @@ class ParseConfig:
             raise ConfigError(f"delimiter must be a non-empty string or a list of them, got {self.delimiter!r}")
         if not isinstance(self.delimiter, str):
             fix("delimiter", tuple(self.delimiter))
-        if self.suffix_format not in ("plain", "chat"):
-            raise ConfigError(f"unknown suffix_format {self.suffix_format!r}; available: plain, chat")
+        check_choice("suffix_format", self.suffix_format, SUFFIX_FORMATS)
         if not self.verify_suffix:
             raise ConfigError("verify_suffix is empty")
         if not isinstance(self.speculation, SpecSettings) or not isinstance(self.eagle3, Eagle3Settings):
@@ -109,7 +109,8 @@ class ParseConfig:
     def flat_fields(cls) -> dict[str, Any]:
         """Every flat setting name -> its default (the type a value must have)."""
         out = {f.name: f.default for f in dataclasses.fields(cls) if f.name not in ("speculation", "eagle3")}
-        out["gamma"], out["eagle3_gamma"], out["eagle3_tree"] = 4, 5, 0
+        defaults = cls()
+        out.update({key: getattr(getattr(defaults, group), field) for key, (group, field) in cls.FLAT_GROUPS.items()})
         return out
 
     @classmethod
@@ -135,5 +136,5 @@ class ParseConfig:
     def flat(self) -> dict[str, Any]:
         """The flat settings of this config (what a results header records)."""
         out = {k: getattr(self, k) for k in self.flat_fields() if k not in self.FLAT_GROUPS}
-        out.update(gamma=self.speculation.gamma, eagle3_gamma=self.eagle3.gamma, eagle3_tree=self.eagle3.tree)
+        out.update({key: getattr(getattr(self, group), field) for key, (group, field) in self.FLAT_GROUPS.items()})
         return out

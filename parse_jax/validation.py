@@ -13,6 +13,8 @@ from collections.abc import Iterable
 
 from parse_jax.errors import ConfigError, ParseJaxError
 
+SEED_MAX = 2**63 - 1  # seeds of runs (bench, sweep, calibrate, eval, training): numpy takes them whole
+
 
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None,
               error: type[ParseJaxError] = ConfigError) -> int:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from parse_jax.decode import decode_loop, prefill
+from parse_jax.decode import decode_loop, is_eos, prefill
 from parse_jax.eagle3 import Eagle3Config, eagle_loop, head_applies
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
@@ -30,7 +30,6 @@ from parse_jax.modes.parse_program import (
     block_lengths,
     draft_answers,
     ends_in_eos,
-    is_eos,
     join,
     verify_round,
 )

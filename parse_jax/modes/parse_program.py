@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from parse_jax.block import pack_block
-from parse_jax.decode import prefill_and_decode
+from parse_jax.decode import is_eos, prefill_and_decode
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.programs import length_bucket
@@ -45,10 +45,6 @@ class Judge:
     no_id: jax.Array
     threshold: jax.Array    # float32 scalar
     table: jax.Array        # int32 [states, V]: segment.DelimiterTable
-
-
-def is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
-    return jnp.any(tokens[..., None] == eos_ids, axis=-1)
 
 
 def draft_answers(draft_forward, draft_cfg: ModelConfig, prompt, prompt_lens, budget, eos_ids, rng, num_new: int,
@@ -82,7 +78,6 @@ class Verified:
     block_tokens: jax.Array    # [B] real tokens in the verification block
     tokens: jax.Array          # [B, L] the block (EAGLE-3 continues from its taps)
     features: jax.Array | None
-    scores: jax.Array          # [B, K]
 
 
 def block_lengths(longest: int, shortest: int = 8) -> tuple[int, ...]:
@@ -133,8 +128,7 @@ def verify_round(target_forward, cache: KVCache, spec: RoundSpec, judge: Judge, 
     take = jnp.where(idx >= 0, idx, spec.max_prefixes)  # the last column: the head's last token
     rows = jnp.arange(b)
     return Verified(cache=cache.set_lengths(ctx_len + head_len + accepted), first_logits=boundary_logits[rows, take],
-                    accepted=accepted, prefixes=count, block_tokens=num_tokens, tokens=tokens, features=features,
-                    scores=scores)
+                    accepted=accepted, prefixes=count, block_tokens=num_tokens, tokens=tokens, features=features)
 
 
 def ends_in_eos(draft: jax.Array, accepted: jax.Array, eos_ids: jax.Array) -> jax.Array:

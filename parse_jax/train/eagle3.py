@@ -32,7 +32,7 @@ from parse_jax.train.evaluate import solve_many
 from parse_jax.train.forward import train_forward
 from parse_jax.train.recipe import PhaseSpec
 from parse_jax.train.trainer import train_phase
-from parse_jax.validation import check_float, check_int
+from parse_jax.validation import SEED_MAX, check_float, check_int
 
 SAMPLES_FILE = "samples.json"
 
@@ -58,7 +58,7 @@ class Eagle3Spec:
         if not 0 < self.step_decay <= 1:
             raise ConfigError(f"EAGLE-3 training: step_decay must lie in (0, 1], got {self.step_decay}")
         check_float("EAGLE-3 training: lr", self.lr, 0.0, min_open=True)
-        check_int("EAGLE-3 training: seed", self.seed, 0, 2**63 - 1)
+        check_int("EAGLE-3 training: seed", self.seed, 0, SEED_MAX)
         check_int("EAGLE-3 training: warmup_steps", self.warmup_steps, 0)
 
     def phase(self) -> PhaseSpec:

@@ -12,7 +12,7 @@ import yaml
 from parse_jax.errors import ConfigError
 from parse_jax.models.config import ModelConfig
 from parse_jax.train.grow import check_growable, grown_config
-from parse_jax.validation import check_float, check_int
+from parse_jax.validation import SEED_MAX, check_float, check_int
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # parse_jax/configs: ships in the wheel
 
@@ -60,7 +60,7 @@ class PhaseSpec:
         for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints"):
             check_int(f"training: {name}", getattr(self, name), 1)
         check_int("training: warmup_steps", self.warmup_steps, 0)
-        check_int("training: seed", self.seed, 0, 2**63 - 1)
+        check_int("training: seed", self.seed, 0, SEED_MAX)
         check_float("training: lr", self.lr, 0.0, min_open=True)
         check_float("training: final_lr_ratio", self.final_lr_ratio, 0.0, 1.0)
         check_float("training: weight_decay", self.weight_decay, 0.0)

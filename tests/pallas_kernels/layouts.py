@@ -14,6 +14,21 @@ from hypothesis import strategies as st
 from parse_jax.layout import pack, pad_blocks
 
 
+def rule_mask(ctx_len, limit, group, num_slots, padded_slots=None):
+    """[T, padded_slots] visibility by the letter of docs/design.md §2, token by token (the tests' statement of the
+    rule); slots at or past num_slots (a kernel's tail) see nothing. padded_slots defaults to num_slots."""
+    t = len(limit)
+    mask = np.zeros((t, num_slots if padded_slots is None else padded_slots), bool)
+    for i in range(t):
+        for s in range(num_slots):
+            j = s - ctx_len
+            if s < ctx_len:
+                mask[i, s] = True
+            elif j < t:
+                mask[i, s] = bool((group[j] == 0 and j < limit[i]) or (group[j] == group[i] != 0 and j <= i))
+    return mask
+
+
 @st.composite
 def packed_row(draw, t: int, num_slots: int):
     ctx = draw(st.integers(0, num_slots - t))

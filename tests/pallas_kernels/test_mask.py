@@ -10,20 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pallas_kernels.mask import visible
-
-
-def _rule(ctx_len, limit, group, num_slots, padded_slots):
-    """[T, padded_slots] by the letter of design.md §2; slots at or past num_slots (a kernel's tail) see nothing."""
-    t = len(limit)
-    mask = np.zeros((t, padded_slots), bool)
-    for i in range(t):
-        for s in range(num_slots):
-            j = s - ctx_len
-            if s < ctx_len:
-                mask[i, s] = True
-            elif j < t:
-                mask[i, s] = bool((group[j] == 0 and j < limit[i]) or (group[j] == group[i] != 0 and j <= i))
-    return mask
+from tests.pallas_kernels.layouts import rule_mask
 
 
 @st.composite
@@ -43,13 +30,13 @@ def layouts(draw):
 
 @settings(max_examples=200, deadline=None)
 @given(layouts(), st.booleans())
-def test_visible_equals_the_rule(layout, bounded):
+def test_visible_equals_therule_mask(layout, bounded):
     ctx, limit, group, num_slots, padded, key_group = layout
     slot = jnp.arange(padded, dtype=jnp.int32)[None, :]
     i = jnp.arange(len(limit), dtype=jnp.int32)[:, None]
     got = np.asarray(visible(slot, jnp.int32(ctx), jnp.asarray(key_group)[None, :], jnp.asarray(group)[:, None], i,
                              jnp.asarray(limit)[:, None], len(limit), num_slots if bounded else None))
-    want = _rule(ctx, limit, group, num_slots if bounded else padded, padded)
+    want = rule_mask(ctx, limit, group, num_slots if bounded else padded, padded)
     np.testing.assert_array_equal(got, want)
 
 

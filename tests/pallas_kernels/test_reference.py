@@ -7,19 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pallas_kernels import attention_reference, visibility
-
-
-def _rule(ctx_len, limit, group, num_slots):
-    t = len(limit)
-    mask = np.zeros((t, num_slots), bool)
-    for i in range(t):
-        for s in range(num_slots):
-            j = s - ctx_len
-            if s < ctx_len:
-                mask[i, s] = True
-            elif 0 <= j < t:
-                mask[i, s] = (group[j] == 0 and j < limit[i]) or (group[j] == group[i] != 0 and j <= i)
-    return mask
+from tests.pallas_kernels.layouts import rule_mask
 
 
 @st.composite
@@ -41,19 +29,19 @@ def layouts(draw):
 
 @settings(max_examples=40, deadline=None)
 @given(layouts())
-def test_visibility_matches_the_rule(layout):
+def test_visibility_matches_therule_mask(layout):
     ctx, limit, group, slots = layout
     got = np.asarray(visibility(jnp.array([ctx]), jnp.asarray(limit[None]), jnp.asarray(group[None]), slots))[0]
-    np.testing.assert_array_equal(got, _rule(ctx, limit, group, slots))
+    np.testing.assert_array_equal(got, rule_mask(ctx, limit, group, slots))
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 6), st.integers(0, 1), st.integers(0, 2), st.integers(0, 3))
-def test_one_token_blocks_take_the_same_rule(ctx, limit, group, free):
+def test_one_token_blocks_take_the_samerule_mask(ctx, limit, group, free):
     """T = 1 (every decode step) has its own gather-free path."""
     slots = ctx + 1 + free
     got = np.asarray(visibility(jnp.array([ctx]), jnp.array([[limit]]), jnp.array([[group]]), slots))[0]
-    np.testing.assert_array_equal(got, _rule(ctx, np.array([limit]), np.array([group]), slots))
+    np.testing.assert_array_equal(got, rule_mask(ctx, np.array([limit]), np.array([group]), slots))
 
 
 @settings(max_examples=15, deadline=None)
@@ -68,7 +56,7 @@ def test_attention_equals_softmax_over_visible_keys(layout, heads, seed):
     v = rng.normal(size=(1, kv, slots, d)).astype(np.float32)
     out = np.asarray(attention_reference(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.array([ctx]),
                                          jnp.asarray(limit[None]), jnp.asarray(group[None])))
-    mask = _rule(ctx, limit, group, slots)
+    mask = rule_mask(ctx, limit, group, slots)
     for i in range(t):
         for head in range(h):
             kh = head // (h // kv)
