@@ -22,10 +22,10 @@ import jax.numpy as jnp
 from bench_decode import median_seconds  # benchmarks/ is on sys.path when run as a script
 
 import parse_jax as pj
-from parse_jax.bench import provenance
-from parse_jax.eagle3 import Eagle3Head, lm_head
+from parse_jax.harness.provenance import provenance
 from parse_jax.models.cache import KVCache
 from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.speculation.eagle3 import Eagle3Head, lm_head
 
 PASSES = 50
 
@@ -121,7 +121,7 @@ def main() -> None:
               f"{ratio(r['vs_target_step'])} |" for r in rows]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     if a.plot:
-        from parse_jax.plots import block_cost_plot
+        from parse_jax.harness.plots import block_cost_plot
 
         print(f"wrote {block_cost_plot(rows, a.plot)}")
 

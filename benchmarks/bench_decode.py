@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from parse_jax.decode import generate
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import causal_metadata
 from parse_jax.models.model import Model, decoder_fn, init_params
+from parse_jax.runtime.decode import generate
 
 CONFIGS = {
     # The issue's ~20M-parameter config: per-step cost is bound by reading the weights.

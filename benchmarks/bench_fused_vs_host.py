@@ -19,9 +19,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (the reference path) from a source checkout
 
 import parse_jax as pj  # noqa: E402
-from parse_jax import atomic  # noqa: E402
-from parse_jax.bench import format_row, measure, provenance  # noqa: E402
 from parse_jax.engine import ParseConfig, ParseEngine  # noqa: E402
+from parse_jax.harness.provenance import provenance
+from parse_jax.harness.runs import format_row, measure  # noqa: E402
+from parse_jax.utils import atomic
 from tests.parse_reference import ReferenceParse  # noqa: E402
 
 

@@ -20,11 +20,11 @@ import jax
 import numpy as np
 
 import parse_jax as pj
-from parse_jax import atomic
-from parse_jax.bench import provenance
-from parse_jax.decode import generate_launch
 from parse_jax.engine import ParseConfig, ParseEngine
+from parse_jax.harness.provenance import provenance
 from parse_jax.modes.parse import multi_launch, single_launch
+from parse_jax.runtime.decode import generate_launch
+from parse_jax.utils import atomic
 
 MAX_NEW = 64
 

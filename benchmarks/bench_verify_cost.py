@@ -18,11 +18,11 @@ import numpy as np
 from bench_decode import median_seconds  # benchmarks/ is on sys.path when run as a script
 
 import parse_jax as pj
-from parse_jax.bench import provenance
-from parse_jax.layout import pack
-from parse_jax.programs import bucket
+from parse_jax.harness.provenance import provenance
+from parse_jax.runtime.programs import bucket
 from parse_jax.train.evaluate import step_seconds
-from parse_jax.verify import judge_ids, verify_pass
+from parse_jax.verify.layout import pack
+from parse_jax.verify.scoring import judge_ids, verify_pass
 
 
 def main() -> None:

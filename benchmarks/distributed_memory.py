@@ -25,12 +25,14 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import parse_jax as pj  # noqa: E402
-from parse_jax import distributed as dist  # noqa: E402
-from parse_jax.bench import provenance  # noqa: E402
+from parse_jax.distributed.mesh import make_mesh
+from parse_jax.distributed.sharded import shard_model
 from parse_jax.errors import ConfigError  # noqa: E402
+from parse_jax.harness.provenance import provenance  # noqa: E402
 from parse_jax.models.cache import KVCache  # noqa: E402
 from parse_jax.models.config import ModelConfig  # noqa: E402
-from parse_jax.models.hf_import import expected_params  # noqa: E402
+from parse_jax.models.model import expected_params  # noqa: E402
+from parse_jax.models.sharding import ShardingRules, abstract_params, cache_shardings
 
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
 GIB = 1024 ** 3
@@ -50,27 +52,27 @@ def total_bytes(tree) -> int:
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def measure(cfg: ModelConfig, batch: int, cache_len: int, rules: dist.ShardingRules | None = None) -> dict:
+def measure(cfg: ModelConfig, batch: int, cache_len: int, rules: ShardingRules | None = None) -> dict:
     cache = jax.eval_shape(lambda: KVCache.init(cfg, batch, cache_len))
     out = {"params_total_gib": total_bytes(expected_params(cfg)) / GIB, "cache_total_gib": total_bytes(cache) / GIB,
            "meshes": {}}
     for d, m in MESHES:
-        mesh = dist.make_mesh({"data": d, "model": m})
+        mesh = make_mesh({"data": d, "model": m})
         key = f"data={d},model={m}"
         try:
-            abstract = dist.abstract_params(cfg, mesh, rules)
+            abstract = abstract_params(cfg, mesh, rules)
         except ConfigError as e:
             out["meshes"][key] = {"error": str(e)}
             continue
         p = per_device_bytes(abstract, jax.tree.map(lambda x: x.sharding, abstract))
-        c = per_device_bytes(cache, dist.cache_shardings(cfg, mesh, batch, rules))
+        c = per_device_bytes(cache, cache_shardings(cfg, mesh, batch, rules))
         out["meshes"][key] = {"params_gib": p / GIB, "cache_gib": c / GIB, "total_gib": (p + c) / GIB}
     return out
 
 
 def placed_bytes(model, mesh) -> int:
     """Largest per-device total of the params actually placed by `shard_model` (checks the abstract figures)."""
-    placed = dist.shard_model(model, mesh)
+    placed = shard_model(model, mesh)
     per_device: dict[int, int] = {}
     for x in jax.tree.leaves(placed.params):
         for shard in x.addressable_shards:
@@ -124,7 +126,7 @@ def main() -> None:
                 f"{a.pair_cache_len}.")
         models[f"embedded pair: {role}"] = (c, a.pair_batch, a.pair_cache_len, None, what)
         models[f"embedded pair: {role}, replicated params"] = (c, a.pair_batch, a.pair_cache_len,
-                                                                dist.ShardingRules.replicated(),
+                                                                ShardingRules.replicated(),
                                                                 what + " `ShardingRules.replicated()`: params on every "
                                                                 "device, cache rows still split over `data`.")
     result = {"models": {}}
@@ -136,7 +138,7 @@ def main() -> None:
         for d, mm in MESHES:
             key = f"data={d},model={mm}"
             if "error" not in r["meshes"][key]:
-                real = placed_bytes(m, dist.make_mesh({"data": d, "model": mm}))
+                real = placed_bytes(m, make_mesh({"data": d, "model": mm}))
                 abstract = round(r["meshes"][key]["params_gib"] * GIB)
                 check[key] = "equal" if real == abstract else f"DIFFERS: placed {real} B vs abstract {abstract} B"
         r["placed_check"] = check

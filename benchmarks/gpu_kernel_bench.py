@@ -78,7 +78,7 @@ SMOKE_HEADS = Heads(4, 2, 64, "float32")
 
 def packed_metadata(case: Case) -> tuple[np.ndarray, np.ndarray]:
     """limit, group [T] of DESIGN §2 for evenly spaced boundaries (the last is the whole draft); the same
-    arrays as `parse_jax.layout.pack` (a test checks it) without importing parse_jax's dependencies.
+    arrays as `parse_jax.verify.layout.pack` (a test checks it) without importing parse_jax's dependencies.
     K = 0 is a plain causal block (draft = 1: one decode step over the cache)."""
     if case.k == 0:
         return np.arange(1, case.draft + 1, dtype=np.int32), np.zeros(case.draft, np.int32)

@@ -38,12 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from parse_jax.bench import provenance
-from parse_jax.layout import pack, pad_blocks
+from parse_jax.harness.provenance import provenance
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.models.model import Model, init_params
-from parse_jax.programs import forward_fn
+from parse_jax.runtime.programs import forward_fn
+from parse_jax.verify.layout import pack, pad_blocks
 
 TARGET = ModelConfig(architecture="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                      num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, qk_norm=True, rope_theta=1e6,

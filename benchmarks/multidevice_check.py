@@ -26,16 +26,20 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from parse_jax import distributed as dist
-from parse_jax.bench import provenance
+from parse_jax.distributed.args import add_distributed_args
+from parse_jax.distributed.mesh import make_mesh
+from parse_jax.distributed.multihost import initialize_from_args, is_writer
+from parse_jax.distributed.sharded import shard_model
+from parse_jax.distributed.verify import sharded_verify_pass
 from parse_jax.engine import ParseConfig, ParseEngine
-from parse_jax.layout import pack
+from parse_jax.harness.provenance import provenance
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model, init_params
 from parse_jax.models.tokenizer import Tokenizer
-from parse_jax.programs import bucket
+from parse_jax.runtime.programs import bucket, to_host
 from parse_jax.tasks import TOKENIZER_DIR
-from parse_jax.verify import verify_pass
+from parse_jax.verify.layout import pack
+from parse_jax.verify.scoring import verify_pass
 
 
 def meshes(n: int, kv_heads: int) -> list[tuple[int, int]]:
@@ -53,7 +57,7 @@ def random_model(cfg: ModelConfig, seed: int, tokenizer=None) -> Model:
 
 
 def max_diff(a, b) -> float:
-    a, b = dist.to_host(a), dist.to_host(b)
+    a, b = to_host(a), to_host(b)
     both = ~(np.isnan(a) & np.isnan(b))
     return float(np.abs(a[both] - b[both]).max())
 
@@ -75,9 +79,9 @@ def correctness(n: int, heads: int) -> dict:
     ref_gen = {m: eng.generate(prompts, mode=m, max_new_tokens=32).tokens for m in ("target", "parse")}
     out = {}
     for d, m in meshes(n, heads):
-        mesh = dist.make_mesh({"data": d, "model": m})
-        st, sd = dist.shard_model(target, mesh), dist.shard_model(draft, mesh)
-        v = dist.sharded_verify_pass(st, st.init_cache(3, 128), blocks, eng.yes_id, eng.no_id, 64, 4, [2, 3, 4])
+        mesh = make_mesh({"data": d, "model": m})
+        st, sd = shard_model(target, mesh), shard_model(draft, mesh)
+        v = sharded_verify_pass(st, st.init_cache(3, 128), blocks, eng.yes_id, eng.no_id, 64, 4, [2, 3, 4])
         s_eng = ParseEngine(st, sd, cfg)
         row = {"logits_max_diff": max_diff(st.logits(ids), ref_logits),
                "verify_scores_max_diff": max_diff(v.scores, ref_v.scores),
@@ -123,15 +127,15 @@ def timing(a, n: int) -> dict:
     for d, m in meshes(n, a.kv_heads):
         if a.heads % m or (3 * a.hidden) % m:
             continue
-        mesh = dist.make_mesh({"data": d, "model": m})
-        sm = dist.shard_model(model, mesh)
+        mesh = make_mesh({"data": d, "model": m})
+        sm = shard_model(model, mesh)
         out["meshes"][f"data={d},model={m}"] = {"gspmd_verify_pass_ms": run(sm, verify_pass),
-                                                "shard_map_verify_ms": run(sm, dist.sharded_verify_pass)}
+                                                "shard_map_verify_ms": run(sm, sharded_verify_pass)}
     return out
 
 
 def main() -> None:
-    ap = dist.add_distributed_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    ap = add_distributed_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
@@ -149,7 +153,7 @@ def main() -> None:
     a = ap.parse_args()
     global IMPL
     IMPL = a.attention_impl
-    dist.initialize_from_args(a)  # the meshes below are built here; --mesh is not used
+    initialize_from_args(a)  # the meshes below are built here; --mesh is not used
     n = jax.device_count()
     if n < 2:
         sys.exit(f"needs at least 2 devices, found {n}: {jax.devices()}")
@@ -162,7 +166,7 @@ def main() -> None:
     result = {"correctness": check, "correctness_ok": not bad, "tolerance": a.tol, "timing": timing(a, n),
               "seconds": time.perf_counter() - t0, "command": "python " + " ".join(sys.argv),
               "provenance": provenance(vars(a))}
-    if dist.is_writer():
+    if is_writer():
         out = Path(f"{a.out}_{jax.devices()[0].platform}")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")

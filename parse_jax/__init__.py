@@ -18,34 +18,38 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree th
 
 # public name -> the module that defines it
 _LAZY = {
-    "GenerateResult": "parse_jax.requests", "generate": "parse_jax.decode",
-    "load_sharded": "parse_jax.distributed", "make_mesh": "parse_jax.distributed",
-    "shard_model": "parse_jax.distributed",
-    "Eagle3": "parse_jax.eagle3", "eagle3_generate": "parse_jax.eagle3", "load_eagle3": "parse_jax.eagle3",
-    "save_eagle3": "parse_jax.eagle3",
-    "ParseConfig": "parse_jax.engine", "ParseEngine": "parse_jax.engine",
+    "GenerateResult": "parse_jax.runtime.requests", "generate": "parse_jax.runtime.decode",
+    "load_sharded": "parse_jax.checkpoints.load", "make_mesh": "parse_jax.distributed.mesh",
+    "shard_model": "parse_jax.distributed.sharded",
+    "Eagle3": "parse_jax.speculation.eagle3", "eagle3_generate": "parse_jax.speculation.eagle3",
+    "load_eagle3": "parse_jax.speculation.eagle3",
+    "save_eagle3": "parse_jax.speculation.eagle3",
+    "ParseConfig": "parse_jax.settings", "ParseEngine": "parse_jax.engine",
     "SpecSettings": "parse_jax.settings", "Eagle3Settings": "parse_jax.settings",
     "align_vocab": "parse_jax.models.vocab",
-    "EvalResult": "parse_jax.eval.evaluate", "evaluate": "parse_jax.eval.evaluate",
-    "load_model": "parse_jax.models.checkpoint", "save_model": "parse_jax.models.checkpoint",
+    "EvalResult": "parse_jax.harness.eval.evaluate", "evaluate": "parse_jax.harness.eval.evaluate",
+    "load_model": "parse_jax.checkpoints.load", "save_model": "parse_jax.checkpoints.orbax",
     "ModelConfig": "parse_jax.models.config", "Model": "parse_jax.models.model",
-    "load_pair": "parse_jax.pair", "speculative_generate": "parse_jax.speculative", "load_task": "parse_jax.tasks",
+    "load_pair": "parse_jax.checkpoints.pair", "speculative_generate": "parse_jax.speculation.draft_model",
+    "load_task": "parse_jax.tasks",
 }
 
 if TYPE_CHECKING:
-    from parse_jax.decode import generate
-    from parse_jax.distributed import load_sharded, make_mesh, shard_model
-    from parse_jax.eagle3 import Eagle3, eagle3_generate, load_eagle3, save_eagle3
-    from parse_jax.engine import ParseConfig, ParseEngine
-    from parse_jax.eval.evaluate import EvalResult, evaluate
-    from parse_jax.models.checkpoint import load_model, save_model
+    from parse_jax.checkpoints.load import load_model, load_sharded
+    from parse_jax.checkpoints.orbax import save_model
+    from parse_jax.checkpoints.pair import load_pair
+    from parse_jax.distributed.mesh import make_mesh
+    from parse_jax.distributed.sharded import shard_model
+    from parse_jax.engine import ParseEngine
+    from parse_jax.harness.eval.evaluate import EvalResult, evaluate
     from parse_jax.models.config import ModelConfig
     from parse_jax.models.model import Model
     from parse_jax.models.vocab import align_vocab
-    from parse_jax.pair import load_pair
-    from parse_jax.requests import GenerateResult
-    from parse_jax.settings import Eagle3Settings, SpecSettings
-    from parse_jax.speculative import speculative_generate
+    from parse_jax.runtime.decode import generate
+    from parse_jax.runtime.requests import GenerateResult
+    from parse_jax.settings import Eagle3Settings, ParseConfig, SpecSettings
+    from parse_jax.speculation.draft_model import speculative_generate
+    from parse_jax.speculation.eagle3 import Eagle3, eagle3_generate, load_eagle3, save_eagle3
     from parse_jax.tasks import load_task
 
 

@@ -15,10 +15,30 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from parse_jax import distributed
-from parse_jax.eagle3 import Eagle3, check_tree
+from parse_jax.distributed.sharded import replicate, shard_model
+from parse_jax.distributed.verify import sharded_verify_pass
 from parse_jax.errors import ConfigError, InputError
-from parse_jax.layout import (
+from parse_jax.models.vocab import align_vocab
+from parse_jax.modes import eagle3 as eagle3_mode
+from parse_jax.modes import parse as parse_mode
+from parse_jax.modes import sd as sd_mode
+from parse_jax.modes import sequential as sequential_mode
+from parse_jax.modes import target as target_mode
+from parse_jax.runtime.programs import FETCHES, bucket, compiled_programs
+from parse_jax.runtime.requests import (
+    GenerateResult,
+    GenerationStats,
+    Request,
+    SamplingParams,
+    encode_prompts,
+    resolve_eos,
+)
+from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings  # noqa: F401  (re-exported)
+from parse_jax.speculation.draft_model import check_pair
+from parse_jax.speculation.eagle3 import Eagle3, check_tree
+from parse_jax.tasks import JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
+from parse_jax.utils.validation import check_choice, check_int
+from parse_jax.verify.layout import (
     cap_boundaries,
     check_boundaries,
     hybrid_from_boundaries,
@@ -26,21 +46,9 @@ from parse_jax.layout import (
     stride_boundaries,
     text_delimiter_boundaries,
 )
-from parse_jax.models.vocab import align_vocab
-from parse_jax.modes import eagle3 as eagle3_mode
-from parse_jax.modes import parse as parse_mode
-from parse_jax.modes import sd as sd_mode
-from parse_jax.modes import sequential as sequential_mode
-from parse_jax.modes import target as target_mode
-from parse_jax.modes.parse_program import Judge, RoundSpec
-from parse_jax.programs import FETCHES, bucket, compiled_programs
-from parse_jax.requests import GenerateResult, GenerationStats, Request, SamplingParams, encode_prompts, resolve_eos
-from parse_jax.segment import DelimiterTable
-from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings  # noqa: F401  (re-exported)
-from parse_jax.speculative import check_pair
-from parse_jax.tasks import JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
-from parse_jax.validation import check_choice, check_int
-from parse_jax.verify import judge_ids, verify_pass
+from parse_jax.verify.round import Judge, RoundSpec
+from parse_jax.verify.scoring import judge_ids, verify_pass
+from parse_jax.verify.segment import DelimiterTable
 
 # mode -> (runner, the positions a request needs in the target and in the draft past its prompt, given the engine
 # and max_new_tokens: what the mode's passes write beyond the last token they may emit)
@@ -101,12 +109,12 @@ class ParseEngine:
         if eagle3 is not None:
             eagle3.config.check_target(target.config)
         if mesh is not None:  # weights over `model`, requests over `data` (see parse_jax.distributed)
-            target = distributed.shard_model(target, mesh)
-            draft = distributed.shard_model(draft, mesh, fallback_replicated=True) if draft is not None else None
+            target = shard_model(target, mesh)
+            draft = shard_model(draft, mesh, fallback_replicated=True) if draft is not None else None
         if eagle3 is not None and target.mesh is not None:  # the head runs beside the sharded target: replicate it
-            eagle3 = dataclasses.replace(eagle3, params=distributed.replicate(eagle3.params, target.mesh))
+            eagle3 = dataclasses.replace(eagle3, params=replicate(eagle3.params, target.mesh))
         self.target, self.draft, self.eagle3 = target, draft, eagle3
-        self._verify = distributed.sharded_verify_pass if target.mesh is not None else verify_pass
+        self._verify = sharded_verify_pass if target.mesh is not None else verify_pass
         tok = target.tokenizer
         if tok is None:
             raise ConfigError("the target has no tokenizer: the suffix and judge words cannot be encoded")

@@ -1,5 +1,5 @@
 """Typed settings of the engine: PARSE's own (`ParseConfig`), token-level speculation's (`SpecSettings`) and
-EAGLE-3's (`Eagle3Settings`), each validated where it is built (parse_jax.validation), choices as Literal types.
+EAGLE-3's (`Eagle3Settings`), each validated where it is built (parse_jax.utils.validation), choices as Literal types.
 
 Config files and the CLI name every setting flat (`gamma`, `eagle3_gamma`, `eagle3_tree` beside PARSE's):
 `ParseConfig.from_flat` and `ParseConfig.flat_fields` map those names onto the groups.
@@ -11,10 +11,10 @@ import dataclasses
 from typing import Any, Literal
 
 from parse_jax.errors import ConfigError
-from parse_jax.segment import SEGMENTERS, Segmenter
 from parse_jax.tasks import DELIMITER, JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
-from parse_jax.validation import check_choice, check_float, check_int
-from parse_jax.verify import POLICIES
+from parse_jax.utils.validation import check_choice, check_float, check_int
+from parse_jax.verify.scoring import POLICIES
+from parse_jax.verify.segment import SEGMENTERS, Segmenter
 
 Policy = Literal["earliest_error", "longest_valid"]
 Rounds = Literal["single", "multi"]

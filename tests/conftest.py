@@ -2,9 +2,11 @@
 
 The CLI keeps a persistent compile cache in the user's cache folder by default. Tests never touch it: the
 environment turns the cache off for every in-process `main()` call and every CLI subprocess a test starts; the tests
-of the cache itself (`tests/test_compile_cache.py`) point it at a temporary folder of their own."""
+of the cache itself (`tests/utils/test_compile_cache.py`) point it at a temporary folder of their own."""
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +46,22 @@ def _free_compiled_programs():
 
         jax.clear_caches()
         gc.collect()
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """`tiny_hf(family, seed=0, dtype="float32", sharded=False) -> Path`, cached per argument set.
+
+    Tests must not modify the folder; copy it (`shutil.copytree`) before corrupting anything."""
+    from tests.models.hf_tiny import make_tiny_hf
+
+    cache: dict[tuple, Path] = {}
+
+    def get(family: str, seed: int = 0, dtype: str = "float32", sharded: bool = False) -> Path:
+        key = (family, seed, dtype, sharded)
+        if key not in cache:
+            folder = tmp_path_factory.mktemp(f"{family}-s{seed}-{dtype}{'-sharded' if sharded else ''}")
+            cache[key] = make_tiny_hf(family, folder, seed=seed, dtype=dtype, sharded=sharded)
+        return cache[key]
+
+    return get

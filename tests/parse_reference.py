@@ -10,19 +10,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from parse_jax import distributed
-from parse_jax.decode import continue_program, generate
-from parse_jax.eagle3 import continue_program as eagle3_continue_program
+from parse_jax.distributed.sharded import ShardedModel
 from parse_jax.errors import InputError
-from parse_jax.layout import (
-    check_boundaries,
-    pack,
-)
-from parse_jax.programs import bucket, length_bucket, take_rows, to_host
-from parse_jax.requests import GenerateResult, SamplingParams, encode_prompts, resolve_eos
-from parse_jax.sampling import prng_key
-from parse_jax.verify import accept, verify_pass
-from parse_jax.verify import passes as clears_threshold
+from parse_jax.runtime.decode import continue_program, generate
+from parse_jax.runtime.programs import bucket, length_bucket, take_rows, to_host
+from parse_jax.runtime.requests import GenerateResult, SamplingParams, encode_prompts, resolve_eos
+from parse_jax.runtime.sampling import prng_key
+from parse_jax.speculation.eagle3 import continue_program as eagle3_continue_program
+from parse_jax.verify.layout import check_boundaries, pack
+from parse_jax.verify.scoring import accept, verify_pass
+from parse_jax.verify.scoring import passes as clears_threshold
 
 
 class _FlatConfig:
@@ -169,7 +166,7 @@ class ReferenceParse:
         live = np.flatnonzero(remaining > 0)
         if live.size == 0:
             return None, remaining[:0]
-        if isinstance(self.target, distributed.ShardedModel) or bucket(live.size, 1) >= remaining.shape[0]:
+        if isinstance(self.target, ShardedModel) or bucket(live.size, 1) >= remaining.shape[0]:
             return np.arange(remaining.shape[0]), remaining
         pad = bucket(live.size, 1) - live.size
         rows = np.concatenate([live, np.full(pad, live[0])]).astype(np.int32)

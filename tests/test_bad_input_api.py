@@ -6,12 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from parse_jax.bench import mode_runner, run_bench
-from parse_jax.distributed import parse_mesh_spec
+from parse_jax.distributed.mesh import parse_mesh_spec
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError, ParseJaxError
-from parse_jax.eval.evaluate import evaluate
-from parse_jax.sweep import calibrate, run_sweep, sweep_configs
+from parse_jax.harness.bench import run_bench
+from parse_jax.harness.eval.evaluate import evaluate
+from parse_jax.harness.runs import mode_runner
+from parse_jax.harness.sweep import calibrate, run_sweep, sweep_configs
 from parse_jax.tasks import load_task
 from parse_jax.train.eagle3 import Eagle3Spec
 from parse_jax.train.recipe import PhaseSpec

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from parse_jax.decode import generate
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.runtime.decode import generate
 from parse_jax.tasks import TOKENIZER_DIR
 from tests.random_models import random_model
 

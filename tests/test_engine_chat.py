@@ -13,7 +13,7 @@ import pytest
 import parse_jax as pj
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError
-from parse_jax.layout import delimiter_boundaries
+from parse_jax.verify.layout import delimiter_boundaries
 from tests.models.hf_tiny import hf_logits, make_tiny_hf, step_corpus
 
 QUESTION = "Is every step so far correct?"
@@ -95,7 +95,7 @@ def test_the_shipped_qwen3_config_runs_on_a_qwen_format_pair(qwen):
     """configs/parse/qwen3_chat.yaml: a chat-rendered suffix, judge words, blank-line steps in the decoded text."""
     import yaml
 
-    from parse_jax.cli import PARSE_CONFIG_DIR
+    from parse_jax.cli.setup import PARSE_CONFIG_DIR
 
     _, m = qwen
     cfg = ParseConfig.from_flat(**yaml.safe_load((PARSE_CONFIG_DIR / "qwen3_chat.yaml").read_text()))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import parse_jax as pj
-from parse_jax.requests import encode_prompts
+from parse_jax.runtime.requests import encode_prompts
 from parse_jax.train.data import Encoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,12 +63,12 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import parse_jax as pj
-from parse_jax import distributed as dist
+from parse_jax.distributed.mesh import make_mesh
 target, draft = pj.load_pair()
 prompts = [p for p, _ in pj.load_task().problems(6, 22)]
 cfg = pj.ParseConfig(max_draft_tokens=24)
 single = pj.ParseEngine(target, draft, cfg)
-sharded = pj.ParseEngine(target, draft, cfg, mesh=dist.make_mesh({"data": 1, "model": 2}))
+sharded = pj.ParseEngine(target, draft, cfg, mesh=make_mesh({"data": 1, "model": 2}))
 out = {}
 for mode in ("target", "parse", "sd"):
     a = single.generate(prompts, mode=mode, max_new_tokens=24)

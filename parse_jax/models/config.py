@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from parse_jax.errors import ConfigError
-from parse_jax.validation import check_float, check_int
+from parse_jax.utils.validation import check_float, check_int
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16")

@@ -126,3 +126,24 @@ def _empty_cache_fn(cfg: ModelConfig, batch: int, max_len: int):
     """One jitted call that builds a zeroed cache: eager `jnp.zeros` per layer costs ~0.2 ms of dispatch each,
     more than a verification pass of the embedded pair."""
     return jax.jit(lambda: KVCache.init(cfg, batch, max_len))
+
+
+ParamPath = tuple[str, ...]
+
+
+def expected_params(cfg: ModelConfig) -> dict[ParamPath, jax.ShapeDtypeStruct]:
+    """Flattened param tree (path -> shape/dtype) the decoder builds for `cfg`; no memory allocated."""
+    tree = jax.eval_shape(lambda: init_params(cfg))
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {tuple(k.key for k in path): leaf for path, leaf in flat}
+
+
+def unflatten(flat: dict[ParamPath, Any]) -> dict[str, Any]:
+    """A nested param tree from {path tuple: leaf}."""
+    tree: dict[str, Any] = {}
+    for path, value in flat.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return tree

@@ -67,7 +67,7 @@ def pad_vocab(model: Model, size: int, limit: int) -> Model:
             params["lm_head"] = {**params["lm_head"], "kernel": _pad(kernel, ((0, 0), (0, extra)))}
     mesh = getattr(model, "mesh", None)
     if mesh is not None and extra:
-        from parse_jax.distributed import param_shardings
+        from parse_jax.models.sharding import param_shardings
 
         params = jax.tree.map(jax.device_put, params, param_shardings(new_cfg, mesh, model.rules))
     out = copy.copy(model)

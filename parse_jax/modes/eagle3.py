@@ -1,9 +1,9 @@
-"""Mode `eagle3`: the target with EAGLE-3 drafting, lossless (`parse_jax.eagle3`)."""
+"""Mode `eagle3`: the target with EAGLE-3 drafting, lossless (`parse_jax.speculation.eagle3`)."""
 
 from __future__ import annotations
 
-from parse_jax.eagle3 import eagle3_generate
-from parse_jax.requests import GenerateResult, Request
+from parse_jax.runtime.requests import GenerateResult, Request
+from parse_jax.speculation.eagle3 import eagle3_generate
 
 
 def run(eng, req: Request) -> GenerateResult:

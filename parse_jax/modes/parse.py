@@ -19,23 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from parse_jax.decode import decode_loop, is_eos, prefill
-from parse_jax.eagle3 import Eagle3Config, eagle_loop, head_applies
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
-from parse_jax.modes.parse_program import (
-    Judge,
-    RoundSpec,
-    block_lengths,
-    draft_answers,
-    ends_in_eos,
-    join,
-    verify_round,
-)
-from parse_jax.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
-from parse_jax.requests import PAD_ID, GenerateResult, pad_prompts
-from parse_jax.sampling import prng_key
+from parse_jax.runtime.decode import decode_loop, is_eos, prefill
+from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
+from parse_jax.runtime.requests import PAD_ID, GenerateResult, pad_prompts
+from parse_jax.runtime.sampling import prng_key
+from parse_jax.speculation.eagle3 import Eagle3Config, eagle_loop, head_applies
+from parse_jax.verify.round import Judge, RoundSpec, block_lengths, draft_answers, ends_in_eos, join, verify_round
 
 
 @dataclasses.dataclass(frozen=True)

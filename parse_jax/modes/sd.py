@@ -1,9 +1,9 @@
-"""Mode `sd`: lossless token-level speculative decoding with the draft model (`parse_jax.speculative`)."""
+"""Mode `sd`: lossless token-level speculative decoding with the draft model (`parse_jax.speculation.draft_model`)."""
 
 from __future__ import annotations
 
-from parse_jax.requests import GenerateResult, Request
-from parse_jax.speculative import speculative_generate
+from parse_jax.runtime.requests import GenerateResult, Request
+from parse_jax.speculation.draft_model import speculative_generate
 
 
 def run(eng, req: Request) -> GenerateResult:

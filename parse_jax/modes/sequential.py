@@ -13,25 +13,18 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from parse_jax.block import pack_block
-from parse_jax.decode import prefill
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder
 from parse_jax.modes.parse import continuation
-from parse_jax.modes.parse_program import (
-    Judge,
-    RoundSpec,
-    block_lengths,
-    draft_answers,
-    ends_in_eos,
-    join,
-)
-from parse_jax.programs import bucket, fetch, forward_fn, length_bucket, register_program
-from parse_jax.requests import GenerateResult, pad_prompts
-from parse_jax.sampling import prng_key
-from parse_jax.segment import segment
-from parse_jax.verify import passes, verify_block
+from parse_jax.runtime.decode import prefill
+from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
+from parse_jax.runtime.requests import GenerateResult, pad_prompts
+from parse_jax.runtime.sampling import prng_key
+from parse_jax.verify.block import pack_block
+from parse_jax.verify.round import Judge, RoundSpec, block_lengths, draft_answers, ends_in_eos, join
+from parse_jax.verify.scoring import passes, verify_block
+from parse_jax.verify.segment import segment
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from parse_jax.decode import generate
-from parse_jax.requests import GenerateResult, Request
+from parse_jax.runtime.decode import generate
+from parse_jax.runtime.requests import GenerateResult, Request
 
 
 def run(eng, req: Request) -> GenerateResult:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from parse_jax.errors import ConfigError
-from parse_jax.layout import pack
 from parse_jax.tasks import Task
+from parse_jax.verify.layout import pack
 
 PAD_ID = 0
 

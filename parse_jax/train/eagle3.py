@@ -22,17 +22,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from parse_jax.eagle3 import Eagle3, Eagle3Config, init_head, save_eagle3, target_taps, ttt_logits
 from parse_jax.errors import ConfigError
-from parse_jax.progress import bar
-from parse_jax.requests import PAD_ID
+from parse_jax.runtime.requests import PAD_ID
+from parse_jax.speculation.eagle3 import Eagle3, Eagle3Config, init_head, save_eagle3, target_taps, ttt_logits
 from parse_jax.tasks import Task
 from parse_jax.train.data import Encoder
 from parse_jax.train.evaluate import solve_many
 from parse_jax.train.forward import train_forward
 from parse_jax.train.recipe import PhaseSpec
 from parse_jax.train.trainer import train_phase
-from parse_jax.validation import SEED_MAX, check_float, check_int
+from parse_jax.utils.progress import bar
+from parse_jax.utils.validation import SEED_MAX, check_float, check_int
 
 SAMPLES_FILE = "samples.json"
 

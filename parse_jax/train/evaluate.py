@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from parse_jax.decode import generate
-from parse_jax.progress import bar
+from parse_jax.runtime.decode import generate
 from parse_jax.tasks import Task
 from parse_jax.train.data import Encoder, JudgeExample, prefixes
+from parse_jax.utils.progress import bar
 
 
 def solve_many(model, task: Task, prompts: Sequence[str], max_new_tokens: int = 24, temperature: float = 0.0,
@@ -135,7 +135,7 @@ def token_diff_fraction(task: Task, draft_outputs, target_outputs) -> float:
 
 def evaluate_pair(out, n: int = 1000, n_synthetic: int = 1000, batch_sizes: Sequence[int] = (1, 16)) -> dict:
     """Every quality bar of issue 3 for the pair in `out` (draft/ and target/ folders)."""
-    from parse_jax.pair import load_pair
+    from parse_jax.checkpoints.pair import load_pair
     from parse_jax.tasks import load_task
 
     target, draft = load_pair(out, dtype="float32")  # as the bench and the engine use them (bf16 on disk is upcast)
@@ -170,7 +170,7 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--json", default=None, help="write the results here")
     a = ap.parse_args()
-    from parse_jax.pair import PAIR_DIR
+    from parse_jax.checkpoints.pair import PAIR_DIR
 
     r = evaluate_pair(a.out or PAIR_DIR, a.n)
     r["command"] = "python -m parse_jax.train.evaluate " + " ".join(sys.argv[1:])

@@ -27,8 +27,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from parse_jax.checkpoints.load import load_model
+from parse_jax.checkpoints.orbax import save_model
 from parse_jax.errors import CheckpointError, ConfigError
-from parse_jax.models.checkpoint import load_model, save_model
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
@@ -37,7 +38,7 @@ from parse_jax.train.data import BatchStream, Encoder
 from parse_jax.train.grow import grown_config, widen_params
 from parse_jax.train.recipe import ModelSpec, Recipe
 from parse_jax.train.trainer import train_phase
-from parse_jax.validation import check_int
+from parse_jax.utils.validation import check_int
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tokenizer"
 SAMPLES_FILE = "draft_samples.json"

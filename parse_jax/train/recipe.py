@@ -12,9 +12,10 @@ import yaml
 from parse_jax.errors import ConfigError
 from parse_jax.models.config import ModelConfig
 from parse_jax.train.grow import check_growable, grown_config
-from parse_jax.validation import SEED_MAX, check_float, check_int
+from parse_jax.utils.paths import config_dir
+from parse_jax.utils.validation import SEED_MAX, check_float, check_int
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # parse_jax/configs: ships in the wheel
+CONFIG_DIR = config_dir()  # configs/ of the checkout; parse_jax/configs/ in a wheel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import init_params
 from parse_jax.train.forward import train_logits
 from parse_jax.train.recipe import PhaseSpec
-from parse_jax.validation import check_choice
+from parse_jax.utils.validation import check_choice
 
 RUN_FILE = "run.json"
 

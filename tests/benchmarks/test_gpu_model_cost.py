@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from parse_jax.models.hf_import import expected_params
-from parse_jax.models.model import Model
+from parse_jax.models.model import Model, expected_params
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 

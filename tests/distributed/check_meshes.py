@@ -1,5 +1,5 @@
 """Run under 8 fake CPU devices (the caller sets XLA_FLAGS before this starts): every mesh shape against the
-single-device model; writes OUT_DIR/meshes.json (measurements for `tests/test_distributed.py` to judge), a
+single-device model; writes OUT_DIR/meshes.json (measurements for `tests/distributed/test_distributed.py` to judge), a
 checkpoint saved from 8 devices, and the reference values the other device counts compare with.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.distributed.check_meshes OUT_DIR
@@ -18,19 +18,23 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from parse_jax import distributed as dist
-from parse_jax.decode import _generate_program
-from parse_jax.eagle3 import Eagle3, Eagle3Config, init_head
+from parse_jax.checkpoints.load import load_sharded
+from parse_jax.checkpoints.orbax import params_equal, save_model
+from parse_jax.distributed.mesh import make_mesh
+from parse_jax.distributed.sharded import ShardedModel, shard_model, shard_rows
+from parse_jax.distributed.verify import sharded_verify_pass
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ParseJaxError
-from parse_jax.layout import pack
-from parse_jax.models.checkpoint import params_equal, save_model
 from parse_jax.models.model import Model
+from parse_jax.models.sharding import ShardingRules, abstract_params, fitting_rules
 from parse_jax.models.tokenizer import Tokenizer
-from parse_jax.requests import encode_prompts, pad_prompts, resolve_eos
-from parse_jax.sampling import prng_key
+from parse_jax.runtime.decode import _generate_program
+from parse_jax.runtime.requests import encode_prompts, pad_prompts, resolve_eos
+from parse_jax.runtime.sampling import prng_key
+from parse_jax.speculation.eagle3 import Eagle3, Eagle3Config, init_head
 from parse_jax.tasks import TOKENIZER_DIR
-from parse_jax.verify import verify_pass
+from parse_jax.verify.layout import pack
+from parse_jax.verify.scoring import verify_pass
 from tests.random_models import random_model, tiny_config
 
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
@@ -78,7 +82,7 @@ def rows_generate(model: Model, sharded: Model, mesh) -> dict:
     rest = (resolve_eos(model), np.float32(1e-6), np.float32(1.0), prng_key(0))
     program = _generate_program(model.config, model.attention_impl, 16, 32, True, 0)
     ref = program(model.params, prompt, lens, max_new, *rest)
-    got = program(sharded.params, *(dist.shard_rows(x, mesh) for x in (prompt, lens, max_new)), *rest)
+    got = program(sharded.params, *(shard_rows(x, mesh) for x in (prompt, lens, max_new)), *rest)
     return {"tokens_equal": bool((np.asarray(got[0]) == np.asarray(ref[0])).all()),
             "num_new_equal": bool((np.asarray(got[1]) == np.asarray(ref[1])).all()),
             "tokens_spec": str(got[0].sharding.spec)}
@@ -113,8 +117,8 @@ def main(out_dir: Path) -> dict:
                                                     ("accepted_per_request", "draft_tokens")}}
     out["seconds_reference"] = time.perf_counter() - t0
     # Orbax: save from 8 devices (mesh 2x4), restore here onto another layout; the caller restores on 2 and 1
-    mesh24 = dist.make_mesh({"data": 2, "model": 4})
-    ckpt = save_model(dist.shard_model(target, mesh24), out_dir / "ckpt")
+    mesh24 = make_mesh({"data": 2, "model": 4})
+    ckpt = save_model(shard_model(target, mesh24), out_dir / "ckpt")
     np.save(out_dir / "ref_logits.npy", ref_logits)
     np.save(out_dir / "ids.npy", ids)
     (out_dir / "ref_scores.json").write_text(json.dumps({
@@ -123,18 +127,18 @@ def main(out_dir: Path) -> dict:
     (out_dir / "ready").write_text("ok")  # the 2-process restore may start now, beside the mesh checks
     for d, m in MESHES:
         t1 = time.perf_counter()
-        mesh = dist.make_mesh({"data": d, "model": m})
-        st = dist.shard_model(target, mesh)
-        sd = dist.shard_model(draft, mesh) if (d, m) == DRAFT_SHARDED_ON else draft
+        mesh = make_mesh({"data": d, "model": m})
+        st = shard_model(target, mesh)
+        sd = shard_model(draft, mesh) if (d, m) == DRAFT_SHARDED_ON else draft
         row: dict = {"q_proj_spec": str(st.params["layers_0"]["self_attn"]["q_proj"]["kernel"].sharding.spec),
                      "down_proj_spec": str(st.params["layers_0"]["mlp"]["down_proj"]["kernel"].sharding.spec)}
         row["logits_max_diff"] = float(np.abs(st.logits(ids) - ref_logits).max())
         row["seconds_logits"] = time.perf_counter() - t1
-        row["draft_sharded"] = isinstance(sd, dist.ShardedModel)
+        row["draft_sharded"] = isinstance(sd, ShardedModel)
         s_eng = ParseEngine(st, sd, cfg)
         row["cache_k_spec_batch3"] = str(st.init_cache(3, 64).k[0].sharding.spec)
         row["cache_k_spec_batch8"] = str(st.init_cache(8, 64).k[0].sharding.spec)
-        v = verify_case(st, dist.sharded_verify_pass, np.random.default_rng(3), eng.suffix_ids, eng.yes_id, eng.no_id)
+        v = verify_case(st, sharded_verify_pass, np.random.default_rng(3), eng.suffix_ids, eng.yes_id, eng.no_id)
         row["seconds_verify"] = time.perf_counter() - t1
         row["verify_scores_max_diff"] = float(np.nanmax(np.abs(v.scores - ref_v.scores)))
         row["verify_nan_same"] = bool((np.isnan(v.scores) == np.isnan(ref_v.scores)).all())
@@ -157,9 +161,9 @@ def main(out_dir: Path) -> dict:
             out["shard_rows_4x2"] = rows_generate(target, st, mesh)
         out["meshes"][f"{d}x{m}"] = row
     out["ref_tokens"] = {mode: r.tokens for mode, r in ref_gen.items()}
-    mesh18 = dist.make_mesh({"data": 1, "model": 8})
+    mesh18 = make_mesh({"data": 1, "model": 8})
     t1 = time.perf_counter()
-    back = dist.load_sharded(ckpt, mesh18)
+    back = load_sharded(ckpt, mesh18)
     out["restore_1x8"] = {
         "params_equal": params_equal(jax.tree.map(np.asarray, back.params), jax.tree.map(np.asarray, target.params)),
         "q_proj_spec": str(back.params["layers_0"]["self_attn"]["q_proj"]["kernel"].sharding.spec),
@@ -174,15 +178,15 @@ def main(out_dir: Path) -> dict:
         return Model(tiny_config("qwen3", **{**SHAPE, **kw}), None, TOK)
 
     out["errors"] = {
-        "mesh_size": error_of(lambda: dist.make_mesh({"data": 3, "model": 2})),
-        "mesh_too_small": error_of(lambda: dist.make_mesh({"data": 2, "model": 2})),
-        "kv_heads": error_of(lambda: dist.shard_model(config(num_kv_heads=4), mesh18)),
-        "heads": error_of(lambda: dist.shard_model(config(num_heads=4, num_kv_heads=4), mesh18)),
-        "mlp": error_of(lambda: dist.shard_model(config(intermediate_size=100), mesh18)),
+        "mesh_size": error_of(lambda: make_mesh({"data": 3, "model": 2})),
+        "mesh_too_small": error_of(lambda: make_mesh({"data": 2, "model": 2})),
+        "kv_heads": error_of(lambda: shard_model(config(num_kv_heads=4), mesh18)),
+        "heads": error_of(lambda: shard_model(config(num_heads=4, num_kv_heads=4), mesh18)),
+        "mlp": error_of(lambda: shard_model(config(intermediate_size=100), mesh18)),
     }
-    out["fallback_is_replicated"] = dist.fitting_rules(config(num_heads=4, num_kv_heads=4).config, mesh18,
-                                                       fallback_replicated=True) == dist.ShardingRules.replicated()
-    out["gqa_on_model_4_ok"] = error_of(lambda: dist.abstract_params(config(num_kv_heads=4).config, mesh24))
+    out["fallback_is_replicated"] = fitting_rules(config(num_heads=4, num_kv_heads=4).config, mesh18,
+                                                       fallback_replicated=True) == ShardingRules.replicated()
+    out["gqa_on_model_4_ok"] = error_of(lambda: abstract_params(config(num_kv_heads=4).config, mesh24))
     out["seconds"] = time.perf_counter() - t0
     return out
 

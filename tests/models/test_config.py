@@ -5,7 +5,7 @@ import pytest
 
 from parse_jax.errors import ConfigError
 from parse_jax.models.config import ModelConfig, config_from_hf
-from parse_jax.models.hf_import import expected_params
+from parse_jax.models.model import expected_params
 from tests.random_models import FAMILIES, tiny_config
 
 BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

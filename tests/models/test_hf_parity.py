@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parse_jax.models import load_model
+from parse_jax.checkpoints.load import load_model
 from tests.models.hf_tiny import FAMILIES, VOCAB, hf_logits, hf_model
 
 

@@ -14,9 +14,12 @@ import torch
 import transformers
 
 import parse_jax as pj
+from parse_jax.checkpoints.hf import export_hf
+from parse_jax.checkpoints.load import convert_hf, load_model
+from parse_jax.checkpoints.orbax import save_model
 from parse_jax.errors import ConfigError
-from parse_jax.models import Tokenizer, convert_hf, export_hf, load_model, save_model
-from parse_jax.requests import encode_prompts
+from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.runtime.requests import encode_prompts
 from parse_jax.tasks.tokenizer import TOKENIZER_DIR
 from tests.models.hf_tiny import QWEN_ADDED, QWEN_SPECIALS, hf_model, make_tiny_hf, write_tokenizer
 

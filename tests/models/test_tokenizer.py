@@ -8,7 +8,7 @@ import pytest
 import transformers
 
 from parse_jax.errors import CheckpointError, ConfigError, InputError
-from parse_jax.models import Tokenizer
+from parse_jax.models.tokenizer import Tokenizer
 from tests.models.hf_tiny import BOS_ID, CHAT_TEMPLATE, EOS_ID, SPECIALS, TOKENIZER_VOCAB, write_tokenizer
 
 TEXTS = ["hello world, 1 + 2 = 3; therefore x = 3.", "Step 1: 7 * 6 = 42\n\nStep 2:", "  ünïcode ✓ 数学 ", "x"]

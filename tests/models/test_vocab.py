@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import parse_jax as pj
+from parse_jax.checkpoints.load import load_model
+from parse_jax.checkpoints.orbax import save_model
 from parse_jax.errors import ConfigError
-from parse_jax.models import load_model, save_model
 from parse_jax.models.config import MASKED_LOGIT
 from parse_jax.models.model import Model
 from parse_jax.models.vocab import align_vocab

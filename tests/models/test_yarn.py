@@ -8,7 +8,8 @@ import pytest
 import torch
 import transformers
 
-from parse_jax.models import export_hf, load_model
+from parse_jax.checkpoints.hf import export_hf
+from parse_jax.checkpoints.load import load_model
 from parse_jax.models.config import config_from_hf, rope_attention_scaling, rope_inv_freq
 from tests.models.hf_tiny import VOCAB, hf_logits, hf_model, make_tiny_hf
 

@@ -6,10 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from parse_jax.decode import generate
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.runtime.decode import generate
 from parse_jax.tasks import TOKENIZER_DIR
 from tests.host_reads import host_reads
 from tests.parse_reference import ReferenceParse
@@ -83,7 +83,7 @@ def test_one_generate_moves_nothing_to_the_host_but_its_results(rounds):
 
 def test_the_host_read_watch_sees_every_kind_of_read():
     """The watch the test above relies on records each way a device value reaches the host, and not the fetch."""
-    from parse_jax.programs import fetch
+    from parse_jax.runtime.programs import fetch
 
     reads = [lambda a: np.asarray(a), lambda a: np.array(a), lambda a: int(a[0]), lambda a: bool(a[1]),
              lambda a: a.tolist(), lambda a: jax.device_get(a), lambda a: a[0].item(), lambda a: [1, 2, 3][a[0]],

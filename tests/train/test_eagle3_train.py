@@ -31,7 +31,7 @@ def test_loss_falls_and_the_head_loads(small_target, task, tmp_path):
 
     run = json.loads((tmp_path / "run" / "head_run" / "run.json").read_text())
     assert run["phase"] == "eagle3"
-    from parse_jax.eagle3 import Eagle3Config, init_head
+    from parse_jax.speculation.eagle3 import Eagle3Config, init_head
     from parse_jax.train.eagle3 import make_loss, target_rows, teacher_arrays
 
     cfg = Eagle3Config.for_target(small_target.config)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pallas_kernels.reference import visibility
+from parse_jax.checkpoints.orbax import params_equal
 from parse_jax.errors import CheckpointError
-from parse_jax.models.checkpoint import params_equal
 from parse_jax.models.model import Model, init_params
 from parse_jax.train.data import BatchStream
 from parse_jax.train.forward import train_logits

@@ -1,0 +1,298 @@
+"""parse-jax checkpoints (Orbax params + config JSON + tokenizer files) and the one loader for both formats.
+
+A checkpoint folder holds:
+  parse_jax_config.json   `ModelConfig.to_dict()`: the marker that this is our format
+  params/                 an Orbax checkpoint of the param tree, in the config's dtype
+  tokenizer.json ...      the tokenizer files, when the model has a tokenizer
+
+`save_model` writes everything into a hidden sibling folder and renames it into place at the end, so
+a crash or an error never leaves a half-written checkpoint under the requested name.
+"""
+
+from __future__ import annotations
+
+import gc
+import glob
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from parse_jax.checkpoints.hf import check_vocab
+from parse_jax.errors import CheckpointError, ConfigError
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.model import Model, expected_params, unflatten
+from parse_jax.models.tokenizer import Tokenizer
+
+CONFIG_FILE = "parse_jax_config.json"
+
+
+
+PARAMS_DIR = "params"
+
+
+
+def _checkpointer() -> ocp.Checkpointer:
+    return ocp.Checkpointer(ocp.StandardCheckpointHandler())
+
+
+
+def _mismatches(found: Any, cfg: ModelConfig) -> list[str]:
+    """Differences between a tree of arrays (or array metadata) and the param tree `cfg` implies."""
+    expected = expected_params(cfg)
+    try:
+        flat = {tuple(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(found)[0]}
+    except AttributeError:
+        return ["params must be a nested dict of arrays"]
+    problems = [f"missing {'/'.join(p)}" for p in expected if p not in flat]
+    problems += [f"unexpected {'/'.join(p)}" for p in flat if p not in expected]
+    for p, leaf in flat.items():
+        if p in expected:
+            want = expected[p]
+            shape, dtype = tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", type(leaf).__name__)
+            if (shape, dtype) != (want.shape, want.dtype):
+                problems.append(f"{'/'.join(p)}: expected {want.dtype}{list(want.shape)}, got {dtype}{list(shape)}")
+    return problems
+
+
+
+def check_params(params: Any, cfg: ModelConfig) -> None:
+    """Params must be exactly the tree `cfg` implies (names, shapes, dtypes), so every saved checkpoint loads."""
+    problems = _mismatches(params, cfg)
+    if problems:
+        raise CheckpointError(f"params do not match the model config ({cfg.architecture}, dtype {cfg.dtype}): "
+                              + "; ".join(problems))
+
+
+
+def _prepare_parent(path: Path) -> None:
+    """Create the folder `path` goes into, or a CheckpointError naming the path (a file in the way, no
+    permission) instead of a raw OSError."""
+    for parent in (path.parent, *path.parent.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise CheckpointError(f"cannot write {path}: {parent} is a file, not a folder")
+            break
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot write {path}: cannot create {path.parent} ({e.strerror or e})") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise CheckpointError(f"cannot write {path}: no write permission in {path.parent}")
+
+
+
+def _tmp_owner(tmp: Path) -> int | None:
+    """The process id in a temporary folder's name (`.NAME.tmp-PID-XXXX`); None for older names without one."""
+    match = re.fullmatch(r"\..+\.(?:tmp|old)-(\d+)-[0-9a-f]+", tmp.name)
+    return int(match.group(1)) if match else None
+
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+
+def clean_stale_temporaries(path: Path, started: float) -> list[Path]:
+    """Remove the hidden `.NAME.tmp-*` / `.NAME.old-*` folders earlier killed saves of `path` left behind: those
+    whose writer process is gone, or (names without a process id) older than this run's start `started`
+    (a time.time()). A live writer's folder is kept. Returns what was removed."""
+    removed: list[Path] = []
+    if not path.parent.is_dir():
+        return removed
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*-*"):
+        if not re.fullmatch(rf"\.{re.escape(path.name)}\.(tmp|old)-[0-9a-f-]+", tmp.name) or not tmp.is_dir():
+            continue
+        pid = _tmp_owner(tmp)
+        try:
+            stale = not _alive(pid) if pid is not None else tmp.stat().st_mtime < started
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
+
+def save_model(model: Model, path: str | Path, overwrite: bool = False) -> Path:
+    """Write `model` as a parse-jax checkpoint at `path`; an existing path is an error unless `overwrite`.
+    Temporary folders of earlier killed saves to the same path are removed first."""
+    started = time.time()
+    path = Path(path).absolute()
+    check_params(model.params, model.config)
+    if path.exists() and not overwrite:
+        raise CheckpointError(f"{path} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path} exists and is not a folder")
+    _prepare_parent(path)
+    clean_stale_temporaries(path, started)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        try:
+            tmp.mkdir()
+        except OSError as e:
+            raise CheckpointError(f"cannot write {path}: cannot create {tmp} ({e.strerror or e})") from None
+        (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+        if model.tokenizer is not None:
+            model.tokenizer.save(tmp)
+        with _checkpointer() as checkpointer:  # synchronous: nothing still writes once it returns
+            checkpointer.save(tmp / PARAMS_DIR, args=ocp.args.StandardSave(model.params))
+        if path.exists():  # overwrite: move the old one aside first, so some complete copy always exists
+            old = path.parent / f".{path.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+
+def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check the stored tree against `cfg` from Orbax's metadata first (one clear message, and no failing
+    reads left in flight), then restore with the config's shapes/dtypes so bfloat16 stays bfloat16.
+    `target`: an abstract tree with shardings to restore into (default: everything on the first device)."""
+    folder = Path(folder).absolute()
+    params_dir = folder / PARAMS_DIR
+    if not params_dir.is_dir():
+        raise CheckpointError(f"parse-jax checkpoint {folder} has no {PARAMS_DIR}/ folder")
+    if target is None:
+        target = abstract_params_one_device(cfg)
+    where = f"params in {params_dir} for the config in {CONFIG_FILE}"
+    try:
+        with _checkpointer() as checkpointer:
+            stored = checkpointer.metadata(params_dir).item_metadata
+            if stored is None:
+                raise CheckpointError(f"{params_dir} holds no readable Orbax metadata (damaged or incomplete)")
+            problems = _mismatches(getattr(stored, "tree", stored), cfg)
+            if problems:
+                raise CheckpointError(f"{where} do not match it ({cfg.architecture}, dtype {cfg.dtype}): "
+                                      + "; ".join(problems))
+            return checkpointer.restore(params_dir, args=ocp.args.StandardRestore(target))
+    except CheckpointError:
+        raise
+    except Exception as e:  # Orbax/TensorStore raise many types (some bare Exception) for damaged data
+        problem = _orbax_problem(e)
+    _drop_failed_reads()
+    raise CheckpointError(f"cannot restore {where}: {problem}")
+
+
+
+def _drop_failed_reads() -> None:
+    """Orbax leaves the other reads of a failed restore as coroutines that raise when collected, each printing
+    a 60-line TensorStore dump ("Exception ignored in ..."): collect them now, silently, so the user sees one line."""
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+
+
+
+def _orbax_problem(error: BaseException) -> str:
+    """One line from an Orbax/TensorStore failure (often a 60-line spec dump): the param whose data could not be
+    read (TensorStore names its key, e.g. `layers_1.self_attn.k_proj.kernel`) and the root cause."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    text = "\n".join(str(x) for x in chain)
+    keys = [k for k in re.findall(r"'path': '([^'/][^']*?)/?'", text) if not k.startswith("/")]
+    keys += re.findall(r'Error reading "([^"/]+)/', text)
+    cause = next((line for x in reversed(chain) for line in str(x).splitlines()[:1] if line.strip()), repr(chain[-1]))
+    cause = cause if len(cause) <= 400 else cause[:400] + "..."
+    if keys:
+        return f"the data of param {keys[-1].replace('.', '/')} is damaged or unreadable ({cause})"
+    return cause
+
+
+
+def abstract_params_one_device(cfg: ModelConfig) -> dict[str, Any]:
+    """The param tree `cfg` implies as `ShapeDtypeStruct`s on the first device: a restore target (no memory)."""
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return unflatten({path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+                      for path, leaf in expected_params(cfg).items()})
+
+
+
+def read_config(folder: Path) -> ModelConfig:
+    """The `ModelConfig` of a parse-jax checkpoint folder (its parse_jax_config.json)."""
+    try:
+        d = json.loads((folder / CONFIG_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{folder / CONFIG_FILE} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{folder / CONFIG_FILE} must hold a JSON object")
+    return ModelConfig.from_dict(d)
+
+
+
+def check_finite_params(params: Any, where: str) -> None:
+    """NaN/inf weights give garbage text far from their cause: refuse them at load time."""
+    bad = [jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+           if not bool(jnp.isfinite(x).all())]
+    if bad:
+        raise CheckpointError(f"checkpoint {where} has non-finite values (inf/nan) in: {', '.join(bad)}")
+
+
+
+def cast_params(cfg: ModelConfig, params: Any, dtype: str | None) -> tuple[ModelConfig, Any]:
+    """(config, params) in `dtype` (None: as stored); elementwise, so each array keeps its sharding."""
+    if dtype is None or dtype == cfg.dtype:
+        return cfg, params
+    return cfg.replace(dtype=dtype), jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
+
+
+
+def folder_tokenizer(folder: Path, cfg: ModelConfig) -> Tokenizer | None:
+    """The tokenizer files of `folder` (None when it has no tokenizer.json), checked against the embedding."""
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    tokenizer = Tokenizer.from_folder(folder)
+    check_vocab(tokenizer, cfg)
+    return tokenizer
+
+
+
+def load_orbax(folder: Path, dtype: str | None, check_finite: bool, attention_impl: str) -> Model:
+    cfg = read_config(folder)
+    params = restore_params(folder, cfg)
+    if check_finite:
+        check_finite_params(params, str(folder))
+    cfg, params = cast_params(cfg, params, dtype)
+    return Model(cfg, params, folder_tokenizer(folder, cfg), attention_impl)
+
+
+
+def params_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Same tree, shapes, dtypes and bits (NaN-safe): what a lossless round trip must give."""
+    if jax.tree.structure(a) != jax.tree.structure(b):
+        return False
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+            return False
+    return True

@@ -1,0 +1,370 @@
+"""One step of an Orbax `CheckpointManager` folder (a training run) as a `Model`: only its params are read.
+
+What `ocp.CheckpointManager` writes, and what is read here::
+
+    RUN/run.json                    this project's runs (parse_jax/train/trainer.py): the run's fingerprint, whose
+                                    "model" entry is the ModelConfig; other runs give `config_from=`
+    RUN/ckpt/<step>/<item>/         a finished step, one subfolder per item: the trainer writes `state`
+                                    ({"params", "opt_state"}) and `meta` (JSON); a single-item manager `default`
+    RUN/ckpt/<step>.orbax-checkpoint-tmp-<time>/   a step still being written: never read
+
+`path` may be the run folder (holding `ckpt/`), the CheckpointManager folder itself, or one step's folder.
+
+The params are one sub-tree of one item (`state/params`, beside the optimizer state). It is found from Orbax's
+tree metadata (no array is read for that): every dict holding `embed_tokens` is a candidate, and those named
+`params` (or an item that is the tree itself) win, so optax's `mu`/`nu` copies of the params do not compete.
+Then that sub-tree alone is restored with Orbax's partial restore, so the optimizer state is never read into
+memory; with a mesh, the restore target carries `parse_jax.distributed.abstract_params`' NamedShardings and
+each device reads only its own slices (as `load_sharded` does for a parse-jax checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from parse_jax.checkpoints.orbax import (
+    CONFIG_FILE,
+    _mismatches,
+    abstract_params_one_device,
+    cast_params,
+    check_finite_params,
+    folder_tokenizer,
+    read_config,
+)
+from parse_jax.errors import CheckpointError, ConfigError
+from parse_jax.models.config import DTYPES, ModelConfig, read_hf_config
+from parse_jax.models.model import Model
+from parse_jax.models.tokenizer import Tokenizer
+
+TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's name marker of a folder being written (renamed away when complete)
+RUN_FILE = "run.json"               # this project's trainer: the run's fingerprint (documented, not imported)
+CKPT_DIR = "ckpt"                   # this project's trainer: RUN/ckpt/ is the CheckpointManager folder
+PYTREE_METADATA = "_METADATA"       # a PyTree (Standard/PyTree handler) item's tree metadata file
+COMMIT_FILE = "commit_success.txt"  # Orbax writes it last into each step (the marker where renames are not atomic)
+
+
+# ------------------------------------------------------------------------------------------------ steps
+
+
+def _step_of(name: str) -> int | None:
+    """The step a step folder's name gives (Orbax's default names: the step, maybe zero-padded)."""
+    return int(name) if name.isdigit() else None
+
+
+def _tmp_step_of(name: str) -> int | None:
+    """The step of a temporary folder `<step>.orbax-checkpoint-tmp-<time>`."""
+    head, mark, _ = name.partition(TMP_MARK)
+    return _step_of(head) if mark else None
+
+
+def _is_manager(folder: Path) -> bool:
+    """A folder with step subfolders (finished or being written)."""
+    if not folder.is_dir():
+        return False
+    return any(c.is_dir() and (_step_of(c.name) is not None or _tmp_step_of(c.name) is not None)
+               for c in folder.iterdir())
+
+
+def locate(path: Path, step: int | None = None) -> tuple[Path, int | None] | None:
+    """(CheckpointManager folder, step) for a run folder, a CheckpointManager folder or one step's folder;
+    None when `path` is none of them (a plain model folder)."""
+    path = Path(path).absolute()
+    if _is_manager(path):
+        return path, step
+    if (path / CONFIG_FILE).is_file() or (path / "config.json").is_file():
+        return None  # a model folder, even one named like a step (exports per step: out/1000/, out/2000/)
+    if _is_manager(path / CKPT_DIR) or ((path / CKPT_DIR).is_dir() and (path / RUN_FILE).is_file()):
+        return path / CKPT_DIR, step
+    own = _step_of(path.name)
+    if own is not None and _is_manager(path.parent):
+        if step is not None and _as_step(step) != own:
+            raise CheckpointError(f"{path} is the folder of step {own}, but step={step} was asked for")
+        return path.parent, own
+    return None
+
+
+def _as_step(step: Any) -> int:
+    if isinstance(step, bool):
+        raise ConfigError(f"step must be an integer, got {step!r}")
+    try:
+        return operator.index(step)
+    except TypeError:
+        raise ConfigError(f"step must be an integer, got {step!r}") from None
+
+
+def list_steps(manager: Path) -> tuple[dict[int, Path], dict[int, Path]]:
+    """({step: folder} of finished steps, {step: folder} of steps still being written): a temporary folder, a step
+    with an item still in a temporary folder, or, where the other steps carry Orbax's commit marker (file systems
+    without atomic renames), a step without it."""
+    done, writing = {}, {}
+    for c in manager.iterdir():
+        if not c.is_dir():
+            continue
+        if (s := _tmp_step_of(c.name)) is not None:
+            writing[s] = c
+        elif (s := _step_of(c.name)) is not None:
+            if any(TMP_MARK in item.name for item in c.iterdir()):
+                writing[s] = c
+            else:
+                done[s] = c
+    if any((d / COMMIT_FILE).is_file() for d in done.values()):
+        for s in [s for s, d in done.items() if not (d / COMMIT_FILE).is_file()]:
+            writing[s] = done.pop(s)
+    return done, writing
+
+
+def _steps_text(steps: dict[int, Path]) -> str:
+    shown = [str(s) for s in sorted(steps)]
+    return ", ".join(shown if len(shown) <= 20 else [*shown[:5], "...", *shown[-10:]]) + (
+        f" ({len(shown)} steps)" if len(shown) > 20 else "")
+
+
+def select_step(manager: Path, step: int | None) -> tuple[int, Path]:
+    """(step, folder): `step`, or the latest finished one; a missing step or one still being written is an error."""
+    done, writing = list_steps(manager)
+    if step is None:
+        if not done:
+            busy = f" (step {_steps_text(writing)} still being written)" if writing else ""
+            raise CheckpointError(f"no finished checkpoint step in {manager}{busy}")
+        latest = max(done)
+        return latest, done[latest]
+    step = _as_step(step)
+    if step in done:
+        return step, done[step]
+    if step in writing:
+        raise CheckpointError(f"step {step} in {manager} is still being written ({writing[step].name}); "
+                              "wait until Orbax finishes it")
+    raise CheckpointError(f"step {step} not found in {manager}; steps: {_steps_text(done) or 'none finished'}")
+
+
+def resolve_step(path: str | Path, step: int | None = None) -> int | None:
+    """The step `load_model(path, step)` would read (None for a plain model folder): for provenance and for keying
+    results, before anything is loaded."""
+    found = locate(Path(path), step)
+    return None if found is None else select_step(*found)[0]
+
+
+# ------------------------------------------------------------------------------------------------ the params tree
+
+
+def _items(step_dir: Path) -> dict[str, Path]:
+    """The step's PyTree items {name: folder}; "" when the step folder is itself one tree (a legacy layout)."""
+    items = {c.name: c for c in sorted(step_dir.iterdir()) if c.is_dir() and (c / PYTREE_METADATA).is_file()}
+    if (step_dir / PYTREE_METADATA).is_file():
+        items[""] = step_dir
+    if not items:
+        raise CheckpointError(f"{step_dir} holds no Orbax PyTree item (no {PYTREE_METADATA} file in it or its "
+                              f"subfolders); found: {sorted(c.name for c in step_dir.iterdir())[:20]}")
+    return items
+
+
+def _tree_metadata(item_dir: Path) -> Any:
+    """An item's tree of array metadata (shape, dtype), from its metadata file: no array is read."""
+    try:
+        meta = ocp.PyTreeCheckpointHandler().metadata(item_dir)
+    except Exception as e:  # Orbax raises many types for a damaged item
+        raise CheckpointError(f"cannot read the Orbax tree metadata of {item_dir}: {e}") from None
+    return getattr(meta, "tree", meta)
+
+
+def _display(item: str, keys: tuple[str, ...]) -> str:
+    return "/".join([item, *keys] if item else keys) or "."
+
+
+def _candidates(trees: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+    """Every (item, key path) whose node is a dict holding `embed_tokens`: what a decoder param tree looks like."""
+    found = []
+
+    def walk(item: str, node: Any, keys: tuple[str, ...]) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("embed_tokens"), dict):
+                found.append((item, keys))
+                return
+            for k, v in node.items():
+                walk(item, v, (*keys, str(k)))
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(item, v, (*keys, str(i)))
+
+    for item, tree in trees.items():
+        walk(item, tree, ())
+    return found
+
+
+def _find_params(items: dict[str, Path], params_path: str | None,
+                 where: str) -> tuple[Path, tuple[str, ...], str, Any]:
+    """(item folder, key path inside it, display name, stored metadata sub-tree) of the params."""
+    trees = {name: _tree_metadata(folder) for name, folder in items.items()}
+    if params_path is None:
+        found = _candidates(trees)
+        named = [(i, k) for i, k in found if (k and k[-1] == "params") or not k]
+        pick = named or found
+        if not pick:
+            raise CheckpointError(f"{where} holds no params tree (a dict with embed_tokens, layers_0, ...) in its "
+                                  f"items {sorted(trees)}; name it with params_path='ITEM/KEY' (CLI: --params-path)")
+        if len(pick) > 1:
+            raise CheckpointError(f"{where} holds {len(pick)} candidate params trees: "
+                                  f"{', '.join(_display(i, k) for i, k in pick)}; choose one with "
+                                  "params_path=... (CLI: --params-path)")
+        item, keys = pick[0]
+    else:
+        parts = tuple(p for p in str(params_path).strip("/").split("/") if p)
+        if parts and parts[0] in trees:
+            item, keys = parts[0], parts[1:]
+        elif len(trees) == 1:
+            item, keys = next(iter(trees)), parts
+        else:
+            raise CheckpointError(f"params_path {params_path!r}: {where} has no item {parts[0] if parts else ''!r}; "
+                                  f"its items: {', '.join(sorted(trees))}")
+    node = trees[item]
+    for depth, key in enumerate(keys):
+        if not isinstance(node, dict):
+            kind = "a list" if isinstance(node, (list, tuple)) else "an array"
+            raise CheckpointError(f"params_path {_display(item, keys)!r} in {where}: "
+                                  f"{_display(item, keys[:depth])} is {kind}; only dict keys can be named")
+        if key not in node:
+            raise CheckpointError(f"params_path {_display(item, keys)!r} not found in {where}: "
+                                  f"{_display(item, keys[:depth])} has keys {sorted(map(str, node))}")
+        node = node[key]
+    if not isinstance(node, dict):
+        raise CheckpointError(f"params_path {_display(item, keys)!r} in {where} is not a tree of arrays")
+    return items[item], tuple(keys), _display(item, keys), node
+
+
+def _stored_dtype(stored: Any) -> str | None:
+    """The one float dtype every stored array has, if there is one (training usually keeps float32 weights)."""
+    dtypes = {str(getattr(leaf, "dtype", "")) for leaf in jax.tree.leaves(stored)}
+    return dtypes.pop() if len(dtypes) == 1 and next(iter(dtypes)) in DTYPES else None
+
+
+def restore_subtree(item_dir: Path, keys: tuple[str, ...], target: Any) -> Any:
+    """Restore only the sub-tree at `keys` of one PyTree item, into `target` (`ShapeDtypeStruct`s with
+    shardings): Orbax's partial restore leaves every other leaf (the optimizer state) unread."""
+    item = target
+    for key in reversed(keys):
+        item = {key: item}
+    args = ocp.args.PyTreeRestore(item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+                                  partial_restore=True)
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+        out = checkpointer.restore(item_dir, args=args)
+    for key in keys:
+        out = out[key]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def _config_of_folder(folder: Path) -> tuple[ModelConfig, str] | None:
+    """(config, file) from a parse-jax folder, a HF folder, or a parse-jax training run's run.json."""
+    if (folder / CONFIG_FILE).is_file():
+        return read_config(folder), CONFIG_FILE
+    if (folder / "config.json").is_file():
+        return read_hf_config(folder / "config.json"), "config.json"
+    if (folder / RUN_FILE).is_file():
+        try:
+            d = json.loads((folder / RUN_FILE).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{folder / RUN_FILE} is not valid JSON: {e}") from None
+        if isinstance(d, dict) and isinstance(d.get("model"), dict):
+            return ModelConfig.from_dict(d["model"]), RUN_FILE
+    return None
+
+
+def _embedded_tokenizer(cfg: ModelConfig) -> Tokenizer:
+    """The embedded task's tokenizer, which `parse-jax train` runs use (their run folders hold no tokenizer)."""
+    from parse_jax.tasks import TOKENIZER_DIR
+
+    tok = folder_tokenizer(TOKENIZER_DIR, cfg)
+    assert tok is not None
+    return tok
+
+
+def run_config(manager: Path, config_from: Any) -> tuple[ModelConfig, Tokenizer | None]:
+    """The model config and tokenizer of a run: from `config_from` (a `Model`: its config and tokenizer; a
+    `ModelConfig`; or a HF / parse-jax folder), else from the CheckpointManager folder or the run folder above it."""
+    folders = [manager, manager.parent]
+    if isinstance(config_from, Model):
+        return config_from.config, config_from.tokenizer
+    if isinstance(config_from, ModelConfig):
+        cfg = config_from
+        tok_dir = next((f for f in folders if (f / "tokenizer.json").is_file()), None)
+        return cfg, None if tok_dir is None else folder_tokenizer(tok_dir, cfg)
+    if config_from is not None:
+        src = Path(config_from).absolute()
+        found = _config_of_folder(src) if src.is_dir() else None
+        if found is None:
+            raise ConfigError(f"config_from {src}: expected a Hugging Face folder (config.json), a parse-jax "
+                              f"model folder ({CONFIG_FILE}) or a parse-jax training run ({RUN_FILE})")
+        folders = [src]
+    else:
+        found = None
+        for folder in folders:
+            found = _config_of_folder(folder)
+            if found is not None:
+                folders = [folder]
+                break
+        if found is None:
+            raise ConfigError(f"no model config for the checkpoints in {manager}: none of {CONFIG_FILE}, config.json "
+                              f"or a parse-jax {RUN_FILE} in it or its parent; pass config_from=HF_OR_MODEL_DIR or a "
+                              "ModelConfig (CLI: --config-from DIR)")
+    cfg, source = found
+    tokenizer = folder_tokenizer(folders[0], cfg)
+    if tokenizer is None and source == RUN_FILE:
+        tokenizer = _embedded_tokenizer(cfg)
+    return cfg, tokenizer
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def load_run(path: str | Path, step: int | None = None, params_path: str | None = None,
+             config_from: str | Path | ModelConfig | Model | None = None, *, mesh: Any = None, rules: Any = None,
+             fallback_replicated: bool = False, dtype: str | None = None, check_finite: bool = True,
+             attention_impl: str = "xla") -> Model:
+    """One step of a CheckpointManager folder as a `Model` (a `ShardedModel` on `mesh`); see the module doc.
+
+    The model's `loaded_from` attribute says what was read: {"path", "step", "params_path"}."""
+    found = locate(Path(path), step)
+    if found is None:
+        raise CheckpointError(f"{path} is not an Orbax CheckpointManager folder (no step subfolders)")
+    manager, step = found
+    step, step_dir = select_step(manager, step)
+    cfg, tokenizer = run_config(manager, config_from)
+    item_dir, keys, shown, stored = _find_params(_items(step_dir), params_path, f"step {step} of {manager}")
+    stored_dtype = _stored_dtype(stored)
+    if stored_dtype is not None and stored_dtype != cfg.dtype:
+        cfg = cfg.replace(dtype=stored_dtype)  # the arrays say what was trained; `dtype=` casts afterwards
+    where = f"params {shown} of step {step} in {manager}"
+    problems = _mismatches(stored, cfg)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CheckpointError(f"{where} do not match the model config ({cfg.architecture}, {cfg.num_layers} layers, "
+                              f"hidden {cfg.hidden_size}): {problems[0]}{more}")
+    if mesh is not None:
+        from parse_jax.distributed.sharded import ShardedModel
+        from parse_jax.models.sharding import abstract_params, fitting_rules
+
+        rules = rules or fitting_rules(cfg, mesh, fallback_replicated)
+        target = abstract_params(cfg, mesh, rules)
+    else:
+        target = abstract_params_one_device(cfg)
+    try:
+        params = restore_subtree(item_dir, keys, target)
+    except Exception as e:  # Orbax/TensorStore raise many types (some bare Exception) for damaged data
+        raise CheckpointError(f"cannot restore {where}: {type(e).__name__}: {str(e)[:300]}") from None
+    if check_finite:
+        check_finite_params(params, where)
+    cfg, params = cast_params(cfg, params, dtype)
+    if mesh is not None:
+        model: Model = ShardedModel(cfg, params, tokenizer, attention_impl, mesh, rules)
+    else:
+        model = Model(cfg, params, tokenizer, attention_impl)
+    model.loaded_from = {"path": str(manager), "step": step, "params_path": shown}
+    return model

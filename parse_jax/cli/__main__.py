@@ -1,0 +1,5 @@
+import sys
+
+from parse_jax.cli.main import main
+
+sys.exit(main())

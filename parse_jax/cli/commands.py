@@ -1,0 +1,275 @@
+"""The commands: each takes the parsed flags and returns the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from parse_jax.cli.setup import (
+    check_out_folder,
+    command_line,
+    eos_ids_from_args,
+    jsonable,
+    model_desc,
+    models_from_args,
+    no_rounds,
+    parse_config,
+    run_task,
+    template_kwargs,
+    writes_results,
+)
+from parse_jax.errors import ConfigError
+from parse_jax.utils.progress import logger, phase
+from parse_jax.utils.validation import check_float
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from parse_jax.engine import MODES, ParseEngine
+    from parse_jax.runtime.decode import generate
+
+    mode = args.mode or ("target" if args.model is not None and args.draft is None else "parse")
+    if mode not in MODES:
+        raise ConfigError(f"unknown mode {mode!r}; available: {', '.join(MODES)}")
+    if args.no_thinking and not args.chat:
+        raise ConfigError("--no-thinking applies to the chat template: add --chat")
+    eos = eos_ids_from_args(args)
+    cfg = parse_config(args)  # bad settings fail before models load (in every mode)
+    target, draft = models_from_args(args, need_draft=mode != "target")
+    eos = eos_ids_from_args(args, target)
+    prompts = list(args.prompt)
+    if args.chat:  # rendered by the template (which writes its own BOS), then token ids: the same in every mode
+        prompts = [target.tokenizer.encode(target.tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], **template_kwargs(args))) for p in prompts]
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+              top_p=args.top_p, seed=args.seed)
+    if eos is not None:
+        kw["eos_ids"] = eos
+    n = len(prompts)
+    if getattr(args, "per_host", False):  # each process serves its own share of the prompts
+        from parse_jax.distributed.multihost import process_slice
+
+        prompts = process_slice(prompts)
+    if mode == "target":
+        res = generate(target, prompts, **kw)
+    else:
+        res = ParseEngine(target, draft, cfg).generate(prompts, mode=mode, **kw)
+    texts, tokens = res.texts, res.tokens
+    if getattr(args, "per_host", False):
+        from parse_jax.distributed.multihost import gather_token_lists
+
+        tokens = gather_token_lists(res.tokens, n)
+        texts = [target.tokenizer.decode(t) for t in tokens]
+    if not writes_results():
+        return 0
+    if args.json:  # one JSON object per prompt, one per line
+        stats = jsonable(res.stats)
+        for prompt, text, ids in zip(list(args.prompt), texts, tokens):
+            print(json.dumps({"prompt": prompt, "text": text, "tokens": [int(t) for t in ids], "stats": stats}))
+    else:
+        for text in texts:
+            print(text)
+    if args.stats:
+        print(json.dumps(jsonable(res.stats)), file=sys.stderr)
+    return 0
+
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from parse_jax.engine import ParseEngine
+    from parse_jax.harness.bench import run_bench, write_bench
+    from parse_jax.harness.runs import check_modes, write_json
+    from parse_jax.utils.atomic import check_file_writable, check_writable
+
+    no_rounds(args)
+    names = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = check_modes(names)
+    if args.json is not None:  # fail before the run, not after it (and never touch an old result until done)
+        check_file_writable(args.json)
+    if args.out is not None:
+        check_writable(args.out)
+    cfg = parse_config(args)
+    eos_ids_from_args(args)
+    run_task(args)
+    target, draft = models_from_args(args, need_draft=True)
+    task = run_task(args, target)
+    eng = ParseEngine(target, draft, cfg)
+    res = run_bench(eng, task, n=args.n, modes=modes, max_new_tokens=args.max_new_tokens,
+                    batch_size=args.batch_size, repeats=args.repeats, seed=args.seed,
+                    progress=not args.no_progress, models=model_desc(args), skip_unavailable="all" in names,
+                    eos_ids=eos_ids_from_args(args, target))
+    res["command"] = command_line(args)
+    from parse_jax.utils import compile_cache
+
+    res["compile_cache"] = compile_cache.stats()  # hits: programs loaded from disk, misses: compiled here
+    if not writes_results():
+        return 0
+    if args.json is not None:
+        print(f"wrote {write_json(res, args.json)}")
+    if args.out is not None:
+        for path in write_bench(res, args.out):
+            print(f"wrote {path}")
+    return 0
+
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from parse_jax.harness.sweep import run_sweep, sweep_configs, sweep_table, write_sweep
+    from parse_jax.utils.atomic import check_writable
+
+    no_rounds(args)
+    values = [v for v in args.values.split(",") if v.strip()]
+    base = parse_config(args)
+    sweep_configs(base, args.param, values)  # bad values fail before models load
+    check_writable(args.out)
+    run_task(args)
+    target, draft = models_from_args(args, need_draft=True)
+    task = run_task(args, target)
+    res = run_sweep(target, draft, base, task, args.param, values, n=args.n, mode=args.mode,
+                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, repeats=args.repeats,
+                    seed=args.seed, progress=not args.no_progress, models=model_desc(args))
+    res["command"] = command_line(args)
+    if not writes_results():
+        return 0
+    print(sweep_table(res))
+    for path in write_sweep(res, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from parse_jax.harness.sweep import calibrate, write_sweep
+    from parse_jax.utils.atomic import check_writable
+
+    no_rounds(args)
+    if args.threshold is not None:
+        raise ConfigError("calibrate chooses the threshold: give candidates with --thresholds, not --threshold")
+    try:
+        thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
+    except ValueError:
+        raise ConfigError(f"--thresholds must be comma-separated numbers, got {args.thresholds!r}") from None
+    if not thresholds:
+        raise ConfigError(f"--thresholds must name at least one threshold, got {args.thresholds!r}")
+    for t in thresholds:
+        check_float("--thresholds", t, 0.0, 1.0)
+    check_float("--tolerance", args.tolerance, 0.0, 1.0, max_open=True)
+    cfg = parse_config(args)
+    check_writable(args.out)
+    run_task(args)
+    target, draft = models_from_args(args, need_draft=True)
+    task = run_task(args, target)
+    res = calibrate(target, draft, cfg, task, tolerance=args.tolerance,
+                    thresholds=thresholds, n=args.n, mode=args.mode, seed=args.seed,
+                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, repeats=args.repeats,
+                    progress=not args.no_progress, models=model_desc(args))
+    res["command"] = command_line(args)
+    if not writes_results():
+        return 0
+    for path in write_sweep(res, args.out, stem="calibrate", title="Threshold calibration (dev split)"):
+        print(f"wrote {path}")
+    chosen = res["calibration"]
+    print(chosen["message"])
+    if chosen["threshold"] is None:
+        return 1
+    print(f"threshold: {chosen['threshold']:g}")
+    return 0
+
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Everything is checked (settings, data, results file, models, the mode's engine) before the results file is
+    written, so a start with a typo leaves nothing behind and the corrected rerun starts cleanly."""
+    from parse_jax.harness.eval.data import file_sha256, load_records
+    from parse_jax.harness.eval.evaluate import evaluate
+    from parse_jax.harness.eval.results import ResultsFile, make_header, write_summary
+    from parse_jax.harness.provenance import provenance
+    from parse_jax.harness.runs import check_modes, mode_runner
+    from parse_jax.tasks import load_task
+
+    mode = args.mode or ("target" if args.model is not None and args.draft is None else "parse")
+    if mode == "all":
+        raise ConfigError("eval runs one mode; give --mode MODE")
+    check_modes([mode])
+    no_rounds(args)
+    if args.no_thinking and args.chat == "off":
+        raise ConfigError("--no-thinking applies to the chat template; it cannot go with --chat off")
+    eos_ids_from_args(args)
+    task = load_task(args.task)
+    records, bad = load_records(args.data, task, args.on_bad_line)
+    cfg = parse_config(args)
+    if not writes_results():
+        raise ConfigError("eval appends to one results file: run it as a single process (a mesh of one host's "
+                          "devices is fine)")
+    settings = {"mode": mode, "models": model_desc(args), "parse_config": cfg.flat(), "task": args.task,
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
+                "chat": args.chat, "instruction": args.instruction}
+    if args.eos_ids is not None:  # only when given: results files of earlier versions resume as before
+        settings["eos_ids"] = eos_ids_from_args(args)
+    if args.no_thinking:
+        settings["enable_thinking"] = False
+    header = make_header(args.data, file_sha256(args.data), settings)
+    ResultsFile.check(args.out, header)  # another run's file, a folder, an unwritable place: before loading
+    target, draft = models_from_args(args, need_draft=mode not in ("target",))
+    eos = eos_ids_from_args(args, target)
+    mode_runner(target, draft, cfg, mode, temperature=args.temperature, eos_ids=eos)  # the engine's own checks
+    from parse_jax.harness.eval.results import build_prompt
+
+    for kind in sorted({r.kind for r in records}):  # the chat template (or its absence) refuses now, not mid-run
+        build_prompt(next(r for r in records if r.kind == kind), target.tokenizer, args.chat, args.instruction,
+                     template_kwargs(args))
+    for b in bad:
+        logger.warning(f"eval: skipping bad {b}")
+    results = ResultsFile.open(args.out, header)
+    res = evaluate(target, draft, records, mode, config=cfg, batch_size=args.batch_size,
+                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, task=task,
+                   chat=args.chat, instruction=args.instruction, results=results, progress=not args.no_progress,
+                   log=print, eos_ids=eos, template_kwargs=template_kwargs(args))
+    summary = res.summary
+    prov = provenance({**settings, "command": command_line(args)}, args.seed)
+    print(f"wrote {args.out} and {write_summary(results, summary, prov, bad)}")
+    return 0
+
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from parse_jax.checkpoints.hf import load_hf
+    from parse_jax.checkpoints.orbax import save_model
+
+    phase(f"convert: reading {args.hf}")  # what convert_hf does, with a message per step
+    model = load_hf(args.hf, args.dtype)
+    phase(f"convert: writing {args.out}")
+    out = save_model(model, args.out, overwrite=args.overwrite)
+    print(f"wrote {out}")
+    return 0
+
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from parse_jax.train.pipeline import run_recipe
+    from parse_jax.train.recipe import load_recipe
+
+    check_out_folder(args.out)
+    recipe = load_recipe(args.recipe)
+    check_out_folder(recipe.out if args.out is None else args.out)
+    res = run_recipe(recipe, out=args.out, mode=args.mode, steps=args.steps, progress=not args.no_progress,
+                     grow_from=args.grow_from, quiet=args.quiet > 0)
+    print(f"wrote {res['draft']} and {res['target']}")
+    return 0
+
+
+
+def cmd_train_eagle3(args: argparse.Namespace) -> int:
+    from parse_jax.tasks import load_task
+    from parse_jax.train.eagle3 import Eagle3Spec, train_eagle3
+
+    check_out_folder(args.out)
+    spec = Eagle3Spec(steps=args.steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
+                      samples=args.samples, seed=args.seed)  # bad settings fail before the target loads
+    target, _ = models_from_args(args, need_draft=False)
+    train_eagle3(target, load_task(args.task), args.out, spec, mode=args.mode, progress=not args.no_progress)
+    print(f"wrote {Path(args.out) / 'eagle3'} (load with pj.load_eagle3(DIR, target), or --eagle3 DIR; copy it to "
+          "PAIR/eagle3 to make it the pair's default head)")
+    return 0

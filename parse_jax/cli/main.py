@@ -1,0 +1,52 @@
+"""`parse-jax` command line: generate, bench, sweep, calibrate, eval, convert, train, train-eagle3.
+
+`main` runs one command and turns every parse-jax error into one line on stderr (exit 2), Ctrl-C into exit 130.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from parse_jax.cli.parser import build_parser, check_args
+from parse_jax.errors import ParseJaxError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status: 0 done, 2 bad input (one line on stderr naming it), 130
+    interrupted (Ctrl-C: one line, no traceback; what was finished is on disk, results written whole or not at
+    all, eval's appended records intact so a rerun resumes)."""
+    command = "parse-jax"
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --help, --version, or a usage error (already printed as one line)
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        args.argv = argv
+        command = f"parse-jax {args.command}"
+        from parse_jax.utils import compile_cache, progress
+
+        progress.configure(args.verbose - args.quiet)  # phases and diagnostics on stderr, results on stdout
+        if args.quiet and hasattr(args, "no_progress"):
+            args.no_progress = True
+        check_args(args)
+        folder = compile_cache.cache_dir(disabled=args.no_compile_cache)
+        if folder is not None:  # before the first compilation: JAX decides once per process
+            compile_cache.enable(folder)
+        if hasattr(args, "mesh"):  # multi-host start-up and the device mesh, before anything touches a device
+            from parse_jax.distributed.multihost import initialize_from_args
+
+            args.mesh_obj = initialize_from_args(args)
+        return args.func(args)
+    except ParseJaxError as e:
+        print(f"{command}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        print(f"{command}: interrupted", file=sys.stderr, flush=True)
+        if argv is None:  # the process's own command line (console script, python -m): exit now. Finished work is
+            os._exit(130)  # on disk already; interpreter teardown while XLA threads still compile can crash
+        return 130

@@ -1,0 +1,318 @@
+"""The argument parser of every command. Nothing here imports jax: `parse-jax --help` builds it without.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from parse_jax import __version__
+from parse_jax.cli.commands import (
+    cmd_bench,
+    cmd_calibrate,
+    cmd_convert,
+    cmd_eval,
+    cmd_generate,
+    cmd_sweep,
+    cmd_train,
+    cmd_train_eagle3,
+)
+from parse_jax.cli.setup import DEFAULT_INSTRUCTION
+from parse_jax.utils.validation import SEED_MAX, check_float, check_int
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pair", default=None, help="folder with target/ and draft/ (default: the embedded pair)")
+    p.add_argument("--model", "--target", dest="model", default=None,
+                   help="target model folder (HF or Orbax, or a training run: see --step) instead of a pair")
+    p.add_argument("--draft", default=None, help="draft model folder (with --model)")
+    r = p.add_argument_group("training runs (Orbax CheckpointManager folders given as --target / --draft)")
+    r.add_argument("--step", type=int, default=None, help="step of the --target run (default: the latest finished)")
+    r.add_argument("--params-path", default=None,
+                   help="params sub-tree of the --target run's checkpoints, e.g. state/params (default: found)")
+    r.add_argument("--config-from", default=None,
+                   help="HF or parse-jax model folder with the --target run's config and tokenizer (default: the "
+                        "run folder's run.json / config files)")
+    r.add_argument("--draft-step", type=int, default=None, help="step of the --draft run (default: the latest)")
+    r.add_argument("--draft-params-path", default=None, help="params sub-tree of the --draft run's checkpoints")
+    r.add_argument("--draft-config-from", default=None, help="config + tokenizer folder for the --draft run")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="cast the weights on load (default: the checkpoint's dtype; the embedded pair, stored in "
+                        "bfloat16, loads as float32)")
+    p.add_argument("--eagle3", default=None, help="EAGLE-3 head folder for the target (default: the pair's eagle3/)")
+    from parse_jax.distributed.args import add_distributed_args  # no jax import while building the parser
+
+    add_distributed_args(p)
+
+
+
+def add_parse_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parse-config", dest="parse_config_file", default=None, metavar="FILE.yaml",
+                   help="PARSE settings: a YAML file of ParseConfig fields (verify_suffix, judge_yes, judge_no, "
+                        "delimiter, threshold, ...) or a shipped one by name (qwen3_chat); --set and the flags "
+                        "below override it")
+    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                   help="one ParseConfig field (repeatable), the value read as a YAML scalar, e.g. --set "
+                        "threshold=0.3; a text field takes the text as given, or a quoted YAML string with escapes: "
+                        "--set 'delimiter=\"\\n\\n\"'; overrides --parse-config, overridden by the flags below")
+    p.add_argument("--threshold", type=float, default=None, help="judge score below which a prefix is rejected")
+    p.add_argument("--max-prefixes", type=int, default=None, help="prefixes verified per pass (K)")
+    p.add_argument("--rounds", choices=["single", "multi"], default=None)
+    p.add_argument("--segmenter", choices=["delimiter", "stride", "hybrid"], default=None)
+    p.add_argument("--gamma", type=int, default=None, help="draft tokens per step in sd mode")
+    p.add_argument("--max-draft-tokens", type=int, default=None)
+    p.add_argument("--eagle3-gamma", type=int, default=None, help="EAGLE-3 chain length per target pass")
+    p.add_argument("--eagle3-tree", type=int, default=None,
+                   help="EAGLE-3 sibling leaves per target pass, chosen by draft confidence (0: chain; greedy only)")
+
+
+
+def add_eos_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--eos-ids", default=None, metavar="ID,ID",
+                   help="comma-separated stop token ids, replacing the model's own (e.g. 151645,151643)")
+
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """--data FILE.jsonl (GSM8K-style or embedded-task records) instead of the embedded task's problems."""
+    p.add_argument("--data", default=None, metavar="FILE.jsonl",
+                   help="run on these records ({question, answer: '... #### N'} or {prompt}) instead of the "
+                        "embedded task; accuracy is then eval's grading (the first --n records, file order)")
+    p.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
+                   help="with --data: GSM8K questions through the model's chat template (auto: when it has one)")
+    p.add_argument("--instruction", default=DEFAULT_INSTRUCTION, help="with --data: appended to each question "
+                                                                       "in chat format")
+    p.add_argument("--no-thinking", action="store_true",
+                   help="render the chat template with enable_thinking=False (Qwen3)")
+
+
+
+# (flag dest, kind, minimum, maximum, open minimum): the value checks every command shares (validation.py)
+FLAG_CHECKS = (
+    ("n", int, 1, None, False), ("max_new_tokens", int, 1, None, False), ("batch_size", int, 1, None, False),
+    ("repeats", int, 1, None, False), ("seed", int, 0, SEED_MAX, False), ("top_k", int, 0, None, False),
+    ("max_prefixes", int, 1, None, False), ("gamma", int, 1, None, False), ("max_draft_tokens", int, 1, None, False),
+    ("eagle3_gamma", int, 1, None, False), ("eagle3_tree", int, 0, None, False), ("steps", int, 1, None, False),
+    ("unroll", int, 1, None, False), ("samples", int, 1, None, False), ("step", int, 0, None, False),
+    ("draft_step", int, 0, None, False), ("num_processes", int, 1, None, False), ("process_id", int, 0, None, False),
+    ("threshold", float, 0.0, 1.0, False), ("temperature", float, 0.0, None, False),
+    ("top_p", float, 0.0, 1.0, True), ("lr", float, 0.0, None, True),
+)
+
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every numeric flag inside its range (NaN and inf refused), and --mesh well formed: before any work, so a
+    bad value never reaches a model load or a file."""
+    for dest, kind, lo, hi, open_lo in FLAG_CHECKS:
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if kind is int:
+            check_int(flag, value, lo, hi)
+        else:
+            check_float(flag, value, lo, hi, min_open=open_lo)
+    if getattr(args, "mesh", None):
+        from parse_jax.distributed.mesh import parse_mesh_spec
+
+        parse_mesh_spec(args.mesh)
+
+
+
+# ParseConfig's defaults, shown by --help without importing the engine (and jax); tests/cli/test_cli.py checks them
+PARSE_DEFAULTS = {"threshold": 0.5, "max_prefixes": 8, "rounds": "multi", "segmenter": "delimiter", "gamma": 4,
+                  "max_draft_tokens": 64, "eagle3_gamma": 5, "eagle3_tree": 0}
+
+
+
+def show_defaults(p: argparse.ArgumentParser) -> None:
+    """Options with no help text still show their default; the PARSE options show ParseConfig's."""
+    for action in p._actions:
+        if action.default is None and action.dest in PARSE_DEFAULTS:
+            action.help = f"{action.help or ''} (default: {PARSE_DEFAULTS[action.dest]})".strip()
+        elif action.help is None and action.nargs != 0 and action.default not in (None, argparse.SUPPRESS):
+            action.help = "(default: %(default)s)"
+
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit 2), like every other parse-jax error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every --help shows each option's default, except flags, options with no default and help that names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.nargs == 0 or action.default is None or action.default is argparse.SUPPRESS or "default" in text:
+            return text
+        return text + " (default: %(default)s)"
+
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    """-v / -q and the compile cache: what every command takes."""
+    from parse_jax.utils.compile_cache import ENV_VAR, default_dir
+
+    o = p.add_argument_group("messages and caching")
+    o.add_argument("-v", "--verbose", action="count", default=0, help="more messages on stderr (debug)")
+    o.add_argument("-q", "--quiet", action="count", default=0,
+                   help="only warnings and errors on stderr, no progress bars (-qq: errors only)")
+    o.add_argument("--no-compile-cache", action="store_true",
+                   help=f"compile every program afresh instead of loading it from the persistent cache "
+                        f"({default_dir()}; {ENV_VAR}=DIR moves it, {ENV_VAR}=0 turns it off)")
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrorParser(prog="parse-jax", description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text: the target alone or with PARSE / speculative decoding")
+    g.add_argument("prompt", nargs="+", help="one or more prompts (a batch)")
+    add_model_args(g)
+    g.add_argument("--mode", default=None, help="target | sd | sequential | parse | eagle3 | parse+eagle3 (default: "
+                   "parse on a pair, target with --model alone)")
+    add_parse_args(g)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--chat", action="store_true",
+                   help="wrap each prompt in the model's chat template (any mode)")
+    g.add_argument("--no-thinking", action="store_true",
+                   help="with --chat: render the template with enable_thinking=False (Qwen3)")
+    add_eos_arg(g)
+    g.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
+    g.add_argument("--stats", action="store_true", help="print generation stats to stderr (one JSON object)")
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object per prompt (prompt, text, tokens, stats), one per line, not the text")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="every mode on the same held-out problems of the embedded task, one process")
+    add_model_args(b)
+    b.add_argument("--n", type=int, default=None,
+                   help="held-out problems (default: 300; with --data: every record)")
+    b.add_argument("--modes", default="all",
+                   help="comma-separated bench modes, or all (every mode this pair can run): the engine's modes, "
+                        "parse-multi (PARSE with rounds=multi; parse is single round) and draft (the draft alone)")
+    add_parse_args(b)
+    b.add_argument("--task", default="default", help="embedded task preset")
+    b.add_argument("--max-new-tokens", type=int, default=32)
+    b.add_argument("--batch-size", type=int, default=1,
+                   help="requests per generate call; 1 is the regime speculation is for (README, Benchmarks)")
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--seed", type=int, default=0)
+    add_data_args(b)
+    add_eos_arg(b)
+    b.add_argument("--json", default=None, help="write the results (docs/design.md §3 schema) here")
+    b.add_argument("--out", default=None, help="folder for bench.json, bench.md and PNG plots")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
+    def run_args(p: argparse.ArgumentParser, n: int) -> None:
+        add_model_args(p)
+        add_parse_args(p)
+        p.add_argument("--mode", default="parse", help="the PARSE mode to vary (parse, parse-multi, sequential, ...)")
+        p.add_argument("--n", type=int, default=None, help=f"problems (default: {n}; with --data: every record)")
+        add_data_args(p)
+        p.add_argument("--task", default="default", help="embedded task preset")
+        p.add_argument("--max-new-tokens", type=int, default=32)
+        p.add_argument("--batch-size", type=int, default=16)
+        p.add_argument("--repeats", type=int, default=3)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--no-progress", action="store_true")
+
+    s = sub.add_parser("sweep", help="target once, then a PARSE mode per value of one parameter (held-out problems)")
+    run_args(s, 200)
+    s.add_argument("--param", required=True, choices=["threshold", "max_prefixes", "segmenter", "max_draft_tokens"])
+    s.add_argument("--values", required=True,
+                   help="comma-separated values; segmenter: delimiter, hybrid, stride or stride:DELTA")
+    s.add_argument("--out", required=True, help="folder for sweep_PARAM.json/.md/.png and sweep_PARAM_pareto.png")
+    s.set_defaults(func=cmd_sweep)
+
+    k = sub.add_parser("calibrate", help="the fastest threshold whose accuracy stays within a tolerance of the "
+                                         "target's, on dev problems (the task's train split, never the test split)")
+    run_args(k, 200)
+    k.add_argument("--tolerance", type=float, default=0.01, help="allowed accuracy loss (0.01 = 1 point)")
+    k.add_argument("--thresholds", default="0.05,0.1,0.2,0.3,0.5,0.7,0.8,0.9,0.95,0.99")
+    k.add_argument("--out", required=True, help="folder for calibrate.json/.md/.png")
+    k.set_defaults(func=cmd_calibrate)
+
+    e = sub.add_parser("eval", help="accuracy on a JSONL file (GSM8K-style or embedded-task records), resumable")
+    e.add_argument("--data", required=True, help="JSONL: {question, answer: '... #### N'} or {prompt[, solution]}")
+    add_model_args(e)
+    e.add_argument("--mode", default=None, help="a bench mode (default: parse on a pair, target with --model alone)")
+    add_parse_args(e)
+    e.add_argument("--out", required=True, help="results JSONL (appended per record; rerun to resume); the summary "
+                                                "goes to OUT.summary.json")
+    e.add_argument("--task", default="default", help="embedded task preset that grades task records")
+    e.add_argument("--max-new-tokens", type=int, default=256)
+    e.add_argument("--temperature", type=float, default=0.0)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--on-bad-line", choices=["error", "skip"], default="error",
+                   help="a missing or malformed line: stop with the list of bad lines, or skip them (reported)")
+    e.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
+                   help="GSM8K questions through the model's chat template (auto: when it has one)")
+    e.add_argument("--instruction", default=DEFAULT_INSTRUCTION, help="appended to each question in chat format")
+    e.add_argument("--no-thinking", action="store_true",
+                   help="render the chat template with enable_thinking=False (Qwen3)")
+    add_eos_arg(e)
+    e.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=cmd_eval)
+
+    c = sub.add_parser("convert", help="convert an HF folder (config.json + safetensors) to an Orbax folder")
+    c.add_argument("--hf", required=True, help="HF model folder")
+    c.add_argument("--out", required=True, help="output folder (must not exist unless --overwrite)")
+    c.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    c.add_argument("--overwrite", action="store_true")
+    c.set_defaults(func=cmd_convert)
+
+    t = sub.add_parser("train", help="train a draft/target pair from a recipe in configs/ (resumable)")
+    t.add_argument("--recipe", required=True, help="recipe name (configs/NAME.yaml) or path to a YAML file")
+    t.add_argument("--out", default=None, help="output folder (default: the recipe's `out`)")
+    m = t.add_mutually_exclusive_group()
+    m.add_argument("--resume", dest="mode", action="store_const", const="resume",
+                   help="require checkpoints in --out and continue from them")
+    m.add_argument("--fresh", dest="mode", action="store_const", const="fresh",
+                   help="delete the checkpoints in --out and start over")
+    t.set_defaults(mode="auto")
+    t.add_argument("--steps", type=int, default=None, help="override every phase's step count (quick runs)")
+    t.add_argument("--grow-from", default=None, metavar="MODEL_DIR",
+                   help="a trained narrow target (the recipe's target_model shape) to widen instead of training "
+                        "the target phase (recipes with grow.enabled)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_train)
+
+    h = sub.add_parser("train-eagle3", help="train an EAGLE-3 head for a target on the embedded task (resumable)")
+    add_model_args(h)
+    h.add_argument("--out", required=True, help="run folder: samples, checkpoints, and the head in OUT/eagle3")
+    h.add_argument("--task", default="default", help="embedded task preset")
+    h.add_argument("--steps", type=int, default=600)
+    h.add_argument("--batch-size", type=int, default=32)
+    h.add_argument("--lr", type=float, default=4e-3)
+    h.add_argument("--unroll", type=int, default=4, help="training-time-test steps")
+    h.add_argument("--samples", type=int, default=4000, help="train problems the target solves for the data")
+    h.add_argument("--seed", type=int, default=0)
+    hm = h.add_mutually_exclusive_group()
+    hm.add_argument("--resume", dest="mode", action="store_const", const="resume")
+    hm.add_argument("--fresh", dest="mode", action="store_const", const="fresh")
+    h.set_defaults(mode="auto")
+    h.add_argument("--no-progress", action="store_true")
+    h.set_defaults(func=cmd_train_eagle3)
+    for choice in sub._choices_actions:  # each command's --help starts with what it does
+        command = sub.choices[choice.dest]
+        command.description = command.description or choice.help
+    for command in sub.choices.values():
+        command.formatter_class = HelpFormatter
+        add_output_args(command)
+        show_defaults(command)
+    return parser

@@ -1,0 +1,305 @@
+"""What a command builds from its flags: the models (a pair, folders or training runs, on a mesh), the PARSE
+settings, stop ids, the task or data, provenance of the models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+from parse_jax.errors import ConfigError, InputError
+from parse_jax.utils.paths import config_dir
+from parse_jax.utils.progress import phase
+from parse_jax.utils.validation import check_float, check_int
+
+DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+
+PARSE_CONFIG_DIR = config_dir() / "parse"
+
+
+
+def models_from_args(args: argparse.Namespace, need_draft: bool):
+    """(target, draft or None): --model/--draft folders, else the pair in --pair (default: the embedded one)."""
+    from parse_jax.checkpoints.load import load_model
+    from parse_jax.checkpoints.pair import load_pair
+
+    check = not getattr(args, "skip_finite_check", False)
+    if getattr(args, "per_host", False) and args.command != "generate":
+        raise ConfigError("--per-host (each host serves its own share of the prompts) works with generate only; "
+                          f"{args.command} runs one program over the whole mesh")
+    check_run_flags(args)
+    pin_steps(args)
+    if args.model is None:
+        if args.draft is not None:
+            raise ConfigError("--draft needs --model (the target it drafts for)")
+        phase(f"loading the pair {args.pair or '(embedded)'}")
+        target, draft = load_pair(args.pair, dtype=args.dtype)
+        attach_eagle3(args, target)
+        return place_on_mesh(args, target), place_on_mesh(args, draft, fallback_replicated=True)
+    if args.pair is not None:
+        raise ConfigError("give either --pair or --model/--draft, not both")
+    mesh = getattr(args, "mesh_obj", None)  # with a mesh, Orbax restores straight into the sharded layout
+    load = functools.partial(load_model, mesh=mesh, dtype=args.dtype, check_finite=check)
+    phase(f"loading the target {args.model}")
+    target = load(args.model, args.step, args.params_path, args.config_from)
+    attach_eagle3(args, target)
+    if args.draft is None:
+        if need_draft:
+            raise ConfigError("this mode needs a draft model: add --draft DIR")
+        return target, None
+    phase(f"loading the draft {args.draft}")
+    return target, load(args.draft, args.draft_step, args.draft_params_path, args.draft_config_from,
+                        fallback_replicated=True)
+
+
+
+RUN_FLAGS = {"model": ("step", "params_path", "config_from"),
+              "draft": ("draft_step", "draft_params_path", "draft_config_from")}
+
+
+
+def check_run_flags(args: argparse.Namespace) -> None:
+    """--step/--params-path/--config-from name a step of the --target run; the --draft-* ones, of the --draft run."""
+    for who, flags in RUN_FLAGS.items():
+        given = ["--" + f.replace("_", "-") for f in flags if getattr(args, f, None) is not None]
+        if given and getattr(args, who) is None:
+            raise ConfigError(f"{', '.join(given)}: only with --{'target' if who == 'model' else 'draft'} RUN_DIR "
+                              "(a training run: an Orbax CheckpointManager folder)")
+
+
+
+def pin_steps(args: argparse.Namespace) -> None:
+    """A training run given without --step / --draft-step: pin its latest finished step now, so that the step loaded
+    and the step recorded in the provenance (and an eval results file's header) are one and the same even when the
+    run saves a new step in between."""
+    from parse_jax.checkpoints.runs import resolve_step
+
+    for who, (step, _, _) in RUN_FLAGS.items():
+        path = getattr(args, who, None)
+        if path is not None and getattr(args, step, None) is None:
+            setattr(args, step, resolve_step(path))  # None for a plain model folder
+
+
+
+def place_on_mesh(args: argparse.Namespace, model, fallback_replicated: bool = False):
+    """The model placed on --mesh (weights over `model`, requests over `data`), or as it is without a mesh."""
+    mesh = getattr(args, "mesh_obj", None)
+    if mesh is None:
+        return model
+    from parse_jax.distributed.sharded import shard_model
+
+    return shard_model(model, mesh, fallback_replicated=fallback_replicated)
+
+
+
+def writes_results() -> bool:
+    """Only process 0 of a multi-host job writes results (every process computes the same ones)."""
+    from parse_jax.distributed.multihost import is_writer
+
+    return is_writer()
+
+
+
+def attach_eagle3(args: argparse.Namespace, target) -> None:
+    """--eagle3 DIR: the EAGLE-3 head for modes eagle3 / parse+eagle3 (checked against the target)."""
+    if getattr(args, "eagle3", None) is not None:
+        from parse_jax.speculation.eagle3 import load_eagle3
+
+        target.eagle3 = load_eagle3(args.eagle3, target)
+
+
+
+FLAG_FIELDS = ("threshold", "max_prefixes", "rounds", "segmenter", "gamma", "max_draft_tokens", "eagle3_gamma",
+                "eagle3_tree")
+
+
+
+def parse_config_fields(args: argparse.Namespace) -> dict:
+    """ParseConfig settings of a command: the --parse-config YAML file, then each --set KEY=VALUE (in order),
+    then the explicit flags (--threshold, ...): a later source overrides an earlier one. Every key must be a
+    ParseConfig field and every value of that field's type (errors name the key, the value and the source)."""
+    import yaml
+
+    from parse_jax.engine import ParseConfig
+
+    fields = {name: type(default) for name, default in ParseConfig.flat_fields().items()}
+    out: dict = {}
+
+    def put(key, value, where: str, raw: str | None = None) -> None:
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown PARSE setting {key!r}; the settings are ParseConfig's fields: "
+                              f"{', '.join(fields)}")
+        kind = fields[key]
+        if key == "delimiter" and isinstance(value, list):  # several delimiters: a YAML list of strings
+            if not value or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"{where}: delimiter must be a string or a list of non-empty strings, got {value!r}")
+            value = tuple(value)
+        elif kind is str:
+            if raw is not None:  # --set judge_yes=Yes stays the text given (YAML would read a boolean); a quoted
+                value = value if raw.strip()[:1] in ("'", '"') else raw  # value is YAML's: "\n\n" is newlines
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: {key} must be a string, got {value!r} (quote it in YAML)")
+        elif kind is int:
+            value = check_int(f"{where}: {key}", value)
+        elif kind is float:
+            value = check_float(f"{where}: {key}", value, *((0.0, 1.0) if key == "threshold" else ()))
+        out[key] = value
+
+    path = getattr(args, "parse_config_file", None)
+    if path is not None and not Path(path).exists() and (PARSE_CONFIG_DIR / f"{path}.yaml").is_file():
+        path = PARSE_CONFIG_DIR / f"{path}.yaml"  # a shipped PARSE config by name, e.g. qwen3_chat
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigError(f"cannot read --parse-config {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"--parse-config {path} is not UTF-8 text") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"--parse-config {path} is not valid YAML{at}: "
+                              f"{getattr(e, 'problem', None) or e}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--parse-config {path} must hold a mapping of ParseConfig fields (threshold: 0.5, "
+                              f"...), got {type(loaded).__name__}")
+        for key, value in loaded.items():
+            put(key, value, f"--parse-config {path}")
+    for item in getattr(args, "set", None) or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set threshold=0.3")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        put(key.strip(), value, f"--set {item}", raw=raw)
+    for key in FLAG_FIELDS:
+        if getattr(args, key, None) is not None:
+            out[key] = getattr(args, key)
+    return out
+
+
+
+def parse_config(args: argparse.Namespace):
+    from parse_jax.engine import ParseConfig
+
+    return ParseConfig.from_flat(**parse_config_fields(args))
+
+
+
+def eos_ids_from_args(args: argparse.Namespace, target=None) -> list[int] | None:
+    """--eos-ids 1,2 as ints (inside the target's vocabulary once it is loaded); None when not given."""
+    text = getattr(args, "eos_ids", None)
+    if text is None:
+        return None
+    ids = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part)
+        except ValueError:
+            raise ConfigError(f"--eos-ids must be comma-separated token ids, got {text!r}") from None
+        top = None if target is None else target.config.vocab_size - 1
+        ids.append(check_int("--eos-ids", value, 0, top))
+    if not ids:
+        raise ConfigError(f"--eos-ids must name at least one token id, got {text!r}")
+    return ids
+
+
+
+def template_kwargs(args: argparse.Namespace) -> dict:
+    return {"enable_thinking": False} if getattr(args, "no_thinking", False) else {}
+
+
+
+def jsonable(stats: dict) -> dict:
+    """Stats with numpy scalars and arrays as plain numbers and lists (what json.dumps takes)."""
+    return json.loads(json.dumps(stats, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+
+
+def command_line(args: argparse.Namespace) -> str:
+    return "parse-jax " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
+
+
+
+def model_desc(args: argparse.Namespace) -> dict:
+    """Which models a result came from, for its provenance."""
+    def where(path):
+        return None if path is None else str(Path(path).resolve())
+
+    desc = {"pair": where(args.pair) or ("embedded" if args.model is None else None), "target": where(args.model),
+            "draft": where(args.draft), "dtype": args.dtype}
+    pin_steps(args)
+    for who, (step, params_path, config_from) in RUN_FLAGS.items():  # which step of a training run (if one)
+        path, name = getattr(args, who), "target" if who == "model" else "draft"
+        if path is None:
+            continue
+        from parse_jax.checkpoints.runs import resolve_step
+
+        resolved = resolve_step(path, getattr(args, step, None))
+        if resolved is not None:
+            desc[f"{name}_step"] = resolved
+        if getattr(args, params_path, None) is not None:
+            desc[f"{name}_params_path"] = getattr(args, params_path)
+        if getattr(args, config_from, None) is not None:
+            desc[f"{name}_config_from"] = where(getattr(args, config_from))
+    return desc
+
+
+
+def no_rounds(args: argparse.Namespace) -> None:
+    if getattr(args, "rounds", None) is not None:
+        raise ConfigError("--rounds does not apply here: the mode name sets it (parse = single round, "
+                          "parse-multi = multi round)")
+
+
+
+def run_task(args: argparse.Namespace, target=None):
+    """The problems of bench / sweep / calibrate: the embedded task, or the records of --data (graded as eval
+    grades them). Without `target` only the file is checked (before the models load)."""
+    from parse_jax.tasks import load_task
+
+    task = load_task(args.task)
+    if getattr(args, "data", None) is None:
+        if args.no_thinking or args.chat != "auto":
+            raise ConfigError("--chat and --no-thinking apply to --data records")
+        if args.n is None:
+            args.n = DEFAULT_N[args.command]
+        return task
+    from parse_jax.harness.eval.data import load_records
+    from parse_jax.harness.eval.results import DataTask
+
+    records, _ = load_records(args.data, task)
+    if args.n is None:
+        args.n = len(records)
+    elif args.n > len(records):
+        raise InputError(f"--n {args.n}, but {args.data} holds {len(records)} records; give --n {len(records)} "
+                         "or fewer")
+    if target is None:
+        return None
+    return DataTask(args.data, records, target.tokenizer, task, args.chat, args.instruction, template_kwargs(args))
+
+
+
+DEFAULT_N = {"bench": 300, "sweep": 200, "calibrate": 200}
+
+
+
+def check_out_folder(out: str | None) -> None:
+    """A training --out is a run folder: refuse an existing file (or a path under one) before any work."""
+    if out is None:
+        return
+    from parse_jax.utils.atomic import check_writable
+
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"--out {out} is a file; a training run needs a folder")
+    check_writable(out)

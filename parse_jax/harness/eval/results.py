@@ -1,0 +1,262 @@
+"""The resumable eval loop: generate in batches, grade, append each record's result to a JSONL file as it finishes.
+
+The results file starts with a header line (data file hash, mode, config, models, sampling) and then holds one
+line per finished record, keyed by the record's line number and content hash. Re-running the same command reads
+the file, skips every record already there and appends the rest: an interrupted run resumes where it stopped and
+never counts a record twice. A header that does not match the new run (another data file, mode or setting) is an
+error, not a silent mix; a torn last line (a write cut by a kill) is dropped and that record runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from parse_jax.errors import ConfigError, InputError
+from parse_jax.harness.eval.data import Record
+from parse_jax.harness.eval.extract import extract_answer, format_number
+from parse_jax.harness.eval.report import format_summary, summarize
+from parse_jax.runtime.requests import GenerateResult
+from parse_jax.utils.atomic import check_file_writable, write_text
+from parse_jax.utils.validation import check_int
+
+RESULTS_VERSION = 1
+CHAT = ("auto", "on", "off")
+DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+PLAIN_FORMAT = "Question: {question}\nAnswer:"
+
+
+def summary_path(out: str | Path) -> Path:
+    """results.jsonl -> results.summary.json (next to it)."""
+    out = Path(out)
+    return out.with_name((out.stem if out.suffix == ".jsonl" else out.name) + ".summary.json")
+
+
+def make_header(data_path: str | Path, data_sha256: str, settings: dict) -> dict:
+    return {"type": "header", "version": RESULTS_VERSION, "data": str(data_path), "data_sha256": data_sha256,
+            "settings": json.loads(json.dumps(settings, default=str))}
+
+
+class ResultsFile:
+    """The append-only results JSONL of one eval run (header + one line per finished record)."""
+
+    def __init__(self, path: Path | None, header: dict, results: list[dict]) -> None:
+        self.path, self.header, self.results = path, header, results
+        self.done = {r["key"] for r in results}
+
+    @classmethod
+    def in_memory(cls, header: dict | None = None) -> ResultsFile:
+        """Results kept in memory only (`pj.evaluate` from a training loop): the same loop, no file."""
+        return cls(None, header or {}, [])
+
+    @classmethod
+    def check(cls, path: str | Path, header: dict) -> None:
+        """Everything `open` checks (a folder, an unwritable place, another run's file), without writing: what
+        `parse-jax eval` calls before the models load, so that a bad start leaves no file behind."""
+        path = Path(path)
+        if path.is_dir():
+            raise InputError(f"--out {path} is a folder; give a file name such as {path / 'results.jsonl'}")
+        try:
+            check_file_writable(path)
+        except InputError as e:
+            raise InputError(f"cannot write results file {path}: {str(e).partition(': ')[2]}") from None
+        if path.exists() and path.stat().st_size > 0:
+            cls._read(path, header)
+
+    @classmethod
+    def _read(cls, path: Path, header: dict) -> tuple[dict, list[dict], int, int]:
+        """(header, results, bytes of complete lines, file size) of an existing results file checked against
+        `header`."""
+        try:
+            raw = path.read_bytes()
+        except OSError as e:
+            raise InputError(f"cannot read results file {path}: {e.strerror or e}") from None
+        lines = raw.split(b"\n")
+        complete = lines[:-1]  # whatever follows the last newline is a torn write
+        good_bytes = sum(len(x) + 1 for x in complete)
+        parsed = []
+        for i, line in enumerate(complete, start=1):
+            try:
+                parsed.append(json.loads(line))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                if i == len(complete):  # a torn last line (a kill between write and newline is impossible, but
+                    good_bytes -= len(line) + 1  # a partial flush of a long line is not)
+                    break
+                raise InputError(f"results file {path} is corrupt at line {i}; move it away to start over") from None
+        if not parsed or not isinstance(parsed[0], dict) or parsed[0].get("type") != "header":
+            raise InputError(f"{path} exists and is not a parse-jax eval results file; choose another --out")
+        _check_header(path, parsed[0], header)
+        results = [r for r in parsed[1:] if isinstance(r, dict) and r.get("type") == "result"]
+        return parsed[0], results, good_bytes, len(raw)
+
+    @classmethod
+    def open(cls, path: str | Path, header: dict) -> ResultsFile:
+        """Start `path` with `header` (written whole: a temporary file renamed into place), or check an existing
+        one against it and read its finished records."""
+        path = Path(path)
+        cls.check(path, header)
+        if not path.exists() or path.stat().st_size == 0:
+            write_text(path, json.dumps(header) + "\n")
+            return cls(path, header, [])
+        old, results, good_bytes, size = cls._read(path, header)
+        try:
+            with open(path, "r+b") as f:  # writable? fail now, not after the first batch
+                if good_bytes < size:
+                    f.truncate(good_bytes)
+        except OSError as e:
+            raise InputError(f"cannot write results file {path}: {e.strerror or e}") from None
+        return cls(path, old, results)
+
+    def append(self, rows: Sequence[dict]) -> None:
+        """Append finished records and push them to disk before anything else happens."""
+        new = [r for r in rows if r["key"] not in self.done]
+        if self.path is None:
+            self.results += new
+            self.done |= {r["key"] for r in new}
+            return
+        try:
+            with open(self.path, "a") as f:
+                for r in new:
+                    f.write(json.dumps(r) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise InputError(f"cannot append to results file {self.path}: {e.strerror or e}") from None
+        self.results += new
+        self.done |= {r["key"] for r in new}
+
+
+def _check_header(path: Path, old: dict, new: dict) -> None:
+    where = f"{path} was started"
+    if old.get("version") != new["version"]:
+        raise ConfigError(f"{where} by another results format (version {old.get('version')}); choose a new --out")
+    if old.get("data_sha256") != new["data_sha256"]:
+        raise ConfigError(f"{where} on a different data file ({old.get('data')}, sha256 "
+                          f"{str(old.get('data_sha256'))[:12]}; now {new['data']}, {new['data_sha256'][:12]}): "
+                          "the data changed; choose a new --out or delete the old results")
+    a, b = old.get("settings", {}), new["settings"]
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if diff:
+        shown = "; ".join(f"{k}: {a.get(k)!r} then, {b.get(k)!r} now" for k in diff)
+        raise ConfigError(f"{where} with other settings ({shown}); resume with the same ones or choose a new --out")
+
+
+def build_prompt(record: Record, tokenizer, chat: str = "auto", instruction: str = DEFAULT_INSTRUCTION,
+                 template_kwargs: dict | None = None):
+    """The model input of a record: task prompts as they are (text, BOS added by the engine); GSM8K questions
+    through the model's chat template when it has one (token ids; the template writes its own BOS), else
+    "Question: ...\\nAnswer:" text."""
+    if chat not in CHAT:
+        raise InputError(f"chat must be one of {CHAT}, got {chat!r}")
+    if record.kind == "task":
+        return record.prompt
+    template = getattr(tokenizer, "chat_template", None)
+    if chat == "on" and template is None:
+        raise ConfigError("--chat on, but the model's tokenizer has no chat template")
+    if chat == "off" or template is None:
+        return PLAIN_FORMAT.format(question=record.prompt)
+    content = f"{record.prompt}\n{instruction}" if instruction else record.prompt
+    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                          **(template_kwargs or {})))
+
+
+def grade(record: Record, text: str, task=None) -> tuple[bool, str | None]:
+    """(correct, extracted answer) of one output."""
+    if record.kind == "task":
+        answer = task.final_answer(text)
+        return bool(task.grade(record.prompt, text)), answer
+    value = extract_answer(text)
+    shown = format_number(value)
+    return shown is not None and shown == record.reference, shown
+
+
+def run_eval(records: Sequence[Record], generate: Callable[[list, int], GenerateResult], results: ResultsFile,
+             tokenizer=None, task=None, batch_size: int = 8, chat: str = "auto",
+             instruction: str = DEFAULT_INSTRUCTION, progress: bool = True,
+             log: Callable[[str], None] = print, template_kwargs: dict | None = None) -> dict:
+    """Evaluate the records not yet in `results`, batch by batch; returns the summary over the whole file.
+
+    `generate(prompts, seed_offset)` runs one batch (texts + tokens + stats)."""
+    check_int("batch_size", batch_size, 1, error=InputError)
+    todo = [r for r in records if r.key not in results.done]
+    if len(todo) < len(records):
+        log(f"resuming {results.path}: {len(records) - len(todo)} of {len(records)} records already done")
+    bar = tqdm(total=len(records), initial=len(records) - len(todo), desc="eval", disable=not progress)
+    correct = sum(bool(r["correct"]) for r in results.results)
+    for i in range(0, len(todo), batch_size):
+        batch = todo[i: i + batch_size]
+        prompts = [build_prompt(r, tokenizer, chat, instruction, template_kwargs) for r in batch]
+        t0 = time.perf_counter()
+        res = generate(prompts, batch[0].line)
+        seconds = time.perf_counter() - t0
+        accepted = res.stats.get("accepted_per_request")
+        checks = res.stats.get("verify_passes", res.stats.get("target_passes"))  # as bench counts them
+        rows = []
+        for j, r in enumerate(batch):
+            correct, extracted = grade(r, res.texts[j], task)
+            row = {"type": "result", "key": r.key, "line": r.line, "kind": r.kind, "correct": correct,
+                   "extracted": extracted, "reference": r.reference, "new_tokens": len(res.tokens[j]),
+                   "seconds": seconds / len(batch), "output": res.texts[j]}
+            if accepted is not None:
+                row["accepted_tokens"] = int(accepted[j])
+                if checks is not None:
+                    row["verify_passes"] = int(checks)  # a batched pass counts once for each row it serves
+            rows.append(row)
+        results.append(rows)
+        correct += sum(r["correct"] for r in rows)
+        bar.update(len(batch))
+        bar.set_postfix(acc=f"{100 * correct / len(results.results):.1f}%")
+    bar.close()
+    summary = summarize(results.results)
+    log(format_summary(summary))
+    return summary
+
+
+def write_summary(results: ResultsFile, summary: dict, provenance: dict, bad_lines: Sequence = ()) -> Path:
+    """results.summary.json: the totals over the whole results file, the header's settings, provenance."""
+    from parse_jax.harness.runs import write_json
+
+    doc = {**summary, "results": str(results.path), "data": results.header["data"],
+           "data_sha256": results.header["data_sha256"], "settings": results.header["settings"],
+           "bad_lines": [{"line": b.line, "reason": b.reason} for b in bad_lines], "provenance": provenance}
+    return write_json(doc, summary_path(results.path))
+
+
+class DataTask:
+    """The records of a JSONL file (`--data` of bench, sweep and calibrate) as a task: `problems` gives the first n
+    records' model inputs (as eval builds them: chat template or plain text; file order, the seed plays no part),
+    `grade` grades an output exactly as eval does, so accuracy means eval's accuracy."""
+
+    split = "data"
+
+    def __init__(self, path: str | Path, records: Sequence[Record], tokenizer, task=None, chat: str = "auto",
+                 instruction: str = DEFAULT_INSTRUCTION, template_kwargs: dict | None = None) -> None:
+        from parse_jax.harness.eval.data import file_sha256
+
+        self.data, self.data_sha256 = str(path), file_sha256(path)
+        self.name = f"data:{Path(path).name}"
+        self.records, self.task = list(records), task
+        self.inputs = [build_prompt(r, tokenizer, chat, instruction, template_kwargs) for r in self.records]
+        self._by_input = {_hashable(x): r for x, r in zip(self.inputs, self.records)}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def problems(self, n: int, seed: int = 0, split: str = "data") -> list[tuple]:
+        check_int("n", n, 1, error=InputError)
+        if n > len(self.records):
+            raise InputError(f"n={n}, but {self.data} holds {len(self.records)} records; give --n "
+                             f"{len(self.records)} or fewer")
+        return [(x, r.reference) for x, r in zip(self.inputs[:n], self.records[:n])]
+
+    def grade(self, prompt, text: str) -> bool:
+        return grade(self._by_input[_hashable(prompt)], text, self.task)[0]
+
+
+def _hashable(prompt):
+    return prompt if isinstance(prompt, str) else tuple(int(t) for t in prompt)

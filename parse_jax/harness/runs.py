@@ -1,0 +1,220 @@
+"""What bench, sweep, calibrate and eval share: the modes a run may name, a runner per mode, the checks of run
+settings, and `measure` (every mode on the same problems, interleaved and repeated, timed after a warm-up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from parse_jax.engine import MODES, ParseConfig, ParseEngine
+from parse_jax.errors import ConfigError, InputError
+from parse_jax.harness.eval.report import wilson
+from parse_jax.runtime.decode import generate
+from parse_jax.runtime.programs import compiled_programs
+from parse_jax.runtime.requests import GenerateResult
+from parse_jax.utils import atomic, compile_cache
+from parse_jax.utils.validation import SEED_MAX, check_float, check_int
+
+MULTI_SUFFIX = "-multi"
+
+
+
+MULTI_ROUND_MODES = ("parse",)  # engine modes that honour ParseConfig.rounds; each gets a "<mode>-multi" name
+
+
+
+BENCH_MODES = (*MODES, *(m + MULTI_SUFFIX for m in MULTI_ROUND_MODES if m in MODES), "draft")
+
+
+
+# (prompts, max_new_tokens, seed) -> GenerateResult
+Runner = Callable[[list, int, int], GenerateResult]
+
+
+
+def check_modes(modes: Sequence[str]) -> list[str]:
+    """The requested modes, deduplicated, in order ("all" = every bench mode); an unknown one is an InputError."""
+    expanded: list[str] = []
+    for m in modes:
+        expanded += list(BENCH_MODES) if m == "all" else [m]
+    modes = list(dict.fromkeys(expanded))
+    unknown = [m for m in modes if m not in BENCH_MODES]
+    if unknown or not modes:
+        raise InputError(f"unknown mode(s) {unknown or modes}; available: {', '.join(BENCH_MODES)} (or all)")
+    return modes
+
+
+
+def mode_config(config: ParseConfig, mode: str) -> tuple[ParseConfig, str]:
+    """(config, engine mode) a bench mode runs with: `X-multi` is X with rounds="multi"; X alone is single round."""
+    if mode.endswith(MULTI_SUFFIX) and mode[: -len(MULTI_SUFFIX)] in MULTI_ROUND_MODES:
+        return dataclasses.replace(config, rounds="multi"), mode[: -len(MULTI_SUFFIX)]
+    if mode in MULTI_ROUND_MODES:
+        return dataclasses.replace(config, rounds="single"), mode
+    return config, mode
+
+
+
+def check_eos_ids(eos_ids: Sequence[int] | None, vocab_size: int | None = None) -> list[int] | None:
+    """Stop ids as a list of ints inside the vocabulary (None: the model's own)."""
+    if eos_ids is None:
+        return None
+    if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, Sequence):
+        raise InputError(f"eos_ids must be a list of token ids, got {eos_ids!r}")
+    top = None if vocab_size is None else vocab_size - 1
+    return [check_int("eos_ids", t, 0, top, error=InputError) for t in eos_ids]
+
+
+
+def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperature: float = 0.0,
+                eos_ids: Sequence[int] | None = None) -> Runner:
+    """A callable that generates with `mode` (a bench mode); `draft` may be None for "target" only. `eos_ids`:
+    the stop ids (default: the model's own)."""
+    check_modes([mode])
+    temperature = check_float("temperature", temperature, 0.0, error=InputError)
+    eos_ids = check_eos_ids(eos_ids, target.config.vocab_size)
+    extra = {} if eos_ids is None else {"eos_ids": eos_ids}  # only when given: the engine's default otherwise
+    if mode == "target" or mode == "draft":
+        model = target if mode == "target" else draft
+        if model is None:
+            raise ConfigError("mode 'draft' needs a draft model")
+        return lambda prompts, max_new, seed: generate(model, prompts, max_new_tokens=max_new,
+                                                       temperature=temperature, seed=seed, **extra)
+    if draft is None:
+        raise ConfigError(f"mode {mode!r} needs a draft model")
+    cfg, engine_mode = mode_config(config or ParseConfig(), mode)
+    eng = ParseEngine(target, draft, cfg)
+    return lambda prompts, max_new, seed: eng.generate(prompts, mode=engine_mode, max_new_tokens=max_new,
+                                                       temperature=temperature, seed=seed, **extra)
+
+
+
+def check_run_settings(n: int | None = None, max_new_tokens: int | None = None, batch_size: int | None = None,
+                       repeats: int | None = None, seed: int | None = None) -> None:
+    """The shared run settings of bench, sweep, calibrate and eval: integers (never truncated floats) >= 1, and a
+    seed in [0, 2**63); an InputError names the first bad one."""
+    for name, value in (("n", n), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size),
+                        ("repeats", repeats)):
+        if value is not None:
+            check_int(name, value, 1, error=InputError)
+    if seed is not None:
+        check_int("seed", seed, 0, SEED_MAX, error=InputError)
+
+
+
+def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]], max_new_tokens: int,
+            batch_size: int, repeats: int, seed: int, baseline: str = "target", progress: bool = True) -> dict:
+    """Run every runner on the same problems, interleaved (the first runner rotates per batch) and repeated.
+
+    Returns {name: row}; speed-ups are per-repeat tokens/s ratios against `baseline` (which must be a runner)."""
+    if baseline not in runners:
+        raise InputError(f"the baseline {baseline!r} is not among the runs")
+    n = len(problems)
+    if n < 1:
+        raise InputError("no problems to measure on")
+    check_run_settings(max_new_tokens=max_new_tokens, batch_size=batch_size, repeats=repeats, seed=seed)
+    names = list(runners)
+    prompts = [p for p, _ in problems]
+    chunks = [prompts[i:i + batch_size] for i in range(0, n, batch_size)]
+    shapes = sorted({len(c) for c in chunks})
+    warm = tqdm(total=len(names) * len(shapes), desc="compiling (warm-up runs)", disable=not progress, unit="run")
+    for name in names:  # warm-up: compile every program the timed runs use
+        for shape in shapes:
+            warm.set_postfix_str(f"{name} at batch {shape}; {_programs_note()}")
+            runners[name](next(c for c in chunks if len(c) == shape), max_new_tokens, seed)
+            warm.update(1)
+    warm.set_postfix_str(_programs_note())
+    warm.close()
+    seconds = {m: np.zeros(repeats) for m in names}
+    outputs: dict[str, list] = {m: [None] * n for m in names}
+    stats_sum: dict[str, dict] = {m: {} for m in names}
+    bar = tqdm(total=repeats * len(chunks) * len(names), desc="bench", disable=not progress)
+    for r in range(repeats):
+        for ci, chunk in enumerate(chunks):
+            order = names[ci % len(names):] + names[:ci % len(names)]  # interleave: rotate who goes first
+            for name in order:
+                t0 = time.perf_counter()
+                res = runners[name](chunk, max_new_tokens, seed)
+                seconds[name][r] += time.perf_counter() - t0
+                if r == 0:
+                    outputs[name][ci * batch_size: ci * batch_size + len(chunk)] = list(zip(res.texts, res.tokens))
+                    acc = stats_sum[name]
+                    for key, value in res.stats.items():
+                        if isinstance(value, (int, float)) and not isinstance(value, bool):
+                            acc[key] = acc.get(key, 0) + value
+                    # passes are batched: per request, each pass of this chunk counts once per row
+                    acc["row_passes"] = acc.get("row_passes", 0) + res.stats.get(
+                        "request_passes", res.stats.get("target_passes", 0) * len(chunk))
+                    checks = res.stats.get("verify_passes", res.stats.get("target_passes", 0))
+                    acc["row_checks"] = acc.get("row_checks", 0) + checks * len(chunk)
+                bar.update(1)
+                bar.set_postfix(mode=name, repeat=r)
+    bar.close()
+    tps = {m: sum(len(t) for _, t in outputs[m]) / seconds[m] for m in names}
+    rows = {}
+    for name in names:
+        new_tokens = sum(len(t) for _, t in outputs[name])
+        correct = [bool(task.grade(p, text)) for p, (text, _) in zip(prompts, outputs[name])]
+        speedups = tps[name] / tps[baseline]
+        s = stats_sum[name]
+        lo, hi = wilson(int(sum(correct)), n)
+        rows[name] = {
+            "tokens_per_s": float(np.median(tps[name])),
+            "tokens_per_s_all": tps[name].tolist(),
+            "seconds_median": float(np.median(seconds[name])),
+            "seconds_all": seconds[name].tolist(),
+            "speedup_vs_target": float(np.median(speedups)),
+            "speedup_all": speedups.tolist(),
+            "speedup_min": float(np.min(speedups)), "speedup_max": float(np.max(speedups)),
+            "accuracy": float(np.mean(correct)),
+            "correct": int(sum(correct)),
+            "accuracy_ci95": [lo, hi],
+            "new_tokens": int(new_tokens),
+            "target_passes": int(s.get("target_passes", 0)),
+            "target_passes_per_100_tokens": 100.0 * s.get("row_passes", 0) / max(new_tokens, 1),
+            "accepted_per_pass": (s["accepted_tokens"] / max(s.get("row_checks", 0), 1)
+                                  if "accepted_tokens" in s else None),
+            "draft_tokens": int(s.get("draft_tokens", 0)),
+            "accepted_tokens": int(s.get("accepted_tokens", 0)),
+            "verify_tokens": int(s.get("verify_tokens", 0)),
+            "verify_passes": int(s.get("verify_passes", 0)),
+        }
+    return rows
+
+
+
+def _programs_note() -> str:
+    """How many generation programs this process holds so far; with the compile cache on, how many XLA executables
+    (those programs and the small ones around them) were loaded from it and how many compiled."""
+    cache = compile_cache.stats()
+    note = f"{compiled_programs()} programs"
+    if cache["dir"] is not None:
+        note += f"; executables: {cache['hits']} loaded from the compile cache, {cache['misses']} compiled"
+    return note
+
+
+
+def format_row(name: str, r: dict) -> str:
+    acc_pass = "-" if r["accepted_per_pass"] is None else f"{r['accepted_per_pass']:.2f}"
+    ci = r.get("accuracy_ci95")
+    ci_text = f" ({100 * ci[0]:.1f}-{100 * ci[1]:.1f})" if ci else ""
+    return (f"| {name} | {r['tokens_per_s']:.1f} | {r['speedup_vs_target']:.2f}x "
+            f"({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | {100 * r['accuracy']:.1f}%{ci_text} | {acc_pass} | "
+            f"{r['target_passes_per_100_tokens']:.1f} |")
+
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write whole or not at all (parse_jax.utils.atomic): an interrupted write leaves the previous file as it was."""
+    return atomic.write_text(path, text)
+
+
+
+def write_json(result: dict, path: str | Path) -> Path:
+    return atomic.write_json(path, result)

@@ -1,0 +1,179 @@
+"""Parameter sweeps of PARSE against the target, and threshold calibration on a dev split.
+
+A sweep runs `target` once (the baseline) and one PARSE engine per value, all on the same problems in one process,
+interleaved and repeated exactly as `parse-jax bench` does (`bench.measure`).
+
+Calibration needs problems the test numbers never see. The embedded task splits problems by a hash of the prompt:
+`split="test"` (10%, what bench and sweeps draw) and `split="train"` (the rest). `calibrate` draws its dev problems
+from the train split, so a threshold chosen here cannot leak into held-out results (the pair may have trained on
+some of them, which makes the dev accuracies optimistic for both target and PARSE alike).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from parse_jax.engine import ParseConfig
+from parse_jax.errors import ConfigError, InputError
+from parse_jax.harness.provenance import format_provenance, provenance
+from parse_jax.harness.runs import (
+    BENCH_MODES,
+    check_run_settings,
+    format_row,
+    measure,
+    mode_config,
+    mode_runner,
+    write_json,
+    write_text,
+)
+from parse_jax.utils.atomic import check_writable
+from parse_jax.utils.validation import check_float
+
+SWEEP_PARAMS = ("threshold", "max_prefixes", "segmenter", "max_draft_tokens")
+DEFAULT_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
+DEV_SPLIT = "train"
+
+
+def parse_value(param: str, text: str) -> dict:
+    """ParseConfig overrides for one sweep value. segmenter values: delimiter, hybrid, stride or stride:DELTA."""
+    text = text.strip()
+    try:
+        if param == "threshold":
+            value = float(text)
+        if param in ("max_prefixes", "max_draft_tokens"):
+            return {param: int(text)}
+    except ValueError:
+        raise InputError(f"--values for {param} must be numbers, got {text!r}") from None
+    if param == "threshold":
+        return {"threshold": check_float("threshold", value, 0.0, 1.0, error=InputError)}
+    if param == "segmenter":
+        name, _, delta = text.partition(":")
+        if delta:
+            if name != "stride":
+                raise InputError(f"only the stride segmenter takes a value (stride:DELTA), got {text!r}")
+            try:
+                return {"segmenter": "stride", "stride": int(delta)}
+            except ValueError:
+                raise InputError(f"stride:DELTA needs an integer DELTA, got {text!r}") from None
+        return {"segmenter": name}
+    raise InputError(f"unknown sweep parameter {param!r}; available: {', '.join(SWEEP_PARAMS)}")
+
+
+def sweep_configs(base: ParseConfig, param: str, values: Sequence[str]) -> list[tuple[str, dict, ParseConfig]]:
+    """(label, overrides, config) per value; every config is built (and validated) before any work starts."""
+    if not values:
+        raise InputError("a sweep needs at least one value")
+    out = []
+    for v in values:
+        overrides = parse_value(param, str(v))
+        out.append((str(v).strip(), overrides, dataclasses.replace(base, **overrides)))  # ConfigError if invalid
+    labels = [label for label, _, _ in out]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"repeated sweep values: {labels}")
+    return out
+
+
+def run_sweep(target, draft, base: ParseConfig, task, param: str, values: Sequence[str], n: int = 100,
+              mode: str = "parse", max_new_tokens: int = 32, batch_size: int = 16, repeats: int = 3, seed: int = 0,
+              split: str = "test", progress: bool = True, models: dict | None = None,
+              eos_ids: Sequence[int] | None = None) -> dict:
+    """`target` once, then `mode` with each value of `param`, on the same `n` problems of `split` (a --data
+    `DataTask` has one split: its file)."""
+    if mode not in BENCH_MODES or mode_config(base, mode)[1] in ("target", "draft"):
+        raise InputError(f"a sweep varies a PARSE mode; got {mode!r}")
+    check_run_settings(n, max_new_tokens, batch_size, repeats, seed)
+    configs = sweep_configs(base, param, values)
+    runners = {"target": mode_runner(target, draft, base, "target", eos_ids=eos_ids)}
+    for label, _, cfg in configs:
+        runners[f"{param}={label}"] = mode_runner(target, draft, cfg, mode, eos_ids=eos_ids)
+    split = getattr(task, "split", split)
+    problems = task.problems(n, seed, split=split)
+    rows = measure(runners, task, problems, max_new_tokens, batch_size, repeats, seed, progress=progress)
+    settings = {"param": param, "values": [label for label, _, _ in configs], "mode": mode, "n": n,
+                "max_new_tokens": max_new_tokens, "batch_size": batch_size, "repeats": repeats, "seed": seed,
+                "task": getattr(task, "name", None), "split": split, "temperature": 0.0,
+                "eos_ids": None if eos_ids is None else list(eos_ids)}
+    if getattr(task, "data", None) is not None:
+        settings["data"], settings["data_sha256"] = task.data, task.data_sha256
+    config = {**settings, "parse_config": dataclasses.asdict(base), "models": models}
+    points = [{"value": label, "overrides": overrides, **rows[f"{param}={label}"]} for label, overrides, _ in configs]
+    return {**settings, "parse_config": dataclasses.asdict(base), "baseline": rows["target"], "points": points,
+            "prompts": [p for p, _ in problems], "provenance": provenance(config, seed)}
+
+
+def sweep_table(result: dict) -> str:
+    lines = [f"| {result['param']} | tok/s | speed-up vs target (min-max) | accuracy (95% CI) | accepted / pass | "
+             "target passes / 100 tok |", "|---|---|---|---|---|---|", format_row("target", result["baseline"])]
+    lines += [format_row(p["value"], p) for p in result["points"]]
+    return "\n".join(lines)
+
+
+def sweep_markdown(result: dict, title: str) -> str:
+    lines = [f"# {title}", ""]
+    if result.get("command"):
+        lines += [f"Command: `{result['command']}`", ""]
+    lines += [f"`{result['mode']}` with each value of `{result['param']}` against `target`, on the same "
+              f"{result['n']} problems (split `{result['split']}`) of task `{result.get('task')}`: batches of "
+              f"{result['batch_size']}, {result['repeats']} repeats interleaved, greedy, at most "
+              f"{result['max_new_tokens']} new tokens.", "", sweep_table(result), ""]
+    if "calibration" in result:
+        c = result["calibration"]
+        lines += [c["message"], ""]
+    lines += [format_provenance(result["provenance"]), ""]
+    return "\n".join(lines)
+
+
+def write_sweep(result: dict, folder: str | Path, stem: str | None = None, title: str | None = None) -> list[Path]:
+    """STEM.json, STEM.md and the PNG plots (per value; accuracy vs throughput Pareto) into `folder`."""
+    from parse_jax.harness.plots import sweep_plots
+
+    folder = Path(check_writable(folder))
+    stem = stem or f"sweep_{result['param']}"
+    paths = [write_json(result, folder / f"{stem}.json"),
+             write_text(folder / f"{stem}.md", sweep_markdown(result, title or f"Sweep of {result['param']}"))]
+    return paths + sweep_plots(result, folder, stem)
+
+
+def pick_threshold(result: dict, tolerance: float) -> dict:
+    """From a threshold sweep: among thresholds whose accuracy is within `tolerance` of the target's, the one that
+    accepts the most draft tokens; among equals, the highest (strictest) threshold.
+
+    Accepted tokens, not tokens/s: greedy acceptance is deterministic and is what makes PARSE fast, while wall-clock
+    medians on a shared machine move by more than the differences between neighbouring thresholds. Returns
+    {"threshold": float | None, "eligible": [...], "message": str, ...}; None when no value qualifies."""
+    if result["param"] != "threshold":
+        raise InputError(f"calibration needs a threshold sweep, got one of {result['param']!r}")
+    base = result["baseline"]["accuracy"]
+    eligible = [p for p in result["points"] if p["accuracy"] >= base - tolerance - 1e-12]
+    if not eligible:
+        best = max(result["points"], key=lambda p: p["accuracy"])
+        return {"threshold": None, "eligible": [], "tolerance": tolerance, "target_accuracy": base,
+                "message": f"no threshold keeps accuracy within {tolerance:g} of the target's {100 * base:.1f}% "
+                           f"on the dev split; the best, {best['value']}, reached {100 * best['accuracy']:.1f}%"}
+    chosen = max(eligible, key=lambda p: (p["accepted_tokens"], float(p["value"])))
+    return {"threshold": float(chosen["value"]), "eligible": [p["value"] for p in eligible], "tolerance": tolerance,
+            "target_accuracy": base, "accuracy": chosen["accuracy"], "accepted_tokens": chosen["accepted_tokens"],
+            "tokens_per_s": chosen["tokens_per_s"], "speedup_vs_target": chosen["speedup_vs_target"],
+            "message": f"threshold {chosen['value']}: accuracy {100 * chosen['accuracy']:.1f}% vs the target's "
+                       f"{100 * base:.1f}% (tolerance {100 * tolerance:g} points) on {result['n']} dev problems; "
+                       f"it accepts {chosen['accepted_tokens']} draft tokens, the most of the {len(eligible)} eligible "
+                       f"value(s) (the strictest among equals); {chosen['tokens_per_s']:.1f} tok/s = "
+                       f"{chosen['speedup_vs_target']:.2f}x the target"}
+
+
+def calibrate(target, draft, base: ParseConfig, task, tolerance: float = 0.01,
+              thresholds: Sequence[float] = DEFAULT_THRESHOLDS, n: int = 200, mode: str = "parse", seed: int = 0,
+              progress: bool = True, log: Callable[[str], None] = print, **kw) -> dict:
+    """A threshold sweep on dev problems (never the held-out test split), then `pick_threshold`."""
+    check_float("tolerance", tolerance, 0.0, 1.0, max_open=True, error=InputError)
+    if not thresholds:
+        raise ConfigError("no thresholds to calibrate over")
+    for t in thresholds:
+        check_float("threshold", t, 0.0, 1.0)
+    result = run_sweep(target, draft, base, task, "threshold", [f"{t:g}" for t in thresholds], n=n, mode=mode,
+                       seed=seed, split=DEV_SPLIT, progress=progress, **kw)
+    result["calibration"] = pick_threshold(result, tolerance)
+    log(sweep_table(result))
+    return result

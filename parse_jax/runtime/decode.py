@@ -1,0 +1,170 @@
+"""Target-only generation as one jitted program: prefill, then `lax.while_loop` over a dataclass state.
+
+No Python runs per token. Shapes are padded to buckets (batch, prompt length, new tokens) so a long
+run compiles a bounded number of programs; `compiled_programs()` says how many.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from parse_jax.errors import InputError
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.runtime.programs import bucket, compiled_programs, fetch, forward_fn, length_bucket, register_program
+from parse_jax.runtime.requests import (
+    PAD_ID,
+    GenerateResult,
+    GenerationStats,
+    SamplingParams,
+    encode_prompts,
+    pad_prompts,
+    resolve_eos,
+)
+from parse_jax.runtime.sampling import prng_key, sample_token
+from parse_jax.utils.validation import check_int
+
+
+@struct.dataclass
+class DecodeState:
+    cache: KVCache
+    tokens: jax.Array      # [B, N] generated ids (PAD_ID after a row is done)
+    num_new: jax.Array     # [B] tokens generated so far
+    done: jax.Array        # [B] row finished (EOS or its max_new_tokens)
+    last: jax.Array        # [B] last generated token: the next step's input
+    step: jax.Array        # scalar: loop iteration
+
+
+def is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
+    """Which tokens (any shape) are stop ids."""
+    return jnp.any(tokens[..., None] == eos_ids, axis=-1)
+
+
+def decode_loop(forward, cache: KVCache, first_logits: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
+                rng: jax.Array, num_new: int, greedy: bool, temperature, top_k: int, top_p) -> DecodeState:
+    """Sample from `first_logits`, then one-token steps through `cache` until every row is done.
+
+    `forward(tokens, positions, cache, limit, group) -> (logits, cache)`. Traced inside the callers' jit:
+    target-only generation after a prefill, and the target's continuation after a PARSE boundary.
+    """
+    b = first_logits.shape[0]
+
+    def emit(state: DecodeState, step_logits: jax.Array) -> DecodeState:
+        key = jax.random.fold_in(rng, state.step)
+        tok = sample_token(step_logits, key, greedy, temperature, top_k, top_p)
+        tok = jnp.where(state.done, PAD_ID, tok)
+        tokens = state.tokens.at[:, state.step].set(tok)
+        num = state.num_new + (~state.done).astype(jnp.int32)
+        done = state.done | is_eos(tok, eos_ids) | (num >= max_new)
+        return state.replace(tokens=tokens, num_new=num, done=done, last=tok, step=state.step + 1)
+
+    state = DecodeState(cache=cache, tokens=jnp.full((b, num_new), PAD_ID, jnp.int32),
+                        num_new=jnp.zeros((b,), jnp.int32), done=max_new <= 0,
+                        last=jnp.zeros((b,), jnp.int32), step=jnp.int32(0))
+    state = emit(state, first_logits)
+
+    def cond(state: DecodeState) -> jax.Array:
+        return (state.step < num_new) & ~jnp.all(state.done)
+
+    def body(state: DecodeState) -> DecodeState:
+        one_limit, one_group = causal_metadata(b, 1)
+        step_logits, cache = forward(state.last[:, None], state.cache.lengths[:, None], state.cache,
+                                     one_limit, one_group)
+        cache = cache.commit((~state.done).astype(jnp.int32))
+        return emit(state.replace(cache=cache), step_logits[:, 0])
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def prefill(forward, cfg: ModelConfig, prompt: jax.Array, prompt_lens: jax.Array, cache_len: int):
+    """(cache holding each row's prompt, the logits after its last token): one causal pass over the padded
+    prompts, inside the callers' jit."""
+    b, p = prompt.shape
+    limit, group = causal_metadata(b, p)
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    logits, cache = forward(prompt, positions, KVCache.init(cfg, b, cache_len), limit, group)
+    last_logits = jnp.take_along_axis(logits, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
+    return cache.commit(prompt_lens), last_logits
+
+
+def prefill_and_decode(forward, cfg: ModelConfig, prompt, prompt_lens, max_new, eos_ids, rng, num_new: int,
+                       cache_len: int, greedy: bool, temperature, top_k: int, top_p) -> DecodeState:
+    """Generation from prompts inside a jit: `prefill`, then `decode_loop` (the target alone; PARSE's draft)."""
+    cache, last_logits = prefill(forward, cfg, prompt, prompt_lens, cache_len)
+    return decode_loop(forward, cache, last_logits, max_new, eos_ids, rng, num_new, greedy, temperature, top_k,
+                       top_p)
+
+
+@functools.cache
+def _generate_program(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: int, greedy: bool,
+                      top_k: int):
+    module = Decoder(cfg, attention_impl)
+
+    def run(params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
+        state = prefill_and_decode(forward_fn(module, params), cfg, prompt, prompt_lens, max_new, eos_ids, rng,
+                                   num_new, cache_len, greedy, temperature, top_k, top_p)
+        return state.tokens, state.num_new, state.step
+
+    return register_program(jax.jit(run))
+
+
+@functools.cache
+def continue_program(cfg: ModelConfig, attention_impl: str, num_new: int, greedy: bool, top_k: int):
+    """Jitted `(params, cache, first_logits, max_new, eos_ids, temperature, top_p, rng) -> DecodeState`;
+    the cache (already holding the context) is donated."""
+    module = Decoder(cfg, attention_impl)
+
+    def run(params, cache, first_logits, max_new, eos_ids, temperature, top_p, rng):
+        return decode_loop(forward_fn(module, params), cache, first_logits, max_new, eos_ids, rng, num_new,
+                           greedy, temperature, top_k, top_p)
+
+    return register_program(jax.jit(run, donate_argnums=(1,)))
+
+
+def generate_launch(model, ids: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
+                    eos: np.ndarray, capacity: int):
+    """(program, args) of target-only generation for prompts already as ids (checked against `capacity`)."""
+    cfg: ModelConfig = model.config
+    for i, p in enumerate(ids):
+        if len(p) + max_new_tokens > capacity:
+            raise InputError(
+                f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
+                f"{len(p) + max_new_tokens} cache slots but the cache holds {capacity}")
+    b = bucket(len(ids), 1)
+    p = bucket(max(len(x) for x in ids))
+    n = bucket(max_new_tokens, 16)
+    cache_len = min(length_bucket(p + n), capacity)
+    prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
+    program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.greedy, sampling.top_k)
+    prompt, lens, max_new = (model.place_rows(x) for x in (prompt, lens, max_new))  # sharded: over `data`
+    return program, (model.params, prompt, lens, max_new, eos, *sampling.loop_args(), prng_key(sampling.seed))
+
+
+def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             max_cache_len: int | None = None, add_bos: bool = True,
+             eos_ids: Sequence[int] | None = None) -> GenerateResult:
+    """Generate with the model alone, a batch of prompts of any lengths, per-row EOS and budget.
+
+    `eos_ids` overrides the stop tokens (default: the config's and the tokenizer's EOS; [] = none).
+    """
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
+    ids = encode_prompts(model, prompts, add_bos)
+    capacity = int(max_cache_len) if max_cache_len is not None else model.config.max_position_embeddings
+    program, args = generate_launch(model, ids, max_new_tokens, sampling, resolve_eos(model, eos_ids), capacity)
+    t0 = time.perf_counter()
+    tokens, num_new, steps = fetch(program(*args))
+    seconds = time.perf_counter() - t0
+    out = [tokens[i, : num_new[i]].tolist() for i in range(len(ids))]
+    texts = [model.tokenizer.decode(t) if model.tokenizer is not None else "" for t in out]
+    stats = GenerationStats(new_tokens=int(num_new[: len(ids)].sum()), seconds=seconds, target_passes=int(steps))
+    return GenerateResult(texts=texts, tokens=out, stats={**stats.as_dict(), "compiled_programs": compiled_programs()})

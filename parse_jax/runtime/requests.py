@@ -1,0 +1,140 @@
+"""What a generation request is, whatever the mode: sampling settings, prompts as token ids (text through the
+tokenizer), the stop ids, and the result every mode returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from parse_jax.errors import InputError
+from parse_jax.utils.validation import check_float, check_int
+
+PAD_ID = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A validated generation request (`ParseEngine.request`): prompts as ids, budget, sampling, stop ids."""
+
+    ids: list[list[int]]
+    max_new: int
+    sampling: SamplingParams
+    eos: np.ndarray  # int32 stop ids ([-1] for none)
+
+
+@dataclasses.dataclass
+class GenerationStats:
+    """What a generation did, in every mode (None: not meaningful in that mode). `GenerateResult.stats` is
+    `as_dict()` of it: counts and seconds (docs/design.md §3)."""
+
+    new_tokens: int
+    seconds: float
+    target_passes: int                  # target forward passes (prefill, verification, decode steps)
+    request_passes: int | None = None   # passes summed over requests (a request sits through the ones it is in)
+    verify_passes: int | None = None
+    rounds: int | None = None           # multi-round PARSE / speculation rounds
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    accepted_per_request: list[int] | None = None
+    prefixes_per_request: list[int] | None = None
+    verify_tokens: int | None = None    # real tokens in verification blocks
+    continued_requests: int | None = None
+    continue_batch: int | None = None   # the batch the continuation ran at (0: none)
+    acceptance_rate: float | None = None
+    gamma: int | None = None
+    eagle3_accepted_tokens: int | None = None
+    eagle3_draft_tokens: int | None = None
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        out["tokens_per_s"] = self.new_tokens / self.seconds if self.seconds > 0 else float("inf")
+        if self.accepted_tokens is not None:
+            out["accepted_per_pass"] = self.accepted_tokens / max(self.verify_passes or self.target_passes, 1)
+        return out
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    texts: list[str]
+    tokens: list[list[int]]
+    stats: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731  (frozen)
+        fix("temperature", check_float("temperature", self.temperature, 0.0, error=InputError))
+        fix("top_k", check_int("top_k (0 = off)", self.top_k, 0, error=InputError))
+        fix("top_p", check_float("top_p", self.top_p, 0.0, 1.0, min_open=True, error=InputError))
+        fix("seed", check_int("seed", self.seed, 0, 2**31 - 1, error=InputError))
+
+    def loop_args(self) -> tuple[np.float32, np.float32]:
+        """(temperature, top_p) as a sampling program takes them (traced, so one program serves every value);
+        temperature is floored away from 0, where greedy programs ignore it."""
+        return np.float32(max(self.temperature, 1e-6)), np.float32(self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_bos: bool = True) -> list[list[int]]:
+    """Text prompts through the tokenizer (BOS prepended when the tokenizer has one); id lists as given."""
+    if isinstance(prompts, (str, bytes)):
+        raise InputError("prompts must be a list of strings or of token-id lists, not a single string")
+    if not isinstance(prompts, (Sequence, np.ndarray)):
+        raise InputError(f"prompts must be a list of strings or of token-id lists, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise InputError("no prompts given")
+    if any(not isinstance(p, (str, Sequence, np.ndarray)) or isinstance(p, bytes) for p in prompts):
+        kinds = sorted({type(p).__name__ for p in prompts})
+        raise InputError(f"prompts must be a list of strings or of token-id lists (a batch: [[1, 2, 3]], not "
+                         f"[1, 2, 3]), got items of type {', '.join(kinds)}")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if model.tokenizer is None:
+                raise InputError("text prompts need a tokenizer; this model has none (pass token ids)")
+            ids = model.tokenizer.encode(p)
+            if not ids:
+                raise InputError(f"prompt {i} is empty (no tokens)")
+            bos = getattr(model.tokenizer, "bos_id", None)
+            if add_bos and bos is not None and (not ids or ids[0] != bos):
+                ids = [bos] + ids
+        else:
+            ids = [check_int(f"prompt {i} token {j}", t, error=InputError) for j, t in enumerate(p)]
+        if not ids:
+            raise InputError(f"prompt {i} is empty")
+        bad = [t for t in ids if not 0 <= t < model.config.vocab_size]
+        if bad:
+            raise InputError(f"prompt {i} has token ids outside [0, {model.config.vocab_size}): {bad[:5]}")
+        out.append(ids)
+    return out
+
+
+def resolve_eos(model, eos_ids: Sequence[int] | None = None) -> np.ndarray:
+    """Stop ids as an int32 array: `eos_ids` if given ([] = none), else the config's and tokenizer's EOS."""
+    if eos_ids is None:
+        tok_eos = getattr(model.tokenizer, "eos_id", None)
+        eos_ids = [*model.config.eos_token_ids, *([tok_eos] if tok_eos is not None else [])]
+    return np.array(sorted({int(x) for x in eos_ids}) or [-1], np.int32)
+
+
+def pad_prompts(ids: list[list[int]], batch: int, length: int, max_new_tokens: int):
+    """Right-padded prompts [batch, length], their lengths, and each row's budget (0 for padding rows)."""
+    prompt = np.full((batch, length), PAD_ID, np.int32)
+    lens = np.ones((batch,), np.int32)
+    max_new = np.zeros((batch,), np.int32)
+    for i, x in enumerate(ids):
+        prompt[i, : len(x)] = x
+        lens[i] = len(x)
+        max_new[i] = max_new_tokens
+    return prompt, lens, max_new

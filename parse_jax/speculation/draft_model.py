@@ -1,0 +1,256 @@
+"""Token-level speculative decoding with a draft model, lossless, as one jitted program.
+
+Each round the draft proposes `gamma` tokens, the target scores them in one pass and keeps the longest
+run accepted by rejection sampling (Leviathan et al. 2023; Chen et al. 2023): token d_i is kept with
+probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection a token is drawn from
+norm(max(0, p_i - q_i)); when all are kept, a bonus token is drawn from p_{gamma+1}. At temperature 0
+this is "keep while the draft equals the target's argmax", so the output is the target's greedy output.
+Both caches hold the prompt and every emitted token but the last, which is the next round's input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from parse_jax.errors import InputError
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
+from parse_jax.runtime.requests import (
+    PAD_ID,
+    GenerateResult,
+    GenerationStats,
+    SamplingParams,
+    encode_prompts,
+    pad_prompts,
+    resolve_eos,
+)
+from parse_jax.runtime.sampling import filter_logits, prng_key, sample_token
+
+
+@struct.dataclass
+class SpecState:
+    target_cache: KVCache
+    draft_cache: KVCache
+    tokens: jax.Array     # [B, N + gamma + 1] emitted ids
+    num_new: jax.Array    # [B]
+    done: jax.Array       # [B]
+    last: jax.Array       # [B] last emitted token, not yet in either cache
+    rounds: jax.Array     # scalar: target verification passes so far
+    accepted: jax.Array   # [B] draft tokens accepted in total
+    proposed: jax.Array   # [B] draft tokens proposed in total
+
+
+def probs(logits, greedy, temperature, top_k, top_p):
+    """The distribution a token is drawn from: one-hot argmax when greedy, else filtered softmax."""
+    if greedy:
+        return jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+    return jax.nn.softmax(filter_logits(logits, temperature, top_k, top_p), axis=-1)
+
+
+def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, greedy: bool, k_accept: jax.Array,
+                     k_fix: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Lossless acceptance of `gamma` proposals: p [B, gamma + 1, V] target, q [B, gamma, V] drafter, props
+    [B, gamma]. Returns (n_acc [B], emitted [B, gamma + 1]): the accepted proposals, then the correction (or the
+    bonus token when all are kept) at index n_acc."""
+    b, gamma = props.shape
+    rows = jnp.arange(b)
+    p_prop = jnp.take_along_axis(p[:, :gamma], props[..., None], -1)[..., 0]
+    q_prop = jnp.take_along_axis(q, props[..., None], -1)[..., 0]
+    if greedy:
+        keep = p_prop > 0.5
+    else:
+        u = jax.random.uniform(k_accept, (b, gamma))
+        keep = u * q_prop < p_prop  # u < p/q without dividing by a zero q
+    n_acc = jnp.argmin(jnp.concatenate([keep, jnp.zeros((b, 1), bool)], 1), axis=1)  # first rejection
+    p_at = p[rows, n_acc]
+    q_at = jnp.where((n_acc < gamma)[:, None], q[rows, jnp.minimum(n_acc, gamma - 1)], 0.0)
+    residual = jnp.maximum(p_at - q_at, 0.0)
+    residual = jnp.where(residual.sum(-1, keepdims=True) > 0, residual, p_at)
+    if greedy:
+        fix = jnp.argmax(residual, -1).astype(jnp.int32)
+    else:
+        fix = jax.random.categorical(k_fix, jnp.log(residual), axis=-1).astype(jnp.int32)
+    emitted = jnp.where(jnp.arange(gamma + 1)[None] < n_acc[:, None],
+                        jnp.concatenate([props, props[:, :1]], 1), fix[:, None])
+    return n_acc, emitted
+
+
+def emit_accepted(tokens: jax.Array, num_new: jax.Array, done: jax.Array, last: jax.Array, emitted: jax.Array,
+                  n_acc: jax.Array, eos_ids: jax.Array, max_new: jax.Array):
+    """Append each live row's emitted tokens (stopping at EOS and its budget) to `tokens` [B, width].
+    Returns (tokens, num_new, done, last, commit): `commit` = tokens that enter the caches (last + accepted)."""
+    b, width = tokens.shape
+    n = emitted.shape[1]
+    rows = jnp.arange(b)
+    n_emit = n_acc + 1
+    is_eos = jnp.any(emitted[..., None] == eos_ids[None, None, :], -1) & (jnp.arange(n)[None] < n_emit[:, None])
+    eos_at = jnp.where(is_eos.any(1), jnp.argmax(is_eos, 1) + 1, n + 1)
+    count = jnp.minimum(jnp.minimum(n_emit, eos_at), max_new - num_new)
+    count = jnp.where(done, 0, count)
+    slots = num_new[:, None] + jnp.arange(n)[None]
+    slots = jnp.where(jnp.arange(n)[None] < count[:, None], slots, width)  # dropped
+    tokens = tokens.at[rows[:, None], slots].set(emitted, mode="drop")
+    num = num_new + count
+    live = (~done).astype(jnp.int32)
+    new_done = done | (eos_at <= n_emit) | (num >= max_new)
+    new_last = jnp.where(done, last, emitted[rows, n_acc])
+    return tokens, num, new_done, new_last, n_emit * live
+
+
+@functools.cache
+def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, gamma: int, num_new: int,
+                  cache_len: int, greedy: bool, top_k: int):
+    target, draft = Decoder(target_cfg, impl), Decoder(draft_cfg, impl)
+    width = num_new + gamma + 1
+
+    def run(target_params, draft_params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
+        target_fwd, draft_fwd = forward_fn(target, target_params), forward_fn(draft, draft_params)
+        b, p = prompt.shape
+        rows = jnp.arange(b)
+        limit, group = causal_metadata(b, p)
+        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+        t_logits, t_cache = target_fwd(prompt, positions, KVCache.init(target_cfg, b, cache_len), limit, group)
+        _, d_cache = draft_fwd(prompt, positions, KVCache.init(draft_cfg, b, cache_len), limit, group)
+        first_logits = t_logits[rows, prompt_lens - 1]
+        first = sample_token(first_logits, jax.random.fold_in(rng, 2**31 - 1), greedy, temperature, top_k, top_p)
+        done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
+        tokens = jnp.full((b, width), PAD_ID, jnp.int32).at[:, 0].set(jnp.where(max_new > 0, first, PAD_ID))
+        state = SpecState(target_cache=t_cache.commit(prompt_lens), draft_cache=d_cache.commit(prompt_lens),
+                          tokens=tokens, num_new=jnp.minimum(max_new, 1), done=done, last=first,
+                          rounds=jnp.int32(1), accepted=jnp.zeros((b,), jnp.int32),
+                          proposed=jnp.zeros((b,), jnp.int32))
+
+        def draft_round(state: SpecState, key):
+            """gamma + 1 draft steps: propose gamma tokens, and write the last proposal's KV too."""
+            one_limit, one_group = causal_metadata(b, 1)
+
+            def step(carry, i):
+                cache, tok = carry
+                logits, cache = draft_fwd(tok[:, None], cache.lengths[:, None], cache, one_limit, one_group)
+                cache = cache.commit(1)
+                q = probs(logits[:, 0], greedy, temperature, top_k, top_p)
+                nxt = sample_token(logits[:, 0], jax.random.fold_in(key, i), greedy, temperature, top_k, top_p)
+                return (cache, nxt), (nxt, q)
+
+            (cache, _), (props, qs) = jax.lax.scan(step, (state.draft_cache, state.last), jnp.arange(gamma + 1))
+            return cache, props[:gamma].T, jnp.swapaxes(qs[:gamma], 0, 1)  # [B, gamma], [B, gamma, V]
+
+        def cond(state: SpecState):
+            return ~jnp.all(state.done)
+
+        def body(state: SpecState):
+            key = jax.random.fold_in(rng, state.rounds)
+            k_draft, k_accept, k_fix = jax.random.split(key, 3)
+            d_cache, props, q = draft_round(state, k_draft)
+            block = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
+            blk_limit, blk_group = causal_metadata(b, gamma + 1)
+            pos = state.target_cache.lengths[:, None] + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+            logits, t_cache = target_fwd(block, pos, state.target_cache, blk_limit, blk_group)
+            p = probs(logits, greedy, temperature, top_k, top_p)  # [B, gamma + 1, V]
+            n_acc, emitted = accept_proposals(p, q, props, greedy, k_accept, k_fix)
+            tokens, num, done, last, commit = emit_accepted(state.tokens, state.num_new, state.done, state.last,
+                                                            emitted, n_acc, eos_ids, max_new)
+            live = (~state.done).astype(jnp.int32)
+            return state.replace(
+                target_cache=t_cache.commit(commit),
+                draft_cache=d_cache.set_lengths(state.draft_cache.lengths + commit),
+                tokens=tokens, num_new=num, done=done, last=last, rounds=state.rounds + 1,
+                accepted=state.accepted + n_acc * live, proposed=state.proposed + gamma * live)
+
+        state = jax.lax.while_loop(cond, body, state)
+        return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
+
+    return register_program(jax.jit(run))
+
+
+def check_pair(target, draft) -> None:
+    """A draft proposes target token ids: the vocabularies must agree."""
+    if target.config.vocab_size != draft.config.vocab_size:
+        raise InputError(f"draft and target have different vocabularies ({draft.config.vocab_size} vs "
+                         f"{target.config.vocab_size} tokens); token-level speculation needs the same one")
+
+
+@dataclasses.dataclass
+class SpecBatch:
+    """Host inputs of one token-speculation program (draft model or EAGLE-3): prompts padded to buckets."""
+
+    ids: list[list[int]]
+    sampling: SamplingParams
+    prompt: np.ndarray
+    lens: np.ndarray
+    max_new: np.ndarray
+    eos: np.ndarray
+    num_new: int       # the new-token bucket
+    cache_len: int
+
+
+def spec_batch(target, prompts, gamma: int, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
+               seed: int, add_bos: bool, eos_ids: Sequence[int] | None, capacity: int,
+               extra_slots: int = 0) -> SpecBatch:
+    """Checks and padding shared by speculative decoding and EAGLE-3. A round writes `gamma + 1` (+ `extra_slots`)
+    tokens past the last emitted one, so each prompt needs that much cache beyond its budget."""
+    if int(gamma) < 1:
+        raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    if int(max_new_tokens) < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    ids = encode_prompts(target, prompts, add_bos)
+    margin = gamma + 1 + extra_slots
+    extra = f" (+{extra_slots} tree leaves)" if extra_slots else ""
+    for i, p in enumerate(ids):
+        if len(p) + max_new_tokens + margin > capacity:
+            raise InputError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} and "
+                             f"gamma={gamma}{extra} it needs {len(p) + max_new_tokens + margin} cache slots but the "
+                             f"cache holds {capacity}")
+    b, p, n = bucket(len(ids), 1), bucket(max(len(x) for x in ids)), bucket(max_new_tokens, 16)
+    prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
+    return SpecBatch(ids, sampling, prompt, lens, max_new, resolve_eos(target, eos_ids), n,
+                     min(length_bucket(p + n + margin), capacity))
+
+
+def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -> GenerateResult:
+    """Texts, tokens and stats of a speculation program's fetched `(tokens, num_new, rounds, accepted, proposed)`."""
+    tokens, num_new, rounds, accepted, proposed = out
+    n = len(ids)
+    toks = [tokens[i, : num_new[i]].tolist() for i in range(n)]
+    texts = [target.tokenizer.decode(t) if target.tokenizer is not None else "" for t in toks]
+    stats = GenerationStats(new_tokens=int(num_new[:n].sum()), seconds=seconds, target_passes=int(rounds),
+                            draft_tokens=int(proposed[:n].sum()), accepted_tokens=int(accepted[:n].sum()),
+                            accepted_per_request=[int(x) for x in accepted[:n]],
+                            acceptance_rate=float(accepted[:n].sum() / max(proposed[:n].sum(), 1)), gamma=int(gamma))
+    return GenerateResult(texts=texts, tokens=toks, stats=stats.as_dict())
+
+
+def run_spec(target, program, drafter_params, sb: SpecBatch, gamma: int) -> GenerateResult:
+    """Run a speculation program (`program(target_params, drafter_params, prompt, lens, max_new, eos, temperature,
+    top_p, rng)`: the draft model's or EAGLE-3's) on a prepared batch, timed, and collect its result."""
+    t0 = time.perf_counter()
+    out = program(target.params, drafter_params, sb.prompt, sb.lens, sb.max_new, sb.eos, *sb.sampling.loop_args(),
+                  prng_key(sb.sampling.seed))
+    out = fetch(out)
+    return spec_result(target, sb.ids, out, time.perf_counter() - t0, gamma)
+
+
+def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequence[int]], gamma: int = 4,
+                         max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                         seed: int = 0, max_cache_len: int | None = None, add_bos: bool = True,
+                         eos_ids: Sequence[int] | None = None) -> GenerateResult:
+    """Lossless speculative decoding: same output distribution as `generate(target, ...)`."""
+    check_pair(target, draft)
+    capacity = int(max_cache_len) if max_cache_len is not None else min(
+        target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    sb = spec_batch(target, prompts, gamma, max_new_tokens, temperature, top_k, top_p, seed, add_bos, eos_ids,
+                    capacity)
+    program = _spec_program(target.config, draft.config, target.attention_impl, int(gamma), sb.num_new,
+                            sb.cache_len, sb.sampling.greedy, sb.sampling.top_k)
+    return run_spec(target, program, draft.params, sb, gamma)

@@ -1,0 +1,137 @@
+"""The device side of a PARSE round, as functions traced inside the modes' jitted programs: the draft writes its
+answer, `segment.py` cuts it, `block.py` packs prompt + draft + one suffix copy per prefix, ONE target pass scores
+every prefix, `verify.accept_on_device` picks the accepted one, and the target's cache keeps exactly that prefix.
+
+Nothing here returns to the host: the modes fetch their results once, at the end (`programs.fetch`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.runtime.decode import is_eos, prefill_and_decode
+from parse_jax.runtime.programs import length_bucket
+from parse_jax.settings import Policy
+from parse_jax.verify.block import pack_block
+from parse_jax.verify.scoring import accept_on_device, verify_block
+from parse_jax.verify.segment import Segmenter, segment
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSpec:
+    """The static settings of a PARSE round (they shape the program: one compilation per distinct value)."""
+
+    segmenter: Segmenter
+    max_prefixes: int     # K, padded to a bucket by the caller
+    stride: int
+    min_segment: int
+    max_segment: int
+    policy: Policy
+
+
+@struct.dataclass
+class Judge:
+    """The traced inputs every PARSE program takes: the verification suffix, the judge words' ids, the threshold
+    and the delimiter automaton (changing any of them never compiles again)."""
+
+    suffix: jax.Array       # int32 [S]
+    yes_id: jax.Array       # int32 scalar
+    no_id: jax.Array
+    threshold: jax.Array    # float32 scalar
+    table: jax.Array        # int32 [states, V]: segment.DelimiterTable
+
+
+def draft_answers(draft_forward, draft_cfg: ModelConfig, prompt, prompt_lens, budget, eos_ids, rng, num_new: int,
+                  cache_len: int, greedy: bool, temperature, top_k: int, top_p):
+    """(draft [B, num_new], its length [B]): the draft's whole answer to each prompt, without a closing EOS (the
+    judge was never shown one: the target decides to stop, from its next-token logits at the accepted boundary)."""
+    state = prefill_and_decode(draft_forward, draft_cfg, prompt, prompt_lens, budget, eos_ids, rng, num_new,
+                               cache_len, greedy, temperature, top_k, top_p)
+    n = state.num_new
+    last = jnp.take_along_axis(state.tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
+    n = jnp.where((n > 1) & is_eos(last, eos_ids), n - 1, n)
+    return state.tokens, n
+
+
+def join(a: jax.Array, a_len: jax.Array, b: jax.Array, width: int) -> jax.Array:
+    """Row-wise a[:a_len] ++ b, [B, width] (padding past the end is b's tail or a's, never read)."""
+    i = jnp.arange(width)[None, :]
+    from_a = jnp.take_along_axis(a, jnp.minimum(i, a.shape[1] - 1), axis=1)
+    from_b = jnp.take_along_axis(b, jnp.clip(i - a_len[:, None], 0, b.shape[1] - 1), axis=1)
+    return jnp.where(i < a_len[:, None], from_a, from_b)
+
+
+@struct.dataclass
+class Verified:
+    """A verification pass's outcome per row, on the device."""
+
+    cache: KVCache             # context + accepted prefix committed
+    first_logits: jax.Array    # [B, V] the target's next-token logits after the accepted prefix
+    accepted: jax.Array        # [B] accepted draft tokens (0: none)
+    prefixes: jax.Array        # [B] prefixes scored
+    block_tokens: jax.Array    # [B] real tokens in the verification block
+    tokens: jax.Array          # [B, L] the block (EAGLE-3 continues from its taps)
+    features: jax.Array | None
+
+
+def block_lengths(longest: int, shortest: int = 8) -> tuple[int, ...]:
+    """The padded block lengths a verification pass may take, up to the bucket of the longest possible block: the
+    program picks the shortest that holds the real block (`lax.switch`), so a pass costs what its tokens need, not
+    what the worst case would (on a CPU a 128-token pass costs about twice a 48-token one)."""
+    top = length_bucket(longest)
+    out, n = [], length_bucket(shortest)
+    while n < top:
+        out.append(n)
+        n = length_bucket(n + 1)
+    return (*out, top)
+
+
+def verify_round(target_forward, cache: KVCache, spec: RoundSpec, judge: Judge, ctx_len, head, head_len, draft,
+                 draft_len, lengths: tuple[int, ...], taps: tuple[int, ...] = ()) -> Verified:
+    """Score every prefix of `head[:head_len] ++ draft[:draft_len]`'s draft part in ONE pass over `cache` (rows of
+    `ctx_len` committed tokens), accept, and commit `head` + the accepted prefix. `head`: the tokens before the draft
+    that the target has not seen yet (the whole prompt over an empty cache, or the target's last emitted token).
+    The block is padded to the shortest of `lengths` that holds every row's block."""
+    b = draft.shape[0]
+    bounds, count = segment(draft, draft_len, spec.segmenter, spec.max_prefixes, judge.table, spec.stride,
+                            spec.min_segment, spec.max_segment)
+    seq = join(head, head_len, draft, head.shape[1] + draft.shape[1])
+    valid = jnp.arange(spec.max_prefixes)[None, :] < count[:, None]
+    seq_bounds = jnp.where(valid, head_len[:, None] + bounds, 0)
+    seq_len = head_len + draft_len
+    longest = lengths[-1]
+
+    def pass_of(length: int):
+        def run(cache):
+            block = pack_block(ctx_len, seq, seq_len, seq_bounds, count, judge.suffix, length, before=head_len - 1)
+            scores, boundary_logits, cache, features = verify_block(target_forward, cache, block, judge.yes_id,
+                                                                   judge.no_id, taps)
+            pad = longest - length
+            tokens = jnp.pad(block.tokens, ((0, 0), (0, pad)))
+            if features is not None:
+                features = jnp.pad(features, ((0, 0), (0, pad), (0, 0)))
+            return scores, boundary_logits, cache, tokens, features, block.valid, block.num_tokens
+        return run
+
+    needed = jnp.max(seq_len + count * judge.suffix.shape[0])
+    branch = jnp.minimum(jnp.sum(jnp.asarray(lengths) < needed), len(lengths) - 1)
+    scores, boundary_logits, cache, tokens, features, valid, num_tokens = jax.lax.switch(
+        branch, [pass_of(n) for n in lengths], cache)
+    idx = accept_on_device(jnp.nan_to_num(scores), valid, judge.threshold, spec.policy)
+    accepted = jnp.where(idx >= 0, jnp.take_along_axis(bounds, jnp.maximum(idx, 0)[:, None], axis=1)[:, 0], 0)
+    take = jnp.where(idx >= 0, idx, spec.max_prefixes)  # the last column: the head's last token
+    rows = jnp.arange(b)
+    return Verified(cache=cache.set_lengths(ctx_len + head_len + accepted), first_logits=boundary_logits[rows, take],
+                    accepted=accepted, prefixes=count, block_tokens=num_tokens, tokens=tokens, features=features)
+
+
+def ends_in_eos(draft: jax.Array, accepted: jax.Array, eos_ids: jax.Array) -> jax.Array:
+    """The accepted prefix closes with an EOS: the request is finished."""
+    last = jnp.take_along_axis(draft, jnp.maximum(accepted - 1, 0)[:, None], axis=1)[:, 0]
+    return (accepted > 0) & is_eos(last, eos_ids)

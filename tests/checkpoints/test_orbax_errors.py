@@ -1,0 +1,130 @@
+"""Saving and restoring fail with one clear line naming the path or tensor, and never leave junk: a save under a
+file or into an unwritable place, the overwrite hint for API and CLI, stale temporaries of killed saves cleaned,
+a damaged Orbax data file named by its param."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from parse_jax.checkpoints.load import convert_hf, load_model
+from parse_jax.checkpoints.orbax import PARAMS_DIR, save_model
+from parse_jax.errors import CheckpointError
+from parse_jax.models.model import Model, init_params
+from tests.random_models import tiny_config
+
+
+@pytest.fixture(scope="module")
+def model() -> Model:
+    cfg = tiny_config("qwen3")
+    return Model(cfg, init_params(cfg))
+
+
+def test_save_under_a_file_names_the_file(model, tmp_path) -> None:
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(CheckpointError, match=rf"cannot write {tmp_path}/afile/sub/ckpt: {tmp_path}/afile is a file"):
+        save_model(model, tmp_path / "afile" / "sub" / "ckpt")
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_save_to_an_unwritable_place_names_the_path(model, tiny_hf) -> None:
+    with pytest.raises(CheckpointError, match="cannot write /proc/parse-jax-test/ckpt: cannot create") as info:
+        save_model(model, "/proc/parse-jax-test/ckpt")
+    assert "\n" not in str(info.value)
+    with pytest.raises(CheckpointError, match="cannot write /proc/parse-jax-test/conv"):
+        convert_hf(tiny_hf("qwen3"), "/proc/parse-jax-test/conv")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_save_into_a_read_only_folder(model, tmp_path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        with pytest.raises(CheckpointError, match=f"no write permission in {locked}"):
+            save_model(model, locked / "ckpt")
+    finally:
+        locked.chmod(0o755)
+
+
+def test_overwrite_hint_names_api_and_cli(model, tmp_path) -> None:
+    path = save_model(model, tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match=r"already exists; pass overwrite=True \(CLI: --overwrite\)"):
+        save_model(model, path)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_temporaries_of_killed_saves_are_cleaned(model, tmp_path) -> None:
+    dead = tmp_path / f".ckpt.tmp-{_dead_pid()}-0123abcd"
+    old_style = tmp_path / ".ckpt.tmp-89abcdef"  # written before names carried a pid: cleaned when older than us
+    live = tmp_path / f".ckpt.tmp-{os.getpid()}-feedbeef"  # a save in progress (this process): kept
+    other = tmp_path / f".other.tmp-{_dead_pid()}-0123abcd"  # another checkpoint's: not ours to touch
+    for folder in (dead, old_style, live, other):
+        (folder / PARAMS_DIR).mkdir(parents=True)
+        (folder / PARAMS_DIR / "blob").write_bytes(b"x" * 1000)
+    past = time.time() - 60
+    os.utime(old_style, (past, past))
+    save_model(model, tmp_path / "ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ckpt", live.name, other.name])
+
+
+def test_damaged_orbax_data_names_the_tensor(model, tmp_path) -> None:
+    path = save_model(model, tmp_path / "ckpt")
+    data = [p for p in (path / PARAMS_DIR).rglob("*") if p.is_file() and p.parent.name == "d"]
+    biggest = max(data, key=lambda p: p.stat().st_size)
+    raw = bytearray(biggest.read_bytes())
+    for i in range(64, len(raw), 5):
+        raw[i] ^= 0xFF
+    biggest.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"the data of param [\w/]+/(kernel|embedding|scale) is damaged") as info:
+        load_model(path)
+    message = str(info.value)
+    assert "\n" not in message and "TensorStore({" not in message and len(message) < 800
+    assert str(path / PARAMS_DIR) in message
+    # and nothing else on stderr: Orbax's other failed reads are not left to print their dumps at exit
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys\nfrom parse_jax.models import load_model\ntry:\n    load_model(sys.argv[1])\n"
+            "except Exception as e:\n    print(type(e).__name__, e, file=sys.stderr)\n")
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("CheckpointError cannot restore"), proc.stderr[-3000:]
+
+
+KILLED_SAVE = """
+import os, signal, sys
+import orbax.checkpoint as ocp
+from parse_jax.checkpoints.orbax import save_model
+from parse_jax.models.model import Model, init_params
+from tests.random_models import tiny_config
+
+def killed(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)  # mid-write: config and tokenizer written, params not
+
+ocp.Checkpointer.save = killed
+cfg = tiny_config("qwen3")
+save_model(Model(cfg, init_params(cfg)), sys.argv[1])
+"""
+
+
+def test_a_save_killed_mid_write_is_cleaned_by_the_next(model, tmp_path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(tmp_path / "ckpt")], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    (left,) = tmp_path.iterdir()  # the killed run's temporary, never a half folder under the final name
+    assert left.name.startswith(".ckpt.tmp-") and not (tmp_path / "ckpt").exists()
+    save_model(model, tmp_path / "ckpt")
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]

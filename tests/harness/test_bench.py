@@ -1,0 +1,150 @@
+"""The bench harness on random models: every mode runs, the numbers are consistent with each other, and the files
+written (JSON, Markdown, PNG) say the same thing."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from parse_jax.engine import MODES, ParseConfig, ParseEngine
+from parse_jax.errors import InputError
+from parse_jax.harness.bench import run_bench, write_bench
+from parse_jax.harness.runs import BENCH_MODES, check_modes, mode_config, write_json
+from parse_jax.tasks import load_task
+from parse_jax.utils.atomic import check_writable
+from tests.test_engine import DRAFT, TARGET
+
+MODES_RUN = ["sd", "sequential", "parse", "parse-multi", "draft"]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3))
+    lines = []
+    res = run_bench(eng, load_task(), n=5, modes=MODES_RUN, max_new_tokens=10, batch_size=5, repeats=2,
+                    progress=False, log=lines.append)
+    return res, lines
+
+
+def test_bench_on_five_problems(bench):
+    res, lines = bench
+    assert list(res["modes"]) == ["target", *MODES_RUN]
+    for r in res["modes"].values():
+        assert 0.0 <= r["accuracy"] <= 1.0
+        assert r["correct"] == round(r["accuracy"] * 5)
+        assert r["accuracy_ci95"][0] <= r["accuracy"] <= r["accuracy_ci95"][1]
+        assert r["new_tokens"] > 0 and len(r["tokens_per_s_all"]) == 2
+        np.testing.assert_allclose(r["tokens_per_s_all"], r["new_tokens"] / np.array(r["seconds_all"]))
+        assert min(r["tokens_per_s_all"]) <= r["tokens_per_s"] <= max(r["tokens_per_s_all"])
+        # a speed-up is the ratio of tokens/s to the target's, repeat by repeat
+        np.testing.assert_allclose(r["speedup_all"], np.array(r["tokens_per_s_all"])
+                                   / np.array(res["modes"]["target"]["tokens_per_s_all"]))
+        assert r["speedup_min"] <= r["speedup_vs_target"] <= r["speedup_max"]
+    assert res["modes"]["target"]["speedup_vs_target"] == pytest.approx(1.0)
+    assert res["modes"]["target"]["new_tokens"] == res["modes"]["sd"]["new_tokens"]  # greedy sd == target
+    parse = res["modes"]["parse"]
+    assert parse["verify_passes"] == 1  # one for the batch of 5
+    assert 0 <= parse["accepted_tokens"] <= parse["draft_tokens"]
+    assert parse["accepted_per_pass"] == pytest.approx(parse["accepted_tokens"] / 5)  # one check per request
+    assert res["modes"]["parse-multi"]["verify_passes"] >= parse["verify_passes"]  # multi round: >= 1 per round
+    assert res["modes"]["target"]["target_passes_per_100_tokens"] >= 100.0  # one pass per token, per request
+    assert res["modes"]["sequential"]["accepted_tokens"] == parse["accepted_tokens"]
+    assert "| parse |" in lines[0] and "| parse-multi |" in lines[0]
+    prov = res["provenance"]
+    assert prov["jax"] and prov["device"] and prov["git_commit"] and prov["seed"] == 0
+    assert prov["config"]["parse_config"]["max_draft_tokens"] == 8 and prov["config"]["n"] == 5
+
+
+def test_bench_files_agree(bench, tmp_path):
+    res, _ = bench
+    paths = write_bench(res, tmp_path / "out")
+    names = {p.name for p in paths}
+    assert names == {"bench.json", "bench.md", "bench_throughput.png", "bench_accuracy.png"}
+    for p in paths:
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    again = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert again["modes"]["parse"]["accuracy"] == res["modes"]["parse"]["accuracy"]
+    # every table row of bench.md carries the JSON's numbers, as printed
+    md = (tmp_path / "out" / "bench.md").read_text()
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^\| (\S+) \| ([\d.]+) \| ([\d.]+)x \(([\d.]+)-([\d.]+)\) \| ([\d.]+)% \(([\d.]+)-([\d.]+)\) \| ([\d.-]+) \| "
+        r"([\d.]+) \|$", md, re.M)}
+    assert set(rows) == set(again["modes"])
+    for mode, r in again["modes"].items():
+        tps, sp, lo, hi, acc, clo, chi, acc_pass, passes = rows[mode]
+        assert float(tps) == pytest.approx(r["tokens_per_s"], abs=0.051)
+        assert float(sp) == pytest.approx(r["speedup_vs_target"], abs=0.0051)
+        assert (float(lo), float(hi)) == pytest.approx((r["speedup_min"], r["speedup_max"]), abs=0.0051)
+        assert float(acc) == pytest.approx(100 * r["accuracy"], abs=0.051)
+        assert (float(clo), float(chi)) == pytest.approx([100 * x for x in r["accuracy_ci95"]], abs=0.051)
+        assert (acc_pass == "-") == (r["accepted_per_pass"] is None)
+        assert float(passes) == pytest.approx(r["target_passes_per_100_tokens"], abs=0.051)
+    assert again["provenance"]["git_commit"] in md or again["provenance"]["git_commit"][:12] in md
+
+
+def test_unknown_mode_is_refused():
+    eng = ParseEngine(TARGET, DRAFT)
+    with pytest.raises(InputError, match="unknown mode"):
+        run_bench(eng, load_task(), n=2, modes=["warp"], progress=False)
+
+
+def test_modes_follow_the_engine():
+    assert set(MODES) <= set(BENCH_MODES) and {"parse-multi", "draft"} <= set(BENCH_MODES)
+    assert check_modes(["all"]) == list(BENCH_MODES)
+    assert check_modes(["parse", "target", "parse"]) == ["parse", "target"]
+    cfg = ParseConfig(rounds="multi")
+    assert mode_config(cfg, "parse") == (ParseConfig(rounds="single"), "parse")
+    assert mode_config(ParseConfig(), "parse-multi") == (cfg, "parse")
+    assert mode_config(cfg, "sd") == (cfg, "sd")
+
+
+def test_unwritable_output_is_refused_before_work(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(InputError, match="cannot write to output folder"):
+        check_writable(blocker / "sub")
+    with pytest.raises(InputError, match="cannot write"):
+        write_json({}, blocker / "x.json")
+
+
+def test_warm_up_progress_reaches_stderr_before_each_compiling_call(capsys):
+    """What compiles (mode, batch shape) and how far the warm-up is show on stderr while it runs, not after."""
+    from parse_jax.harness.runs import measure
+    from parse_jax.runtime.requests import GenerateResult
+
+    seen = []
+
+    def runner(name):
+        def run(prompts, max_new, seed):
+            seen.append((name, len(prompts), capsys.readouterr().err))  # stderr written since the previous call
+            return GenerateResult(texts=["7"] * len(prompts), tokens=[[5]] * len(prompts), stats={"target_passes": 2})
+
+        return run
+
+    task = load_task()
+    measure({"target": runner("target"), "parse": runner("parse")}, task, task.problems(3, 0), 4, batch_size=2,
+            repeats=1, seed=0, progress=True)
+    warm = seen[:4]  # 2 modes x batch shapes {1, 2}
+    assert [(n, b) for n, b, _ in warm] == [("target", 1), ("target", 2), ("parse", 1), ("parse", 2)]
+    for i, (name, batch, err) in enumerate(warm):
+        assert "compiling (warm-up runs)" in err and f"{i}/4" in err, err
+        assert f"{name} at batch {batch}" in err and "programs" in err, err
+        assert "bench:" not in err  # the timed runs have not started
+    assert "4/4" in seen[4][2] and "bench:" in seen[4][2]  # warm-up done, then the timed bar
+    assert capsys.readouterr().out == ""  # progress never goes to stdout
+
+
+def test_skipped_modes_are_diagnostics_on_stderr(capsys):
+    from parse_jax.utils import progress
+
+    progress.configure(0)
+    lines = []
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=4))
+    res = run_bench(eng, load_task(), n=1, modes=["target", "eagle3"], max_new_tokens=2, batch_size=1, repeats=1,
+                    progress=False, log=lines.append, skip_unavailable=True)
+    assert set(res["modes"]) == {"target"} and "eagle3" in res["skipped_modes"]
+    captured = capsys.readouterr()
+    assert "skipping mode eagle3" in captured.err and "skipping" not in captured.out
+    assert not any("skipping" in line for line in lines)  # `log` carries results (the table) only

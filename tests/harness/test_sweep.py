@@ -1,0 +1,90 @@
+"""Sweeps and threshold calibration: values parse into configs, calibration draws dev problems (never the test
+split) and picks a threshold its own sweep numbers justify."""
+
+import json
+
+import pytest
+
+from parse_jax.engine import ParseConfig
+from parse_jax.errors import ConfigError, InputError
+from parse_jax.harness.sweep import calibrate, parse_value, pick_threshold, run_sweep, sweep_configs, write_sweep
+from parse_jax.tasks import load_task
+from tests.test_engine import DRAFT, TARGET
+
+BASE = ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3)
+
+
+@pytest.mark.parametrize("param, text, expect", [
+    ("threshold", "0.3", {"threshold": 0.3}),
+    ("max_prefixes", "4", {"max_prefixes": 4}),
+    ("max_draft_tokens", "16", {"max_draft_tokens": 16}),
+    ("segmenter", "delimiter", {"segmenter": "delimiter"}),
+    ("segmenter", "stride:6", {"segmenter": "stride", "stride": 6}),
+])
+def test_sweep_values(param, text, expect):
+    assert parse_value(param, text) == expect
+
+
+@pytest.mark.parametrize("param, values, error", [
+    ("threshold", ["x"], InputError), ("max_prefixes", ["0"], ConfigError), ("segmenter", ["zigzag"], ConfigError),
+    ("segmenter", ["hybrid:3"], InputError), ("temperature", ["1"], InputError), ("threshold", ["0.1", "0.1"],
+                                                                                   InputError),
+    ("threshold", [], InputError),
+])
+def test_bad_sweep_values_fail_before_work(param, values, error):
+    with pytest.raises(error):
+        sweep_configs(BASE, param, values)
+
+
+def _point(value, acc, accepted, tps=100.0):
+    return {"value": value, "accuracy": acc, "accepted_tokens": accepted, "tokens_per_s": tps,
+            "speedup_vs_target": tps / 100}
+
+
+@pytest.mark.parametrize("points, tolerance, expect", [
+    ([_point("0.1", 0.80, 50), _point("0.5", 0.89, 40), _point("0.9", 0.90, 20)], 0.01, 0.5),
+    ([_point("0.1", 0.80, 50), _point("0.5", 0.89, 40), _point("0.9", 0.90, 20)], 0.2, 0.1),
+    ([_point("0.1", 0.90, 40), _point("0.5", 0.90, 40), _point("0.9", 0.90, 20)], 0.0, 0.5),  # equals: strictest
+    ([_point("0.1", 0.50, 40), _point("0.5", 0.60, 30)], 0.01, None),
+])
+def test_pick_threshold(points, tolerance, expect):
+    res = {"param": "threshold", "n": 10, "baseline": {"accuracy": 0.9}, "points": points}
+    got = pick_threshold(res, tolerance)
+    assert got["threshold"] == expect
+    assert ("no threshold" in got["message"]) == (expect is None)
+
+
+def test_calibrate_on_dev_problems_picks_what_its_sweep_supports(tmp_path):
+    task = load_task()
+    res = calibrate(TARGET, DRAFT, BASE, task, tolerance=0.0, thresholds=[0.0, 0.5, 1.0], n=5, max_new_tokens=10,
+                    batch_size=5, repeats=1, progress=False, log=lambda s: None)
+    assert res["split"] == "train" and len(res["prompts"]) == 5
+    assert not any(task.is_heldout(p) for p in res["prompts"])  # the dev split is never the test split
+    pts = {p["value"]: p for p in res["points"]}
+    assert set(pts) == {"0", "0.5", "1"}
+    assert pts["1"]["accepted_tokens"] == 0  # threshold 1 accepts nothing (no score reaches 1): PARSE == target
+    assert pts["1"]["accuracy"] == res["baseline"]["accuracy"]
+    assert pts["0"]["accepted_tokens"] == pts["0"]["draft_tokens"] > 0  # threshold 0 accepts every draft
+    chosen = res["calibration"]
+    floor = res["baseline"]["accuracy"]
+    eligible = [p for p in res["points"] if p["accuracy"] >= floor]
+    assert sorted(chosen["eligible"]) == sorted(p["value"] for p in eligible)
+    if eligible:
+        best = max(p["accepted_tokens"] for p in eligible)
+        assert pts[f"{chosen['threshold']:g}"]["accepted_tokens"] == best
+        assert all(float(p["value"]) <= chosen["threshold"] for p in eligible if p["accepted_tokens"] == best)
+    paths = write_sweep(res, tmp_path, stem="calibrate")
+    assert {p.name for p in paths} == {"calibrate.json", "calibrate.md", "calibrate.png", "calibrate_pareto.png"}
+    doc = json.loads((tmp_path / "calibrate.json").read_text())
+    assert doc["calibration"]["threshold"] == chosen["threshold"]
+    assert doc["provenance"]["config"]["split"] == "train" and doc["provenance"]["seed"] == 0
+
+
+def test_sweep_runs_target_once_and_each_value():
+    res = run_sweep(TARGET, DRAFT, BASE, load_task(), "max_prefixes", ["1", "4"], n=5, max_new_tokens=10,
+                    batch_size=5, repeats=1, progress=False)
+    assert res["split"] == "test" and all(load_task().is_heldout(p) for p in res["prompts"])
+    assert [p["value"] for p in res["points"]] == ["1", "4"]
+    assert res["baseline"]["speedup_vs_target"] == pytest.approx(1.0)
+    for p in res["points"]:
+        assert p["speedup_vs_target"] == pytest.approx(p["tokens_per_s"] / res["baseline"]["tokens_per_s"])

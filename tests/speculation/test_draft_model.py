@@ -1,0 +1,99 @@
+"""Token-level speculative decoding is lossless: greedy identity, and the target's distribution when sampling."""
+
+
+import jax
+import numpy as np
+import pytest
+
+from parse_jax.errors import InputError
+from parse_jax.models.model import Model
+from parse_jax.runtime.decode import generate
+from parse_jax.speculation.draft_model import speculative_generate
+from tests.random_models import random_model
+
+
+def _noisy_copy(model, seed, scale):
+    rng = np.random.default_rng(seed)
+    params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, scale, x.shape).astype(np.float32), model.params)
+    return Model(model.config, params)
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_greedy_is_token_identical_to_the_target(gamma):
+    target = random_model("llama3", 30)
+    draft = _noisy_copy(target, 31, 0.05)
+    rng = np.random.default_rng(gamma)
+    prompts = [rng.integers(0, target.config.vocab_size, n).tolist() for n in (4, 11, 7)]
+    expect = generate(target, prompts, max_new_tokens=20).tokens
+    res = speculative_generate(target, draft, prompts, gamma=gamma, max_new_tokens=20)
+    assert res.tokens == expect
+    s = res.stats
+    assert 0 < s["accepted_tokens"] < s["draft_tokens"]  # a partly wrong draft: both paths exercised
+    assert s["target_passes"] < 1 + 3 * 20
+
+
+def test_greedy_with_eos_and_a_perfect_draft():
+    target = random_model("qwen2", 32)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    free = generate(target, prompts, max_new_tokens=16).tokens
+    eos = free[1][6]
+    expect = generate(target, prompts, max_new_tokens=16, eos_ids=[eos]).tokens
+    res = speculative_generate(target, target, prompts, gamma=4, max_new_tokens=16, eos_ids=[eos])
+    assert res.tokens == expect
+    assert res.stats["acceptance_rate"] == 1.0
+
+
+def _exact_marginals(target, prompt, temperature, steps):
+    """The target's marginal distribution of each of the first `steps` sampled tokens, by enumeration."""
+    v = target.config.vocab_size
+    joint = {(): 1.0}
+    out = []
+    for _ in range(steps):
+        seqs = list(joint)
+        ids = np.array([prompt + list(s) for s in seqs])
+        probs = np.asarray(jax.nn.softmax(target.logits(ids)[:, -1] / temperature, axis=-1))
+        nxt = {}
+        for s, pr in zip(seqs, probs):
+            for t in range(v):
+                nxt[s + (t,)] = joint[s] * pr[t]
+        joint = nxt
+        marg = np.zeros(v)
+        for s, pr in joint.items():
+            marg[s[-1]] += pr
+        out.append(marg)
+    return out
+
+
+def test_sampling_matches_the_targets_distribution():
+    target = random_model("qwen3", 33, vocab_size=6)
+    draft = random_model("qwen3", 34, vocab_size=6)
+    prompt = [1, 4, 2]
+    n, temperature = 3000, 1.0
+    res = speculative_generate(target, draft, [prompt] * n, gamma=2, max_new_tokens=3, temperature=temperature,
+                               seed=5, eos_ids=[])
+    samples = np.array(res.tokens)
+    assert samples.shape == (n, 3)
+    exact = _exact_marginals(target, prompt, temperature, 3)
+    for step in (1, 2):  # tokens drawn through the speculative rounds (step 0 is the prefill's)
+        freq = np.bincount(samples[:, step], minlength=6)
+        chi2 = np.sum((freq - n * exact[step]) ** 2 / (n * exact[step]))
+        assert chi2 < 20.5, (step, freq / n, exact[step])  # 5 dof, p = 0.001
+    pairs = np.bincount(samples[:, 1] * 6 + samples[:, 2], minlength=36)
+    assert (pairs > 0).sum() > 10  # really random, not a fixed continuation
+    # and the draft's own distribution is far from the target's: the test could tell them apart
+    own = speculative_generate(draft, draft, [prompt] * n, gamma=2, max_new_tokens=3, temperature=temperature,
+                               seed=6, eos_ids=[])
+    freq = np.bincount(np.array(own.tokens)[:, 1], minlength=6)
+    assert np.sum((freq - n * exact[1]) ** 2 / (n * exact[1])) > 20.5
+
+
+def test_mismatched_vocabularies_and_bad_gamma_are_refused():
+    a, b = random_model("qwen3", 35), random_model("qwen3", 36, vocab_size=50)
+    with pytest.raises(InputError, match="different vocabularies"):
+        speculative_generate(a, b, [[1, 2]])
+    with pytest.raises(InputError, match="gamma"):
+        speculative_generate(a, a, [[1, 2]], gamma=0)
+    with pytest.raises(InputError, match="cache holds"):
+        speculative_generate(a, a, [[1] * 500], max_new_tokens=10)
+
+

@@ -1,0 +1,64 @@
+"""The CLI's persistent compile cache: where it lives, how it is turned off, and that a second run in a fresh process
+loads every program instead of compiling it (counted, not timed)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from parse_jax.utils import compile_cache
+
+
+def test_cache_folder_follows_the_environment(tmp_path):
+    home = str(Path.home())
+    assert compile_cache.cache_dir(env={}) == Path(home) / ".cache" / "parse-jax" / "jax"
+    assert compile_cache.cache_dir(env={"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "parse-jax" / "jax"
+    assert compile_cache.cache_dir(env={compile_cache.ENV_VAR: str(tmp_path / "c")}) == tmp_path / "c"
+    for off in ("0", "off", "OFF", "false", "none"):
+        assert compile_cache.cache_dir(env={compile_cache.ENV_VAR: off}) is None
+    assert compile_cache.cache_dir(disabled=True, env={compile_cache.ENV_VAR: str(tmp_path)}) is None
+
+
+def test_an_unusable_cache_folder_is_a_warning_not_an_error(tmp_path, capsys):
+    from parse_jax.utils import progress
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    progress.configure(0)
+    assert compile_cache.enable(blocker / "cache") is None
+    assert "compile cache off" in capsys.readouterr().err
+
+
+def _bench(pair_dir: Path, out: Path, cache: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {**os.environ, compile_cache.ENV_VAR: str(cache)}
+    cmd = [sys.executable, "-m", "parse_jax.cli", "bench", "--pair", str(pair_dir), "--n", "2", "--modes",
+           "target,parse", "--max-new-tokens", "6", "--batch-size", "2", "--repeats", "1", "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    return r, json.loads(out.read_text())
+
+
+def test_a_second_bench_in_a_fresh_process_compiles_nothing(pair_dir, tmp_path):
+    cache = tmp_path / "cache"
+    r1, first = _bench(pair_dir, tmp_path / "a.json", cache)
+    entries = sorted(p.name for p in cache.iterdir())
+    assert first["compile_cache"]["dir"] == str(cache.absolute())
+    assert first["compile_cache"]["misses"] > 0 and len(entries) >= first["compile_cache"]["misses"] > 0
+    assert "compiling (warm-up runs)" in r1.stderr  # the warm-up says what it is doing
+
+    r2, second = _bench(pair_dir, tmp_path / "b.json", cache)
+    assert sorted(p.name for p in cache.iterdir()) == entries  # nothing new was written
+    assert second["compile_cache"]["misses"] == 0 and second["compile_cache"]["hits"] > 0
+    assert "loaded from the compile cache, 0 compiled" in r2.stderr
+    assert second["modes"]["parse"]["new_tokens"] == first["modes"]["parse"]["new_tokens"]
+
+
+def test_no_compile_cache_flag_and_env_leave_jax_alone(pair_dir, tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, compile_cache.ENV_VAR: str(cache)}
+    cmd = [sys.executable, "-m", "parse_jax.cli", "generate", "--pair", str(pair_dir), "--mode", "target",
+           "--max-new-tokens", "3", "--no-compile-cache", "1 :"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    assert not cache.exists()
