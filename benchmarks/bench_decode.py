@@ -30,7 +30,7 @@ CONFIGS = {
     # The issue's ~20M-parameter config: per-step cost is bound by reading the weights.
     "20m": ModelConfig(architecture="llama", vocab_size=8192, hidden_size=512, intermediate_size=1024,
                        num_layers=6, num_heads=8, num_kv_heads=4, head_dim=64, max_position_embeddings=4096),
-    # The embedded draft's shape (issue 3 recipe): tens of microseconds per step, where dispatch overhead shows.
+    # The embedded draft's shape (configs/pair_default.yaml): tens of microseconds per step (dispatch overhead shows).
     "draft": ModelConfig(architecture="llama", vocab_size=32, hidden_size=64, intermediate_size=128,
                          num_layers=2, num_heads=2, num_kv_heads=2, head_dim=32, max_position_embeddings=4096),
     # The embedded target's size class.

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (the refe
 import parse_jax as pj  # noqa: E402
 from parse_jax.engine import ParseConfig, ParseEngine  # noqa: E402
 from parse_jax.harness.provenance import provenance
-from parse_jax.harness.runs import format_row, measure  # noqa: E402
+from parse_jax.harness.runs import RunSettings, format_row, measure  # noqa: E402
 from parse_jax.utils import atomic
 from tests.parse_reference import ReferenceParse  # noqa: E402
 
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     runners = {"target": run(single, "target"), "parse (fused)": run(single, "parse"),
                "parse (host path)": run(ref_single, "parse"), "parse-multi (fused)": run(multi, "parse"),
                "parse-multi (host path)": run(ref_multi, "parse")}
-    rows = measure(runners, task, problems, args.max_new_tokens, args.batch_size, args.repeats, 0)
+    rows = measure(runners, task, problems, RunSettings(n=len(problems), max_new_tokens=args.max_new_tokens,
+                                                        batch_size=args.batch_size, repeats=args.repeats))
     prompts = [p for p, _ in problems]
     same = {}
     for fused, host, eng, ref in (("parse (fused)", "parse (host path)", single, ref_single),

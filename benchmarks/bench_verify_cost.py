@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 from bench_decode import median_seconds  # benchmarks/ is on sys.path when run as a script
+from host_reference import pack, verify_pass
 
 import parse_jax as pj
 from parse_jax.harness.provenance import provenance
 from parse_jax.runtime.programs import bucket
 from parse_jax.train.evaluate import step_seconds
-from parse_jax.verify.layout import pack
-from parse_jax.verify.scoring import judge_ids, verify_pass
+from parse_jax.verify.scoring import judge_ids
 
 
 def main() -> None:

@@ -26,11 +26,11 @@ section() {
 }
 
 section environment 30 python -c "import jax; print('jax', jax.__version__, jax.devices())"
-# Issue 5: the multi-prefix attention kernel against the XLA path and dense masked attention (timings, errors)...
+# The multi-prefix attention kernel against the XLA path and dense masked attention (timings, errors)...
 section kernel_bench 240 python benchmarks/gpu_kernel_bench.py --out "$OUT/kernel_bench" --budget-s 170
 # ...and the kernel tests compiled on this GPU (needs pytest, hypothesis and parse_jax's dependencies).
 section kernel_tests 90 python -m pytest -q -p no:cacheprovider tests/pallas_kernels/test_kernels.py -k compiled -rs
-# Issue 8: Qwen3-8B-shaped target / Qwen3-0.6B-shaped draft (random bf16 weights): verification pass vs prefill vs
+# Qwen3-8B-shaped target / Qwen3-0.6B-shaped draft (random bf16 weights): verification pass vs prefill vs
 # decode step, the numbers that predict PARSE's speed-up on this GPU (rows are written as they finish).
 section model_cost 120 python benchmarks/gpu_model_cost.py --out "$OUT/model_cost" --batches 1,16 --draft-lens 512 --ks 16 --repeats 3 --passes 2 --budget-s 80
 

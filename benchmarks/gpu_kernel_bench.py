@@ -1,4 +1,4 @@
-"""The GPU kernel against the XLA path and dense masked attention, at Qwen3-8B head shapes (issue 5).
+"""The GPU kernel against the XLA path and dense masked attention, at Qwen3-8B head shapes.
 
 Per case (cache C, draft D, K suffix copies of 16 tokens, one request): the fraction of non-empty tiles,
 the kernel's time against the same kernel doing every tile ("dense work"), against the XLA path with the same
@@ -77,8 +77,8 @@ SMOKE_HEADS = Heads(4, 2, 64, "float32")
 
 
 def packed_metadata(case: Case) -> tuple[np.ndarray, np.ndarray]:
-    """limit, group [T] of DESIGN §2 for evenly spaced boundaries (the last is the whole draft); the same
-    arrays as `parse_jax.verify.layout.pack` (a test checks it) without importing parse_jax's dependencies.
+    """limit, group [T] of docs/design.md §2 for evenly spaced boundaries (the last is the whole draft); the same
+    arrays as `tests/verify/layout_reference.py: pack` (a test checks it) without importing parse_jax's dependencies.
     K = 0 is a plain causal block (draft = 1: one decode step over the cache)."""
     if case.k == 0:
         return np.arange(1, case.draft + 1, dtype=np.int32), np.zeros(case.draft, np.int32)
@@ -229,7 +229,7 @@ def markdown(report: dict) -> str:
     if report.get("tuning"):
         lines += ["", "Block configurations tried (case " + str(report["tune_case"]) + "):", ""]
         lines += [f"- {r}" for r in report["tuning"]]
-    lines += ["", "Targets (issue 5): ratio/tiles <= 1.3 (time in proportion to the non-empty tiles); "
+    lines += ["", "Targets: ratio/tiles <= 1.3 (time in proportion to the non-empty tiles); "
               ">= 2x vs the dense masked baseline at K >= 16; max err <= 2e-2 (bf16). The bf16 reference rounds "
               "its probabilities to bf16 too: the float32 columns show how far each is from the exact answer.", ""]
     return "\n".join(lines)

@@ -5,7 +5,7 @@ intermediate 12288, vocab 151936, qk_norm, bfloat16) and a Qwen3-0.6B-shaped dra
 heads, intermediate 3072, tied embeddings). For each batch size, draft length D and prefix count K it times, on the
 target, after a 512-token cached context:
 
-  verify   one pass over the packed block: D draft tokens + K copies of a 16-token suffix (DESIGN §2 layout,
+  verify   one pass over the packed block: D draft tokens + K copies of a 16-token suffix (docs/design.md §2 layout,
            prefixes spread evenly), judge logits read at the K copy ends and next-token logits at the K boundaries;
   prefill  a plain causal pass over the same D draft tokens (the cost of reading the draft with no verification);
   decode   one target decode step (one token per row); and one draft decode step.
@@ -37,13 +37,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from host_reference import pack, pad_blocks  # benchmarks/ is on sys.path when run as a script
 
 from parse_jax.harness.provenance import provenance
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.models.model import Model, init_params
 from parse_jax.runtime.programs import forward_fn
-from parse_jax.verify.layout import pack, pad_blocks
 
 TARGET = ModelConfig(architecture="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                      num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, qk_norm=True, rope_theta=1e6,

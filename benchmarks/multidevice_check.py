@@ -25,12 +25,12 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from host_reference import pack, sharded_verify_pass, verify_pass  # benchmarks/ is on sys.path as a script
 
 from parse_jax.distributed.args import add_distributed_args
 from parse_jax.distributed.mesh import make_mesh
 from parse_jax.distributed.multihost import initialize_from_args, is_writer
 from parse_jax.distributed.sharded import shard_model
-from parse_jax.distributed.verify import sharded_verify_pass
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.harness.provenance import provenance
 from parse_jax.models.config import ModelConfig
@@ -38,8 +38,6 @@ from parse_jax.models.model import Model, init_params
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.runtime.programs import bucket, to_host
 from parse_jax.tasks import TOKENIZER_DIR
-from parse_jax.verify.layout import pack
-from parse_jax.verify.scoring import verify_pass
 
 
 def meshes(n: int, kv_heads: int) -> list[tuple[int, int]]:

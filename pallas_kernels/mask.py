@@ -2,7 +2,7 @@
 
 Query i of row b sees every context slot s < lengths[b], and the block token j = s - lengths[b] when
 `(group[j] == 0 and j < limit[i]) or (group[j] == group[i] != 0 and j <= i)`. Padding has group
-`parse_jax.verify.layout.PAD_GROUP` (-1): neither clause matches it for a real query (group >= 0); a padding query
+`parse_jax.verify.block.PAD_GROUP` (-1): neither clause matches it for a real query (group >= 0); a padding query
 may see earlier padding keys, which changes no real query's output.
 
 `visible` is plain elementwise jnp over broadcastable arrays: the reference calls it on a dense [B, T, S]

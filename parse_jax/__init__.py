@@ -10,11 +10,9 @@ import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from parse_jax.errors import CheckpointError, ConfigError, InputError, ParseJaxError
+from parse_jax.utils.version import package_version
 
-try:
-    __version__ = importlib.metadata.version("parse-jax")  # one source of truth: pyproject.toml
-except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+__version__ = package_version()
 
 # public name -> the module that defines it
 _LAZY = {

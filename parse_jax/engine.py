@@ -1,74 +1,55 @@
 """ParseEngine: one target/draft pair (and optionally the target's EAGLE-3 head), every generation mode over it.
 
-The modes live in `parse_jax/modes/`, one module each, looked up in `MODE_RUNNERS`; the engine validates a request
-once (prompts, sampling, budget, cache and position limits, before anything is allocated), and assembles every
-mode's result and statistics in one place (`result`). See docs/design.md for the module map.
+The modes live in `parse_jax/modes/`, one module each, described by `parse_jax.modes.table.MODE_TABLE`; the engine
+validates a request once (prompts, sampling, budget, cache and position limits, before anything is allocated), and
+runs it as `spec.runner(self.context, request)` over the typed `ModeContext` it built once. See docs/design.md §4
+for the module map.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
 from parse_jax.distributed.sharded import replicate, shard_model
-from parse_jax.distributed.verify import sharded_verify_pass
+from parse_jax.distributed.verify import sharded_score_prefixes
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.models.vocab import align_vocab
-from parse_jax.modes import eagle3 as eagle3_mode
-from parse_jax.modes import parse as parse_mode
-from parse_jax.modes import sd as sd_mode
-from parse_jax.modes import sequential as sequential_mode
-from parse_jax.modes import target as target_mode
-from parse_jax.runtime.programs import FETCHES, bucket, compiled_programs
+from parse_jax.modes.context import ModeContext
+from parse_jax.modes.table import MODE_TABLE
+from parse_jax.runtime.programs import FETCHES, compiled_programs, length_bucket
 from parse_jax.runtime.requests import (
     GenerateResult,
-    GenerationStats,
     Request,
     SamplingParams,
     encode_prompts,
+    merge_results,
     resolve_eos,
 )
+from parse_jax.runtime.slots import serve_request
+from parse_jax.schedule.auto import ScheduleChoice, ScheduleState, choose
+from parse_jax.schedule.costs import PassCosts
+from parse_jax.schedule.policy import Knobs, Workload
+from parse_jax.schedule.profile import pass_costs
 from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings  # noqa: F401  (re-exported)
 from parse_jax.speculation.draft_model import check_pair
 from parse_jax.speculation.eagle3 import Eagle3, check_tree
 from parse_jax.tasks import JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
-from parse_jax.utils.validation import check_choice, check_int
-from parse_jax.verify.layout import (
+from parse_jax.utils.validation import check_boundaries, check_choice, check_int
+from parse_jax.verify.host_segment import (
     cap_boundaries,
-    check_boundaries,
     hybrid_from_boundaries,
-    pack,
     stride_boundaries,
     text_delimiter_boundaries,
 )
 from parse_jax.verify.round import Judge, RoundSpec
-from parse_jax.verify.scoring import judge_ids, verify_pass
+from parse_jax.verify.scoring import judge_ids, score_prefixes
 from parse_jax.verify.segment import DelimiterTable
-
-# mode -> (runner, the positions a request needs in the target and in the draft past its prompt, given the engine
-# and max_new_tokens: what the mode's passes write beyond the last token they may emit)
-MODE_RUNNERS: dict[str, tuple[Callable, Callable, Callable]] = {
-    "target": (target_mode.run, lambda eng, n: n, lambda eng, n: 0),
-    "sd": (sd_mode.run, lambda eng, n: n + eng.config.speculation.gamma + 1,
-           lambda eng, n: n + eng.config.speculation.gamma + 1),
-    "eagle3": (eagle3_mode.run, lambda eng, n: n + eng.config.eagle3.gamma + eng.config.eagle3.tree + 1,
-               lambda eng, n: 0),
-    "sequential": (sequential_mode.run_sequential, lambda eng, n: n + len(eng.suffix_ids) + 1,
-                   lambda eng, n: min(n, eng.config.max_draft_tokens)),
-    "parse": (lambda eng, req: (parse_mode.run_multi(eng, req) if eng.config.rounds == "multi"
-                                else parse_mode.run_single(eng, req)),
-              lambda eng, n: n + len(eng.suffix_ids) + 1,
-              lambda eng, n: n + 1 if eng.config.rounds == "multi" else min(n, eng.config.max_draft_tokens)),
-    "parse+eagle3": (lambda eng, req: parse_mode.run_single(eng, req, eagle=True),
-                     lambda eng, n: n + len(eng.suffix_ids) + eng.config.eagle3.gamma + eng.config.eagle3.tree + 1,
-                     lambda eng, n: min(n, eng.config.max_draft_tokens)),
-}
-DRAFT_MODES = ("sd", "sequential", "parse", "parse+eagle3")
 
 
 def chat_suffix(tokenizer, question: str) -> list[int]:
@@ -114,7 +95,6 @@ class ParseEngine:
         if eagle3 is not None and target.mesh is not None:  # the head runs beside the sharded target: replicate it
             eagle3 = dataclasses.replace(eagle3, params=replicate(eagle3.params, target.mesh))
         self.target, self.draft, self.eagle3 = target, draft, eagle3
-        self._verify = sharded_verify_pass if target.mesh is not None else verify_pass
         tok = target.tokenizer
         if tok is None:
             raise ConfigError("the target has no tokenizer: the suffix and judge words cannot be encoded")
@@ -141,6 +121,11 @@ class ParseEngine:
                            table=jnp.asarray(table))
         self.round_spec = RoundSpec(cfg.segmenter, cfg.max_prefixes, cfg.stride, cfg.min_segment, cfg.max_segment,
                                     cfg.policy)
+        self.context = ModeContext(target=target, draft=draft, head=eagle3, config=cfg, judge=self.judge,
+                                   round_spec=self.round_spec, suffix_ids=tuple(self.suffix_ids),
+                                   step_end_ids=self.step_end_ids)
+        self.schedule_state = ScheduleState()  # schedule="auto": acceptance and costs measured so far
+        self._costs: PassCosts | None = None
 
     def _encode_setting(self, name: str, text: str) -> list[int]:
         """A setting's text as ids; text the tokenizer cannot write back (unknown characters, which would become an
@@ -174,16 +159,17 @@ class ParseEngine:
 
     def prefix_scores(self, context_ids: Sequence[int], draft_ids: Sequence[int],
                       boundaries: Sequence[int]) -> np.ndarray:
-        """Judge score of each prefix draft[:b_k] after the context, from ONE target pass."""
+        """Judge score of each prefix draft[:b_k] after the context, from ONE target pass (the block packed and
+        scored on the device by the code the modes run; over `data` by `shard_map` when the target is sharded)."""
         context, draft = self._ids("context_ids", context_ids), self._ids("draft_ids", draft_ids)
         bounds = check_boundaries(boundaries, len(draft))
-        c = len(context)
-        block = pack(0, context + draft, [c + b for b in bounds], self.suffix_ids)
-        self.check_block_positions(c, len(draft))
-        length = bucket(block.length)
-        cache = self.target.init_cache(1, length)
-        out = self._verify(self.target, cache, [block], self.yes_id, self.no_id, length, bucket(len(bounds), 1))
-        return out.scores[0, : len(bounds)].astype(np.float64)
+        self.check_block_positions(len(context), len(draft))
+        seqs, ends = [context + draft], [[len(context) + b for b in bounds]]
+        if self.target.mesh is not None:
+            return sharded_score_prefixes(self.target, seqs, ends, suffix=self.suffix_ids, yes_id=self.yes_id,
+                                          no_id=self.no_id, mesh=self.target.mesh)[0]
+        return score_prefixes(self.target, seqs, ends, suffix=self.suffix_ids, yes_id=self.yes_id,
+                              no_id=self.no_id)[0]
 
     def check_block_positions(self, context_len: int, draft_len: int) -> None:
         """A verification block's last position (the longest prefix's suffix copy) must be a position of the target."""
@@ -207,17 +193,60 @@ class ParseEngine:
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], mode: Mode = "parse",
                  max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, top_k: int = 0,
-                 top_p: float = 1.0, eos_ids: Sequence[int] | None = None) -> GenerateResult:
+                 top_p: float = 1.0, eos_ids: Sequence[int] | None = None, *,
+                 max_batch: int | None = None) -> GenerateResult:
         """Generate for a batch of prompts (texts, or token-id lists) with `mode`. `eos_ids`: the stop ids (default:
-        the target's config, generation config and tokenizer EOS; [] = none)."""
+        the target's config, generation config and tokenizer EOS; [] = none). `max_batch`: at most this many rows
+        at once: plain decoding keeps that many slots busy (a finished row's slot takes the next prompt), the
+        speculative modes run batches of that size. Results come back in prompt order."""
         req = self.request(prompts, mode, max_new_tokens, temperature, seed, top_k, top_p, eos_ids)
-        runner = MODE_RUNNERS[mode][0]
+        if max_batch is not None:
+            max_batch = check_int("max_batch", max_batch, 1, error=InputError)
         fetches = FETCHES[0]
-        res = runner(self, req)
+        res = self._run_batches(mode, req, max_batch)
         res.stats["mode"] = mode
         res.stats["host_transfers"] = FETCHES[0] - fetches
         res.stats["compiled_programs"] = compiled_programs()
         return res
+
+    def _run_batches(self, mode: str, req: Request, max_batch: int | None) -> GenerateResult:
+        """The request in batches of `max_batch` rows, each run with `mode` or, under `schedule="auto"`, with plain
+        decoding where that is predicted (or was measured) faster at this batch size (docs/design.md §7)."""
+        n = len(req.ids)
+        size = n if max_batch is None else min(max_batch, n)
+        parts, choices, start = [], [], 0
+        while start < n:
+            batch = dataclasses.replace(req, ids=req.ids[start:start + size])
+            choice = None
+            if self.config.schedule == "auto" and mode != "target":
+                choice = self._choose(mode, batch, explore=start + size < n)
+                choices.append(choice.as_dict())
+            run = mode if choice is None else choice.run
+            if run == "target" and start + size < n:  # plain decoding: the remaining prompts through `size` slots
+                batch = dataclasses.replace(req, ids=req.ids[start:])
+                res = serve_request(self.target, batch, max_batch=size)
+            else:
+                res = MODE_TABLE[run].runner(self.context, batch)
+            if choice is not None:
+                self.schedule_state = self.schedule_state.record(run, len(batch.ids), res.stats)
+            parts.append(res)
+            start += len(batch.ids)
+        res = parts[0] if len(parts) == 1 else merge_results(parts)
+        if choices:
+            res.stats["schedule"] = choices
+        return res
+
+    def _choose(self, mode: str, req: Request, explore: bool) -> ScheduleChoice:
+        """Plain decoding or `mode` for this batch, from the cost model and what earlier batches measured."""
+        if self._costs is None:
+            self._costs = pass_costs(self.target, self.draft)  # a cached profile where one exists, else the roofline
+        cfg = self.config
+        knobs = Knobs(draft_tokens=cfg.max_draft_tokens, prefixes=cfg.max_prefixes, rounds=cfg.rounds,
+                      gamma=cfg.speculation.gamma, eagle3_gamma=cfg.eagle3.gamma)  # settings are kept as given
+        longest = max(len(p) for p in req.ids)
+        workload = Workload(batch=len(req.ids), cache_len=length_bucket(longest + req.max_new),
+                            suffix_tokens=len(self.suffix_ids), remaining_tokens=req.max_new)
+        return choose(self.schedule_state, self._costs, mode=mode, knobs=knobs, workload=workload, explore=explore)
 
     def request(self, prompts, mode: str, max_new_tokens, temperature, seed, top_k, top_p,
                 eos_ids) -> Request:
@@ -225,13 +254,14 @@ class ParseEngine:
         check_choice("mode", mode, MODES, error=InputError)
         max_new = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
         sampling = SamplingParams(temperature, top_k, top_p, seed)
-        if mode in DRAFT_MODES and self.draft is None:
+        spec = MODE_TABLE[mode]
+        if spec.needs_draft and self.draft is None:
             raise ConfigError(f"mode {mode!r} needs a draft model: ParseEngine(target, draft, ...)")
-        if "eagle3" in mode and self.eagle3 is None:
+        if spec.needs_head and self.eagle3 is None:
             raise ConfigError(f"mode {mode!r} needs an EAGLE-3 head for the target: pass "
                               "ParseEngine(..., eagle3=pj.load_eagle3(DIR, target)); train one with "
                               "`parse-jax train-eagle3` (the embedded pair ships one)")
-        if "eagle3" in mode:
+        if spec.needs_head:
             check_tree(self.config.eagle3.tree, sampling.temperature)
         if eos_ids is not None:
             if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, (Sequence, np.ndarray)):
@@ -246,10 +276,10 @@ class ParseEngine:
         """Every mode writes `max_new_tokens` past the prompt plus what its passes write beyond the last token it
         may emit (its draft: what it drafts): all of it must fit the models' positions, checked before any cache is
         allocated."""
-        _, target_need, draft_need = MODE_RUNNERS[mode]
-        models = [("target", self.target, target_need(self, max_new))]
-        if mode in DRAFT_MODES:
-            models.append(("draft", self.draft, draft_need(self, max_new)))
+        spec = MODE_TABLE[mode]
+        models = [("target", self.target, spec.target_positions(self.context, max_new))]
+        if spec.draft_positions is not None:
+            models.append(("draft", self.draft, spec.draft_positions(self.context, max_new)))
         for name, model, extra in models:
             limit = model.config.max_position_embeddings
             for i, p in enumerate(ids):
@@ -257,27 +287,3 @@ class ParseEngine:
                     raise InputError(f"prompt {i} has {len(p)} tokens; mode {mode} with max_new_tokens={max_new} "
                                      f"needs {len(p) + extra} positions (cache slots) in the {name}, which holds "
                                      f"{limit} (max_position_embeddings)")
-
-    def result(self, tokens: list[list[int]], seconds: float, verify_passes: int, target_passes: int,
-               rows: dict, continued: np.ndarray | None = None, continue_batch: int | None = None,
-               rounds: int | None = None) -> GenerateResult:
-        """A PARSE mode's result: texts, tokens and `GenerationStats` from its per-row device counters."""
-        n = len(tokens)
-        accepted = [int(x) for x in rows["accepted"][:n]]
-        cont_passes = target_passes - verify_passes
-        continued_n = int(np.sum(continued)) if continued is not None else None
-        stats = GenerationStats(
-            new_tokens=sum(len(t) for t in tokens), seconds=seconds, target_passes=target_passes,
-            verify_passes=verify_passes, rounds=rounds,
-            request_passes=(verify_passes * n + cont_passes * continued_n if continued_n is not None
-                            else target_passes * n),
-            draft_tokens=int(np.sum(rows["draft_len"][:n])), accepted_tokens=sum(accepted),
-            accepted_per_request=accepted, prefixes_per_request=[int(x) for x in rows["prefixes"][:n]],
-            verify_tokens=int(np.sum(rows["block_tokens"][:n])), continued_requests=continued_n,
-            continue_batch=continue_batch,
-            eagle3_accepted_tokens=(int(np.sum(rows["eagle3_accepted_tokens"][:n]))
-                                    if "eagle3_accepted_tokens" in rows else None),
-            eagle3_draft_tokens=(int(np.sum(rows["eagle3_draft_tokens"][:n]))
-                                 if "eagle3_draft_tokens" in rows else None))
-        texts = [self.target.tokenizer.decode(t) for t in tokens]
-        return GenerateResult(texts=texts, tokens=tokens, stats=stats.as_dict())

@@ -1,6 +1,10 @@
 """Typed settings of the engine: PARSE's own (`ParseConfig`), token-level speculation's (`SpecSettings`) and
 EAGLE-3's (`Eagle3Settings`), each validated where it is built (parse_jax.utils.validation), choices as Literal types.
 
+Each field says why it exists and what range it takes in its metadata (`setting(...)`); `__post_init__` checks the
+field against it and the CLI builds its flags (type, choices, help, default, range) from it, so neither keeps a copy.
+Nothing here imports jax (nor anything but the standard library, parse_jax.errors and parse_jax.utils.validation).
+
 Config files and the CLI name every setting flat (`gamma`, `eagle3_gamma`, `eagle3_tree` beside PARSE's):
 `ParseConfig.from_flat` and `ParseConfig.flat_fields` map those names onto the groups.
 """
@@ -8,65 +12,160 @@ Config files and the CLI name every setting flat (`gamma`, `eagle3_gamma`, `eagl
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from typing import Any, Literal
 
 from parse_jax.errors import ConfigError
-from parse_jax.tasks import DELIMITER, JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
 from parse_jax.utils.validation import check_choice, check_float, check_int
-from parse_jax.verify.scoring import POLICIES
-from parse_jax.verify.segment import SEGMENTERS, Segmenter
 
 Policy = Literal["earliest_error", "longest_valid"]
 Rounds = Literal["single", "multi"]
 SuffixFormat = Literal["plain", "chat"]
-ROUNDS: tuple[str, ...] = ("single", "multi")
-SUFFIX_FORMATS: tuple[str, ...] = ("plain", "chat")
+Segmenter = Literal["delimiter", "stride", "hybrid"]
 Mode = Literal["target", "sd", "sequential", "parse", "eagle3", "parse+eagle3"]
-MODES: tuple[str, ...] = ("target", "sd", "sequential", "parse", "eagle3", "parse+eagle3")
+Schedule = Literal["fixed", "auto"]
+POLICIES: tuple[str, ...] = typing.get_args(Policy)
+ROUNDS: tuple[str, ...] = typing.get_args(Rounds)
+SUFFIX_FORMATS: tuple[str, ...] = typing.get_args(SuffixFormat)
+SEGMENTERS: tuple[str, ...] = typing.get_args(Segmenter)
+MODES: tuple[str, ...] = typing.get_args(Mode)
+SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
 
+# The embedded task's verification format (parse_jax.tasks writes its texts and vocabulary with these), which
+# ParseConfig's defaults fit: a row is the problem, the steps so far (each closed by DELIMITER), VERIFY_SUFFIX, then
+# one judge word.
+DELIMITER = ";"
+VERIFY_SUFFIX = " | check"
+JUDGE_YES = "Correct"
+JUDGE_NO = "Incorrect"
+
+
+# --- field metadata: the one copy of each setting's help text and range -------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class About:
+    """What a setting field's metadata says: why it exists (the CLI's help text) and its range (None: unbounded)."""
+
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+
+def setting(default: Any, help: str, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+            hi_open: bool = False) -> Any:
+    """A dataclass field with its default, help text and range, e.g. `threshold: float = setting(0.5, "...",
+    lo=0.0, hi=1.0)`."""
+    return dataclasses.field(default=default, metadata={"about": About(help, lo, hi, lo_open, hi_open)})
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def about(cls: type, name: str) -> About:
+    """The metadata of field `name` of settings dataclass `cls` (a ConfigError if it has none)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name and "about" in f.metadata:
+            return f.metadata["about"]
+    raise ConfigError(f"{cls.__name__} has no setting {name!r}")
+
+
+def setting_type(cls: type, name: str) -> Any:
+    """The type of field `name`: int, float, str, bool, or a Literal of the choices."""
+    return _hints(cls)[name]
+
+
+def default_of(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def choices_of(cls: type, name: str) -> tuple[str, ...] | None:
+    """The choices of a Literal field, None for any other."""
+    hint = setting_type(cls, name)
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+
+
+def check_setting(cls: type, name: str, value: Any, label: str | None = None) -> Any:
+    """`value` for field `name` of `cls`, checked against the field's type and range (as an int or float: 8.0 from
+    YAML is 8); errors name `label` (default: the field's name), the value and what is allowed."""
+    label = label or name
+    kind, meta = setting_type(cls, name), about(cls, name)
+    choices = choices_of(cls, name)
+    if choices is not None:
+        return check_choice(label, value, choices)
+    if kind is int:
+        return check_int(label, value, meta.lo, meta.hi)
+    if kind is float:
+        return check_float(label, value, meta.lo, meta.hi, min_open=meta.lo_open, max_open=meta.hi_open)
+    if kind in (str, bool) and not isinstance(value, kind):
+        raise ConfigError(f"{label} must be {'a string' if kind is str else 'true or false'}, got {value!r}")
+    return value
+
+
+def check_settings(obj: Any, prefix: str = "") -> None:
+    """Every field of frozen dataclass `obj` that carries metadata, checked (and stored as checked); errors name
+    `prefix + field`."""
+    for f in dataclasses.fields(obj):
+        if "about" in f.metadata:
+            value = check_setting(type(obj), f.name, getattr(obj, f.name), prefix + f.name)
+            object.__setattr__(obj, f.name, value)
+
+
+# --- the settings ---------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class SpecSettings:
     """Token-level speculative decoding with the draft model (mode sd)."""
 
-    gamma: int = 4  # draft tokens per target pass
+    gamma: int = setting(4, "draft tokens per target pass in sd mode", lo=1, hi=64)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "gamma", check_int("gamma", self.gamma, 1, 64))
+        check_settings(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class Eagle3Settings:
     """EAGLE-3 drafting (modes eagle3 and parse+eagle3)."""
 
-    gamma: int = 5  # chain length per target pass
-    tree: int = 0   # sibling leaves per round (0: a chain); greedy only
+    gamma: int = setting(5, "EAGLE-3 chain length per target pass", lo=1, hi=64)
+    tree: int = setting(0, "EAGLE-3 sibling leaves per target pass, chosen by draft confidence (0: a chain; "
+                           "greedy only)", lo=0, hi=64)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "gamma", check_int("eagle3_gamma", self.gamma, 1, 64))
-        object.__setattr__(self, "tree", check_int("eagle3_tree", self.tree, 0, 64))
+        check_settings(self, prefix="eagle3_")
 
 
 @dataclasses.dataclass(frozen=True)
 class ParseConfig:
     """PARSE settings; the defaults fit the embedded task's verification format and pair."""
 
-    verify_suffix: str = VERIFY_SUFFIX
-    judge_yes: str = JUDGE_YES
-    judge_no: str = JUDGE_NO
-    threshold: float = 0.5          # a prefix whose judge score is below this is rejected; 1: all, 0: none
-    policy: Policy = "earliest_error"
-    segmenter: Segmenter = "delimiter"
-    delimiter: str | tuple[str, ...] = DELIMITER  # step ends, matched in the decoded text; one or several
-    stride: int = 8                 # segmenter "stride": a prefix every `stride` tokens
-    min_segment: int = 4            # segmenter "hybrid": shorter delimiter segments merge into the next
-    max_segment: int = 32           # "hybrid": longer ones split; multi round: the target writes at most this
-    max_prefixes: int = 8           # prefixes scored per pass (the full draft always among them)
-    rounds: Rounds = "multi"        # multi: the target writes one step, then the draft drafts again;
-    #                                 single: it writes the rest (mode parse; parse+eagle3 is always single)
-    max_draft_tokens: int = 64
-    suffix_format: SuffixFormat = "plain"  # chat: verify_suffix is the judge question of a user turn, rendered
-    #                                       through the target's chat template after the draft (see docs/design.md)
+    verify_suffix: str = setting(VERIFY_SUFFIX, "text after a prefix that asks the target to judge it")
+    judge_yes: str = setting(JUDGE_YES, "the judge word of a correct prefix")
+    judge_no: str = setting(JUDGE_NO, "the judge word of a wrong prefix")
+    threshold: float = setting(0.5, "judge score below which a prefix is rejected (1: all, 0: none)", lo=0.0, hi=1.0)
+    policy: Policy = setting("earliest_error", "which prefix is accepted: the one before the first rejected, or the "
+                                               "longest one accepted")
+    segmenter: Segmenter = setting("delimiter", "where the draft is cut into prefixes: at delimiters, every stride "
+                                                "tokens, or delimiters with short segments merged and long ones split")
+    delimiter: str | tuple[str, ...] = setting(DELIMITER, "step ends, matched in the decoded text; one or several")
+    stride: int = setting(8, "segmenter stride: a prefix every STRIDE tokens", lo=1, hi=4096)
+    min_segment: int = setting(4, "segmenter hybrid: shorter delimiter segments merge into the next", lo=1, hi=4096)
+    max_segment: int = setting(32, "segmenter hybrid: longer segments split; multi round: the target writes at most "
+                                   "this many tokens a round", lo=1, hi=4096)
+    max_prefixes: int = setting(8, "prefixes verified per pass (K; the full draft always among them)", lo=1, hi=256)
+    rounds: Rounds = setting("multi", "multi: the target writes one step, then the draft drafts again; single: it "
+                                      "writes the rest (mode parse; parse+eagle3 is always single)")
+    max_draft_tokens: int = setting(64, "tokens the draft writes per round", lo=1, hi=4096)
+    suffix_format: SuffixFormat = setting("plain", "chat: verify_suffix is the judge question of a user turn, "
+                                                   "rendered through the target's chat template after the draft "
+                                                   "(docs/design.md)")
+    schedule: Schedule = setting("fixed", "auto: before each batch, run plain decoding where the cost model (and "
+                                          "what earlier batches measured) says speculation would be slower; fixed: "
+                                          "always speculate as configured (docs/design.md §7)")
     speculation: SpecSettings = SpecSettings()
     eagle3: Eagle3Settings = Eagle3Settings()
 
@@ -75,26 +174,14 @@ class ParseConfig:
         return (self.delimiter,) if isinstance(self.delimiter, str) else tuple(self.delimiter)
 
     def __post_init__(self) -> None:
-        check_choice("policy", self.policy, POLICIES)
-        check_choice("segmenter", self.segmenter, SEGMENTERS)
-        check_choice("rounds", self.rounds, ROUNDS)
-        fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731  (frozen)
-        fix("threshold", check_float("threshold", self.threshold, 0.0, 1.0))
-        for name, top in (("stride", 4096), ("min_segment", 4096), ("max_segment", 4096), ("max_prefixes", 256),
-                          ("max_draft_tokens", 4096)):
-            fix(name, check_int(name, getattr(self, name), 1, top))
+        check_settings(self)
         if self.min_segment > self.max_segment:
             raise ConfigError(f"min_segment ({self.min_segment}) > max_segment ({self.max_segment})")
-        for name in ("verify_suffix", "judge_yes", "judge_no"):
-            value = getattr(self, name)
-            if not isinstance(value, str):
-                raise ConfigError(f"{name} must be a string, got {value!r}")
         delims = (self.delimiter,) if isinstance(self.delimiter, str) else self.delimiter
         if not isinstance(delims, (tuple, list)) or not delims or not all(isinstance(d, str) and d for d in delims):
             raise ConfigError(f"delimiter must be a non-empty string or a list of them, got {self.delimiter!r}")
         if not isinstance(self.delimiter, str):
-            fix("delimiter", tuple(self.delimiter))
-        check_choice("suffix_format", self.suffix_format, SUFFIX_FORMATS)
+            object.__setattr__(self, "delimiter", tuple(self.delimiter))  # frozen
         if not self.verify_suffix:
             raise ConfigError("verify_suffix is empty")
         if not isinstance(self.speculation, SpecSettings) or not isinstance(self.eagle3, Eagle3Settings):
@@ -104,6 +191,17 @@ class ParseConfig:
 
     FLAT_GROUPS = {"gamma": ("speculation", "gamma"), "eagle3_gamma": ("eagle3", "gamma"),
                    "eagle3_tree": ("eagle3", "tree")}
+
+    @classmethod
+    def flat_setting(cls, key: str) -> tuple[type, str]:
+        """(settings class, field name) of a flat setting name: ("gamma" -> SpecSettings.gamma); a ConfigError for
+        an unknown name."""
+        if key in cls.FLAT_GROUPS:
+            group, field = cls.FLAT_GROUPS[key]
+            return setting_type(cls, group), field
+        if key in cls.flat_fields():
+            return cls, key
+        raise ConfigError(f"unknown PARSE setting {key!r}; the settings are: {', '.join(cls.flat_fields())}")
 
     @classmethod
     def flat_fields(cls) -> dict[str, Any]:

@@ -1,8 +1,11 @@
 """Session-wide test settings.
 
-The CLI keeps a persistent compile cache in the user's cache folder by default. Tests never touch it: the
-environment turns the cache off for every in-process `main()` call and every CLI subprocess a test starts; the tests
-of the cache itself (`tests/utils/test_compile_cache.py`) point it at a temporary folder of their own."""
+Compiled programs are shared across the whole test session, its xdist workers and every CLI subprocess a test starts:
+the session keeps JAX's persistent compilation cache in a folder of its own (`PARSE_JAX_TEST_COMPILE_CACHE`, default
+`~/.cache/parse-jax/tests-jax`; `0` turns it off), never the user's CLI cache. JAX keys each entry by the program,
+the versions, the backend and the flags, so a test never runs a program other than the one it built; a second run
+of the suite loads what the first compiled. The tests of the cache itself (`tests/utils/test_compile_cache.py`) point
+it at a temporary folder of their own."""
 
 import os
 from collections.abc import Callable
@@ -10,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-os.environ["PARSE_JAX_COMPILE_CACHE"] = "0"
+from parse_jax.utils import compile_cache
+
+_TEST_CACHE = os.environ.get("PARSE_JAX_TEST_COMPILE_CACHE", "").strip() or str(
+    Path.home() / ".cache" / "parse-jax" / "tests-jax")
+if _TEST_CACHE.lower() in compile_cache.OFF_VALUES:
+    os.environ[compile_cache.ENV_VAR] = "0"
+else:
+    os.environ[compile_cache.ENV_VAR] = _TEST_CACHE  # CLI subprocesses and in-process main() calls
+    compile_cache.enable(_TEST_CACHE)  # library calls in this process
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ def _inside(function: str, file_suffix: str) -> bool:
 
 
 @contextlib.contextmanager
-def host_reads(allowed_in: tuple[str, str] = ("fetch", "parse_jax/programs.py")) -> Iterator[list[str]]:
+def host_reads(allowed_in: tuple[str, str] = ("fetch", "parse_jax/runtime/programs.py")) -> Iterator[list[str]]:
     """Yield a list that fills with one entry (the reading function's name and line) per host read of a device array
     made outside `allowed_in` (function name, file suffix): by default outside `programs.fetch`, the one transfer
     a generation is allowed."""

@@ -1,6 +1,7 @@
 """The host-orchestrated PARSE of earlier versions, kept as the reference the fused device programs
-(parse_jax/modes/) are tested against: numpy segmentation and packing (parse_jax/layout.py), one jitted program per
-phase (draft, verification pass, continuation) with host steps between them. Greedy outputs must agree token for
+(parse_jax/modes/) are tested against: numpy segmentation and packing (parse_jax/verify/host_segment.py,
+tests/verify/layout_reference.py), one jitted program per phase (draft, verification pass, continuation) with host
+steps between them. Greedy outputs must agree token for
 token. It reads an engine's models and settings (`ReferenceParse(engine)`)."""
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from parse_jax.errors import InputError
 from parse_jax.runtime.decode import continue_program, generate
 from parse_jax.runtime.programs import bucket, length_bucket, take_rows, to_host
 from parse_jax.runtime.requests import GenerateResult, SamplingParams, encode_prompts, resolve_eos
-from parse_jax.runtime.sampling import prng_key
+from parse_jax.speculation.eagle3 import EagleContext, EagleLoop
 from parse_jax.speculation.eagle3 import continue_program as eagle3_continue_program
-from parse_jax.verify.layout import check_boundaries, pack
-from parse_jax.verify.scoring import accept, verify_pass
+from parse_jax.utils.validation import check_boundaries
+from parse_jax.verify.scoring import accept
 from parse_jax.verify.scoring import passes as clears_threshold
+from tests.verify.layout_reference import pack, verify_pass
 
 
 class _FlatConfig:
@@ -100,7 +102,6 @@ class ReferenceParse:
         remaining = np.array([0 if done_in_draft[i] else max(0, max_new - accepted_b[i]) for i in range(len(ids))]
                              + [0] * (cache.batch - len(ids)), np.int32)
         t0 = time.perf_counter()
-        temperature, top_p = sampling.loop_args()
         num_new = bucket(max_new, 16)
         cont, cont_n = np.zeros((cache.batch, num_new), np.int32), np.zeros(cache.batch, np.int32)
         cont_passes, extra = 0, {}
@@ -116,20 +117,20 @@ class ReferenceParse:
                 ctx = take_rows(ctx, rows)  # otherwise rows is every row, in order
             if eagle:
                 head = self.eagle3
-                program = eagle3_continue_program(self.target.config, head.config, self.target.attention_impl,
-                                                  self.config.eagle3_gamma, num_new, sampling.greedy,
-                                                  sampling.top_k, self.config.eagle3_tree)
+                loop = EagleLoop(config=head.config, gamma=self.config.eagle3_gamma, num_new=num_new,
+                                 tree=self.config.eagle3_tree)
+                program = eagle3_continue_program(self.target.config, self.target.attention_impl, loop,
+                                                  sampling.sampler)
                 c_cache, c_logits, c_tokens, c_feats = ctx
-                toks, n_new, rounds, acc, prop = program(self.target.params, head.params, c_cache, c_logits, c_tokens,
-                                                         c_feats, c_cache.lengths, rem, eos, temperature, top_p,
-                                                         prng_key(sampling.seed + 1))
+                start = EagleContext(tokens=c_tokens, features=c_feats, length=c_cache.lengths, first_logits=c_logits)
+                toks, n_new, rounds, acc, prop = program(self.target.params, head.params, c_cache, start, rem, eos,
+                                                         sampling.args(seed_offset=1))
                 toks, n_new, cont_passes = to_host(toks), to_host(n_new), int(rounds)
                 extra = {"eagle3_accepted_tokens": int(to_host(acc)[rem > 0].sum()),
                          "eagle3_draft_tokens": int(to_host(prop)[rem > 0].sum())}
             else:
-                program = continue_program(self.target.config, self.target.attention_impl, num_new,
-                                           sampling.greedy, sampling.top_k)
-                state = program(self.target.params, *ctx, rem, eos, temperature, top_p, prng_key(sampling.seed + 1))
+                program = continue_program(self.target.config, self.target.attention_impl, num_new, sampling.sampler)
+                state = program(self.target.params, *ctx, rem, eos, sampling.args(seed_offset=1))
                 toks, n_new = to_host(state.tokens), to_host(state.num_new)
                 cont_passes = int(state.step) - 1  # the first continuation token comes from verification
             live = rem > 0
@@ -271,8 +272,7 @@ class ReferenceParse:
         stats = {"target_passes": 1, "verify_passes": 0, "draft_tokens": 0, "accepted_tokens": 0, "rounds": 0,
                  "verify_tokens": 0, "seconds_draft": 0.0, "seconds_verify": 0.0, "seconds_continue": 0.0}
         seg_budget = bucket(cfg.max_segment, 16)
-        program = continue_program(self.target.config, self.target.attention_impl, seg_budget, sampling.greedy,
-                                   sampling.top_k)
+        program = continue_program(self.target.config, self.target.attention_impl, seg_budget, sampling.sampler)
         while not all(done):
             stats["rounds"] += 1
             active = [i for i in range(n) if not done[i]]
@@ -317,8 +317,8 @@ class ReferenceParse:
             if not remaining.any():
                 break
             t0 = time.perf_counter()
-            state = program(self.target.params, cache, first_logits, remaining, seg_stop, *sampling.loop_args(),
-                            prng_key(sampling.seed + stats["rounds"]))
+            state = program(self.target.params, cache, first_logits, remaining, seg_stop,
+                            sampling.args(seed_offset=stats["rounds"]))
             cont, cont_n = to_host(state.tokens), to_host(state.num_new)
             stats["seconds_continue"] += time.perf_counter() - t0
             stats["target_passes"] += int(state.step) - 1

@@ -1,4 +1,4 @@
-"""Bad input through the Python API (issue 17): each entry point refuses with a parse-jax error naming the field and
+"""Bad input through the Python API: each entry point refuses with a parse-jax error naming the field and
 the value (never a truncated float, a silent clamp or a deep traceback), before any work or allocation."""
 
 import math
@@ -11,7 +11,7 @@ from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError, ParseJaxError
 from parse_jax.harness.bench import run_bench
 from parse_jax.harness.eval.evaluate import evaluate
-from parse_jax.harness.runs import mode_runner
+from parse_jax.harness.runs import RunSettings, mode_runner
 from parse_jax.harness.sweep import calibrate, run_sweep, sweep_configs
 from parse_jax.tasks import load_task
 from parse_jax.train.eagle3 import Eagle3Spec
@@ -26,14 +26,20 @@ def _engine(**kw):
     return ParseEngine(TARGET, DRAFT, ParseConfig(**{"max_draft_tokens": 8, **kw}))
 
 
+def _settings(**kw):
+    return RunSettings(**{"n": 2, "max_new_tokens": 4, "batch_size": 2, "repeats": 1, "progress": False, **kw})
+
+
 def _bench(**kw):
-    return run_bench(_engine(), TASK, **{"n": 2, "modes": ["target"], "max_new_tokens": 4, "batch_size": 2,
-                                         "repeats": 1, "progress": False, "log": lambda s: None, **kw})
+    return run_bench(_engine(), TASK, _settings(**kw), modes=["target"], log=lambda s: None)
 
 
 def _sweep(**kw):
-    return run_sweep(TARGET, DRAFT, ParseConfig(), TASK, "threshold", ["0.5"],
-                     **{"n": 2, "max_new_tokens": 4, "batch_size": 2, "repeats": 1, "progress": False, **kw})
+    return run_sweep(ParseEngine(TARGET, DRAFT, ParseConfig()), TASK, "threshold", ["0.5"], _settings(**kw))
+
+
+def _calibrate(**kw):
+    return calibrate(ParseEngine(TARGET, DRAFT, ParseConfig()), TASK, **kw)
 
 
 def _eval(**kw):
@@ -56,10 +62,9 @@ CASES = [
     (lambda: _sweep(repeats=2.5), InputError, "repeats must be an integer, got 2.5"),
     (lambda: sweep_configs(ParseConfig(), "threshold", ["0.5", "1.5"]), InputError, "threshold must lie in [0, 1]"),
     (lambda: sweep_configs(ParseConfig(), "max_prefixes", ["2.5"]), InputError, "must be numbers, got '2.5'"),
-    (lambda: calibrate(TARGET, DRAFT, ParseConfig(), TASK, tolerance=1.5), InputError, "tolerance must lie in [0, 1)"),
-    (lambda: calibrate(TARGET, DRAFT, ParseConfig(), TASK, tolerance=math.nan), InputError, "tolerance must be a "
-                                                                                            "finite number"),
-    (lambda: calibrate(TARGET, DRAFT, ParseConfig(), TASK, thresholds=[0.5, 7.0]), ConfigError,
+    (lambda: _calibrate(tolerance=1.5), InputError, "tolerance must lie in [0, 1)"),
+    (lambda: _calibrate(tolerance=math.nan), InputError, "tolerance must be a finite number"),
+    (lambda: _calibrate(thresholds=[0.5, 7.0]), ConfigError,
      "threshold must lie in [0, 1], got 7"),
     (lambda: _eval(batch_size=0), InputError, "batch_size must be >= 1, got 0"),
     (lambda: _eval(max_new_tokens=2.5), InputError, "max_new_tokens must be an integer, got 2.5"),
@@ -104,7 +109,7 @@ def test_train_out_as_a_file_is_refused(tmp_path):
     assert blocker.read_text() == "x"
 
 
-# Engine-level cases of issue 17 (parse_jax/engine.py, decode.py, verify.py): the engine's own validation.
+# Engine-level cases (parse_jax/engine.py, runtime/decode.py, verify/): the engine's own validation.
 ENGINE_CASES = [
     (lambda: ParseConfig(threshold=-1), "threshold"),
     (lambda: ParseConfig(threshold=5.0), "threshold"),

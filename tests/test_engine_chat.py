@@ -13,7 +13,7 @@ import pytest
 import parse_jax as pj
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError
-from parse_jax.verify.layout import delimiter_boundaries
+from parse_jax.verify.host_segment import delimiter_boundaries
 from tests.models.hf_tiny import hf_logits, make_tiny_hf, step_corpus
 
 QUESTION = "Is every step so far correct?"

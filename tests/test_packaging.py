@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.subprocess  # its module fixture runs the checks in a subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,7 +32,7 @@ def wheel(tmp_path_factory) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for name in ("parse_jax", "pallas_kernels"):
+    for name in ("parse_jax", "pallas_kernels", "configs"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", ".",
           "-w", str(tmp / "dist")], cwd=src)
@@ -42,8 +44,8 @@ def test_wheel_ships_configs_and_declares_its_needs(wheel) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    for config in ("pair_default.yaml", "mesh_data2_model4.yaml", "mesh_model_all.yaml"):
-        assert f"parse_jax/configs/{config}" in names
+    for config in ("pair_default.yaml", "mesh_data2_model4.yaml", "mesh_model_all.yaml", "parse/qwen3_chat.yaml"):
+        assert f"parse_jax/configs/{config}" in names  # the repository's top-level configs/, inside the package
     assert "parse_jax/assets/tokenizer/tokenizer.json" in names
     assert "Requires-Python: >=3.11" in meta
     requires = [line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Requires-Dist: ")]
@@ -71,3 +73,18 @@ def test_installed_wheel_trains_from_another_folder(wheel, tmp_path) -> None:
          cwd=elsewhere, env=env, timeout=1500)
     assert (run / "target" / "parse_jax_config.json").is_file() and (run / "draft" / "parse_jax_config.json").is_file()
     assert not any(elsewhere.iterdir())  # nothing written relative to the working folder
+    named = ("from parse_jax.cli import build_parser\nfrom parse_jax.cli.setup import parse_config_fields\n"
+             "args = build_parser().parse_args(['generate', '--parse-config', 'qwen3_chat', 'x'])\n"
+             "print(parse_config_fields(args)['suffix_format'])")
+    assert _run([str(python), "-c", named], cwd=elsewhere, env=env).stdout.strip() == "chat"
+
+
+def test_the_package_list_names_every_package_on_disk() -> None:
+    """pyproject.toml lists the packages explicitly (configs/ is mapped into parse_jax/configs/): a new folder of
+    modules must be listed there too, or the wheel would ship without it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for root in ("parse_jax", "pallas_kernels")
+               for p in (ROOT / root).rglob("__init__.py")}
+    assert listed == on_disk | {"parse_jax.configs"}

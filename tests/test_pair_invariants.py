@@ -79,6 +79,7 @@ json.dump(out, open(sys.argv[1], "w"))
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_sharded_target_equals_the_single_device_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}

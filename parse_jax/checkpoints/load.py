@@ -44,9 +44,9 @@ def load_model(path: str | Path, step: int | None = None, params_path: str | Non
     if not path.is_dir():
         raise CheckpointError(f"model path must be a folder, got a file: {path}")
     if checkpoint_manager.locate(path, step) is not None:
-        return checkpoint_manager.load_run(path, step, params_path, config_from, mesh=mesh, dtype=dtype,
-                                           check_finite=check_finite, attention_impl=attention_impl,
-                                           fallback_replicated=fallback_replicated)
+        return checkpoint_manager.load_run(path, checkpoint_manager.RunStep(step, params_path, config_from),
+                                           mesh=mesh, dtype=dtype, check_finite=check_finite,
+                                           attention_impl=attention_impl, fallback_replicated=fallback_replicated)
     given = [name for name, value in (("step", step), ("params_path", params_path), ("config_from", config_from))
              if value is not None]
     if given and ((path / CONFIG_FILE).is_file() or (path / "config.json").is_file()):
@@ -94,9 +94,9 @@ def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = Non
     `hf_import.load_hf_sharded`). `rules` default: `fitting_rules(config, mesh, fallback_replicated)`."""
     path = Path(path).absolute()
     if checkpoint_manager.locate(path, step) is not None:
-        return checkpoint_manager.load_run(path, step, params_path, config_from, mesh=mesh, rules=rules,
-                                           fallback_replicated=fallback_replicated, dtype=dtype,
-                                           check_finite=check_finite, attention_impl=attention_impl)
+        return checkpoint_manager.load_run(path, checkpoint_manager.RunStep(step, params_path, config_from),
+                                           mesh=mesh, rules=rules, fallback_replicated=fallback_replicated,
+                                           dtype=dtype, check_finite=check_finite, attention_impl=attention_impl)
     if not (path / CONFIG_FILE).is_file() and (path / "config.json").is_file():
         from parse_jax.checkpoints.hf import load_hf_sharded
 

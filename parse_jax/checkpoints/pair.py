@@ -10,7 +10,7 @@ from parse_jax.errors import CheckpointError
 from parse_jax.models.model import Model
 from parse_jax.speculation.eagle3 import load_eagle3
 
-PAIR_DIR = Path(__file__).resolve().parent / "assets" / "pair"
+PAIR_DIR = Path(__file__).resolve().parents[1] / "assets" / "pair"
 EAGLE3_DIR = "eagle3"
 
 

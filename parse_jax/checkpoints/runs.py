@@ -20,6 +20,7 @@ each device reads only its own slices (as `load_sharded` does for a parse-jax ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import operator
 from pathlib import Path
@@ -324,13 +325,24 @@ def run_config(manager: Path, config_from: Any) -> tuple[ModelConfig, Tokenizer 
 # ------------------------------------------------------------------------------------------------ loading
 
 
-def load_run(path: str | Path, step: int | None = None, params_path: str | None = None,
-             config_from: str | Path | ModelConfig | Model | None = None, *, mesh: Any = None, rules: Any = None,
+@dataclasses.dataclass(frozen=True)
+class RunStep:
+    """Which params of a run `load_run` reads: the step (default: the latest finished one), the params sub-tree
+    (default: found from the tree metadata) and where the config and tokenizer come from (a HF or parse-jax
+    folder, a `ModelConfig`, or a `Model` whose config and tokenizer to take; default: the run folder)."""
+
+    step: int | None = None
+    params_path: str | None = None
+    config_from: str | Path | ModelConfig | Model | None = None
+
+
+def load_run(path: str | Path, which: RunStep = RunStep(), *, mesh: Any = None, rules: Any = None,
              fallback_replicated: bool = False, dtype: str | None = None, check_finite: bool = True,
              attention_impl: str = "xla") -> Model:
     """One step of a CheckpointManager folder as a `Model` (a `ShardedModel` on `mesh`); see the module doc.
 
     The model's `loaded_from` attribute says what was read: {"path", "step", "params_path"}."""
+    step, params_path, config_from = which.step, which.params_path, which.config_from
     found = locate(Path(path), step)
     if found is None:
         raise CheckpointError(f"{path} is not an Orbax CheckpointManager folder (no step subfolders)")

@@ -80,7 +80,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from parse_jax.engine import ParseEngine
     from parse_jax.harness.bench import run_bench, write_bench
-    from parse_jax.harness.runs import check_modes, write_json
+    from parse_jax.harness.runs import RunSettings, check_modes, write_json
     from parse_jax.utils.atomic import check_file_writable, check_writable
 
     no_rounds(args)
@@ -96,10 +96,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target, draft = models_from_args(args, need_draft=True)
     task = run_task(args, target)
     eng = ParseEngine(target, draft, cfg)
-    res = run_bench(eng, task, n=args.n, modes=modes, max_new_tokens=args.max_new_tokens,
-                    batch_size=args.batch_size, repeats=args.repeats, seed=args.seed,
-                    progress=not args.no_progress, models=model_desc(args), skip_unavailable="all" in names,
-                    eos_ids=eos_ids_from_args(args, target))
+    settings = RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                           repeats=args.repeats, seed=args.seed, eos_ids=eos_ids_from_args(args, target),
+                           progress=not args.no_progress)
+    res = run_bench(eng, task, settings, modes=modes, models=model_desc(args), skip_unavailable="all" in names)
     res["command"] = command_line(args)
     from parse_jax.utils import compile_cache
 
@@ -116,6 +116,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from parse_jax.engine import ParseEngine
+    from parse_jax.harness.runs import RunSettings
     from parse_jax.harness.sweep import run_sweep, sweep_configs, sweep_table, write_sweep
     from parse_jax.utils.atomic import check_writable
 
@@ -127,9 +129,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     run_task(args)
     target, draft = models_from_args(args, need_draft=True)
     task = run_task(args, target)
-    res = run_sweep(target, draft, base, task, args.param, values, n=args.n, mode=args.mode,
-                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, repeats=args.repeats,
-                    seed=args.seed, progress=not args.no_progress, models=model_desc(args))
+    settings = RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                           repeats=args.repeats, seed=args.seed, progress=not args.no_progress)
+    res = run_sweep(ParseEngine(target, draft, base), task, args.param, values, settings, mode=args.mode,
+                    models=model_desc(args))
     res["command"] = command_line(args)
     if not writes_results():
         return 0
@@ -141,6 +144,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from parse_jax.engine import ParseEngine
+    from parse_jax.harness.runs import RunSettings
     from parse_jax.harness.sweep import calibrate, write_sweep
     from parse_jax.utils.atomic import check_writable
 
@@ -161,10 +166,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     run_task(args)
     target, draft = models_from_args(args, need_draft=True)
     task = run_task(args, target)
-    res = calibrate(target, draft, cfg, task, tolerance=args.tolerance,
-                    thresholds=thresholds, n=args.n, mode=args.mode, seed=args.seed,
-                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, repeats=args.repeats,
-                    progress=not args.no_progress, models=model_desc(args))
+    settings = RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                           repeats=args.repeats, seed=args.seed, progress=not args.no_progress)
+    res = calibrate(ParseEngine(target, draft, cfg), task, settings, tolerance=args.tolerance,
+                    thresholds=thresholds, mode=args.mode, models=model_desc(args))
     res["command"] = command_line(args)
     if not writes_results():
         return 0

@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "parse-jax"
     try:
         try:
-            args = build_parser().parse_args(argv)
+            parser = build_parser()
+            args = parser.parse_args(argv)
         except SystemExit as e:  # --help, --version, or a usage error (already printed as one line)
             return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
         args.argv = argv
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         progress.configure(args.verbose - args.quiet)  # phases and diagnostics on stderr, results on stdout
         if args.quiet and hasattr(args, "no_progress"):
             args.no_progress = True
-        check_args(args)
+        check_args(args, parser)
         folder = compile_cache.cache_dir(disabled=args.no_compile_cache)
         if folder is not None:  # before the first compilation: JAX decides once per process
             compile_cache.enable(folder)

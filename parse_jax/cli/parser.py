@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import Any
 
 from parse_jax import __version__
 from parse_jax.cli.commands import (
@@ -16,7 +18,10 @@ from parse_jax.cli.commands import (
     cmd_train,
     cmd_train_eagle3,
 )
+from parse_jax.cli.profile import add_profile_command
 from parse_jax.cli.setup import DEFAULT_INSTRUCTION
+from parse_jax.settings import MODES, ParseConfig, about, check_setting, choices_of, default_of, setting_type
+from parse_jax.train.recipe import Eagle3Spec, PhaseSpec
 from parse_jax.utils.validation import SEED_MAX, check_float, check_int
 
 
@@ -54,15 +59,9 @@ def add_parse_args(p: argparse.ArgumentParser) -> None:
                    help="one ParseConfig field (repeatable), the value read as a YAML scalar, e.g. --set "
                         "threshold=0.3; a text field takes the text as given, or a quoted YAML string with escapes: "
                         "--set 'delimiter=\"\\n\\n\"'; overrides --parse-config, overridden by the flags below")
-    p.add_argument("--threshold", type=float, default=None, help="judge score below which a prefix is rejected")
-    p.add_argument("--max-prefixes", type=int, default=None, help="prefixes verified per pass (K)")
-    p.add_argument("--rounds", choices=["single", "multi"], default=None)
-    p.add_argument("--segmenter", choices=["delimiter", "stride", "hybrid"], default=None)
-    p.add_argument("--gamma", type=int, default=None, help="draft tokens per step in sd mode")
-    p.add_argument("--max-draft-tokens", type=int, default=None)
-    p.add_argument("--eagle3-gamma", type=int, default=None, help="EAGLE-3 chain length per target pass")
-    p.add_argument("--eagle3-tree", type=int, default=None,
-                   help="EAGLE-3 sibling leaves per target pass, chosen by draft confidence (0: chain; greedy only)")
+    for key in PARSE_FLAGS:
+        cls, name = ParseConfig.flat_setting(key)
+        add_setting_flag(p, cls, name, flag="--" + key.replace("_", "-"), default=None)
 
 
 
@@ -86,26 +85,51 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 
-# (flag dest, kind, minimum, maximum, open minimum): the value checks every command shares (validation.py)
+# The flat ParseConfig settings the PARSE commands take as flags (type, choices, help, default and range: the fields')
+PARSE_FLAGS = ("threshold", "max_prefixes", "rounds", "segmenter", "gamma", "max_draft_tokens", "eagle3_gamma",
+               "eagle3_tree", "schedule")
+
+
+def add_setting_flag(p: argparse.ArgumentParser, cls: type, name: str, *, flag: str | None = None,
+                     default: Any = dataclasses.MISSING, help: str | None = None) -> argparse.Action:
+    """--NAME (or `flag`) for field `name` of settings dataclass `cls`, all from the field: its type or choices, its
+    help text, its default (unless `default` is given; None: unset, the field's default named in the help) and its
+    range, which `check_args` applies. `help` replaces the field's text."""
+    field_default = default_of(cls, name)
+    text = help or about(cls, name).help
+    if default is None and help is None:
+        text = f"{text} (default: {field_default})"
+    choices = choices_of(cls, name)
+    kind = {"choices": choices} if choices is not None else {"type": setting_type(cls, name)}
+    action = p.add_argument(flag or "--" + name.replace("_", "-"),
+                            default=field_default if default is dataclasses.MISSING else default, help=text, **kind)
+    action.setting = (cls, name)  # what check_args checks the value against
+    return action
+
+
+# (flag dest, kind, minimum, maximum, open minimum): the ranges of the run-level flags, which no settings dataclass
+# holds (those of the settings flags come from their fields)
 FLAG_CHECKS = (
     ("n", int, 1, None, False), ("max_new_tokens", int, 1, None, False), ("batch_size", int, 1, None, False),
     ("repeats", int, 1, None, False), ("seed", int, 0, SEED_MAX, False), ("top_k", int, 0, None, False),
-    ("max_prefixes", int, 1, None, False), ("gamma", int, 1, None, False), ("max_draft_tokens", int, 1, None, False),
-    ("eagle3_gamma", int, 1, None, False), ("eagle3_tree", int, 0, None, False), ("steps", int, 1, None, False),
-    ("unroll", int, 1, None, False), ("samples", int, 1, None, False), ("step", int, 0, None, False),
-    ("draft_step", int, 0, None, False), ("num_processes", int, 1, None, False), ("process_id", int, 0, None, False),
-    ("threshold", float, 0.0, 1.0, False), ("temperature", float, 0.0, None, False),
-    ("top_p", float, 0.0, 1.0, True), ("lr", float, 0.0, None, True),
+    ("step", int, 0, None, False), ("draft_step", int, 0, None, False), ("num_processes", int, 1, None, False),
+    ("process_id", int, 0, None, False), ("temperature", float, 0.0, None, False), ("top_p", float, 0.0, 1.0, True),
 )
 
 
 
-def check_args(args: argparse.Namespace) -> None:
+def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Every numeric flag inside its range (NaN and inf refused), and --mesh well formed: before any work, so a
-    bad value never reaches a model load or a file."""
+    bad value never reaches a model load or a file. `parser`: build_parser()'s, which parsed `args`."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    settings = {a.dest: a for a in sub.choices[args.command]._actions if hasattr(a, "setting")}
+    for dest, action in settings.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            check_setting(*action.setting, value, action.option_strings[0])
     for dest, kind, lo, hi, open_lo in FLAG_CHECKS:
         value = getattr(args, dest, None)
-        if value is None:
+        if value is None or dest in settings:
             continue
         flag = "--" + dest.replace("_", "-")
         if kind is int:
@@ -119,18 +143,10 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 
-# ParseConfig's defaults, shown by --help without importing the engine (and jax); tests/cli/test_cli.py checks them
-PARSE_DEFAULTS = {"threshold": 0.5, "max_prefixes": 8, "rounds": "multi", "segmenter": "delimiter", "gamma": 4,
-                  "max_draft_tokens": 64, "eagle3_gamma": 5, "eagle3_tree": 0}
-
-
-
 def show_defaults(p: argparse.ArgumentParser) -> None:
-    """Options with no help text still show their default; the PARSE options show ParseConfig's."""
+    """Options with no help text still show their default."""
     for action in p._actions:
-        if action.default is None and action.dest in PARSE_DEFAULTS:
-            action.help = f"{action.help or ''} (default: {PARSE_DEFAULTS[action.dest]})".strip()
-        elif action.help is None and action.nargs != 0 and action.default not in (None, argparse.SUPPRESS):
+        if action.help is None and action.nargs != 0 and action.default not in (None, argparse.SUPPRESS):
             action.help = "(default: %(default)s)"
 
 
@@ -176,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text: the target alone or with PARSE / speculative decoding")
     g.add_argument("prompt", nargs="+", help="one or more prompts (a batch)")
     add_model_args(g)
-    g.add_argument("--mode", default=None, help="target | sd | sequential | parse | eagle3 | parse+eagle3 (default: "
-                   "parse on a pair, target with --model alone)")
+    g.add_argument("--mode", default=None, help=f"{' | '.join(MODES)} (default: parse on a pair, target with "
+                   "--model alone)")
     add_parse_args(g)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -269,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=cmd_eval)
 
+    add_profile_command(sub, add_model_args)
+
     c = sub.add_parser("convert", help="convert an HF folder (config.json + safetensors) to an Orbax folder")
     c.add_argument("--hf", required=True, help="HF model folder")
     c.add_argument("--out", required=True, help="output folder (must not exist unless --overwrite)")
@@ -285,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--fresh", dest="mode", action="store_const", const="fresh",
                    help="delete the checkpoints in --out and start over")
     t.set_defaults(mode="auto")
-    t.add_argument("--steps", type=int, default=None, help="override every phase's step count (quick runs)")
+    add_setting_flag(t, PhaseSpec, "steps", default=None,
+                     help=f"{about(PhaseSpec, 'steps').help} of every phase instead of the recipe's (quick runs)")
     t.add_argument("--grow-from", default=None, metavar="MODEL_DIR",
                    help="a trained narrow target (the recipe's target_model shape) to widen instead of training "
                         "the target phase (recipes with grow.enabled)")
@@ -296,12 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(h)
     h.add_argument("--out", required=True, help="run folder: samples, checkpoints, and the head in OUT/eagle3")
     h.add_argument("--task", default="default", help="embedded task preset")
-    h.add_argument("--steps", type=int, default=600)
-    h.add_argument("--batch-size", type=int, default=32)
-    h.add_argument("--lr", type=float, default=4e-3)
-    h.add_argument("--unroll", type=int, default=4, help="training-time-test steps")
-    h.add_argument("--samples", type=int, default=4000, help="train problems the target solves for the data")
-    h.add_argument("--seed", type=int, default=0)
+    for name in ("steps", "batch_size", "lr", "unroll", "samples", "seed"):
+        add_setting_flag(h, Eagle3Spec, name)
     hm = h.add_mutually_exclusive_group()
     hm.add_argument("--resume", dest="mode", action="store_const", const="resume")
     hm.add_argument("--fresh", dest="mode", action="store_const", const="fresh")

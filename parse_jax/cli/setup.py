@@ -13,7 +13,7 @@ from pathlib import Path
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.utils.paths import config_dir
 from parse_jax.utils.progress import phase
-from parse_jax.utils.validation import check_float, check_int
+from parse_jax.utils.validation import check_int
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -114,18 +114,13 @@ def attach_eagle3(args: argparse.Namespace, target) -> None:
 
 
 
-FLAG_FIELDS = ("threshold", "max_prefixes", "rounds", "segmenter", "gamma", "max_draft_tokens", "eagle3_gamma",
-                "eagle3_tree")
-
-
-
 def parse_config_fields(args: argparse.Namespace) -> dict:
     """ParseConfig settings of a command: the --parse-config YAML file, then each --set KEY=VALUE (in order),
     then the explicit flags (--threshold, ...): a later source overrides an earlier one. Every key must be a
     ParseConfig field and every value of that field's type (errors name the key, the value and the source)."""
     import yaml
 
-    from parse_jax.engine import ParseConfig
+    from parse_jax.settings import ParseConfig, check_setting
 
     fields = {name: type(default) for name, default in ParseConfig.flat_fields().items()}
     out: dict = {}
@@ -144,10 +139,8 @@ def parse_config_fields(args: argparse.Namespace) -> dict:
                 value = value if raw.strip()[:1] in ("'", '"') else raw  # value is YAML's: "\n\n" is newlines
             if not isinstance(value, str):
                 raise ConfigError(f"{where}: {key} must be a string, got {value!r} (quote it in YAML)")
-        elif kind is int:
-            value = check_int(f"{where}: {key}", value)
-        elif kind is float:
-            value = check_float(f"{where}: {key}", value, *((0.0, 1.0) if key == "threshold" else ()))
+        elif kind in (int, float):  # the field's type and range, the source named
+            value = check_setting(*ParseConfig.flat_setting(key), value, f"{where}: {key}")
         out[key] = value
 
     path = getattr(args, "parse_config_file", None)
@@ -181,7 +174,7 @@ def parse_config_fields(args: argparse.Namespace) -> dict:
         except yaml.YAMLError:
             value = raw
         put(key.strip(), value, f"--set {item}", raw=raw)
-    for key in FLAG_FIELDS:
+    for key in fields:  # the flags (--threshold, ...) are named as the settings they set
         if getattr(args, key, None) is not None:
             out[key] = getattr(args, key)
     return out
@@ -189,7 +182,7 @@ def parse_config_fields(args: argparse.Namespace) -> dict:
 
 
 def parse_config(args: argparse.Namespace):
-    from parse_jax.engine import ParseConfig
+    from parse_jax.settings import ParseConfig
 
     return ParseConfig.from_flat(**parse_config_fields(args))
 

@@ -13,7 +13,6 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from parse_jax.distributed.args import add_distributed_args  # noqa: F401  (re-exported: the CLI flags)
 from parse_jax.distributed.mesh import make_mesh
 from parse_jax.errors import ConfigError
 

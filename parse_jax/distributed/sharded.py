@@ -14,7 +14,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from parse_jax.distributed.args import add_distributed_args  # noqa: F401  (re-exported: the CLI flags)
 from parse_jax.distributed.mesh import mesh_shape
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig

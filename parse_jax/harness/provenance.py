@@ -33,7 +33,7 @@ def package_versions() -> dict[str, str | None]:
 def source_checkout() -> Path | None:
     """The repository root when parse_jax runs from a source checkout (an editable install or PYTHONPATH), else
     None (a wheel install has no commit to record)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     if (root / ".git").exists() and (root / "pyproject.toml").is_file():
         return root
     return None

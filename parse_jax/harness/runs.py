@@ -12,24 +12,20 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from parse_jax.engine import MODES, ParseConfig, ParseEngine
+from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.eval.report import wilson
+from parse_jax.modes.table import MODE_TABLE
 from parse_jax.runtime.decode import generate
 from parse_jax.runtime.programs import compiled_programs
 from parse_jax.runtime.requests import GenerateResult
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.validation import SEED_MAX, check_float, check_int
 
-MULTI_SUFFIX = "-multi"
+DRAFT_ALONE = "draft"  # bench-only: the draft model alone (what PARSE's draft costs by itself)
 
-
-
-MULTI_ROUND_MODES = ("parse",)  # engine modes that honour ParseConfig.rounds; each gets a "<mode>-multi" name
-
-
-
-BENCH_MODES = (*MODES, *(m + MULTI_SUFFIX for m in MULTI_ROUND_MODES if m in MODES), "draft")
+# every bench name: the engine's modes, the multi-round runs of those that honour `rounds`, then the draft alone
+BENCH_MODES = (*MODE_TABLE, *(s.multi_label for s in MODE_TABLE.values() if s.multi_label), DRAFT_ALONE)
 
 
 
@@ -52,11 +48,11 @@ def check_modes(modes: Sequence[str]) -> list[str]:
 
 
 def mode_config(config: ParseConfig, mode: str) -> tuple[ParseConfig, str]:
-    """(config, engine mode) a bench mode runs with: `X-multi` is X with rounds="multi"; X alone is single round."""
-    if mode.endswith(MULTI_SUFFIX) and mode[: -len(MULTI_SUFFIX)] in MULTI_ROUND_MODES:
-        return dataclasses.replace(config, rounds="multi"), mode[: -len(MULTI_SUFFIX)]
-    if mode in MULTI_ROUND_MODES:
-        return dataclasses.replace(config, rounds="single"), mode
+    """(config, engine mode) a bench mode runs with: a mode's `multi_label` (parse-multi) is that mode with
+    rounds="multi"; a mode that honours rounds, by its own name, is single round; the rest run as they are."""
+    for spec in MODE_TABLE.values():
+        if spec.honours_rounds and mode in spec.bench_labels:
+            return dataclasses.replace(config, rounds="multi" if mode == spec.multi_label else "single"), spec.name
     return config, mode
 
 
@@ -80,15 +76,15 @@ def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperatur
     temperature = check_float("temperature", temperature, 0.0, error=InputError)
     eos_ids = check_eos_ids(eos_ids, target.config.vocab_size)
     extra = {} if eos_ids is None else {"eos_ids": eos_ids}  # only when given: the engine's default otherwise
-    if mode == "target" or mode == "draft":
+    if mode == "target" or mode == DRAFT_ALONE:  # one model alone: no engine (and no draft needed for the target)
         model = target if mode == "target" else draft
         if model is None:
-            raise ConfigError("mode 'draft' needs a draft model")
+            raise ConfigError(f"mode {DRAFT_ALONE!r} needs a draft model")
         return lambda prompts, max_new, seed: generate(model, prompts, max_new_tokens=max_new,
                                                        temperature=temperature, seed=seed, **extra)
-    if draft is None:
-        raise ConfigError(f"mode {mode!r} needs a draft model")
     cfg, engine_mode = mode_config(config or ParseConfig(), mode)
+    if draft is None and MODE_TABLE[engine_mode].needs_draft:
+        raise ConfigError(f"mode {mode!r} needs a draft model")
     eng = ParseEngine(target, draft, cfg)
     return lambda prompts, max_new, seed: eng.generate(prompts, mode=engine_mode, max_new_tokens=max_new,
                                                        temperature=temperature, seed=seed, **extra)
@@ -108,9 +104,55 @@ def check_run_settings(n: int | None = None, max_new_tokens: int | None = None, 
 
 
 
-def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]], max_new_tokens: int,
-            batch_size: int, repeats: int, seed: int, baseline: str = "target", progress: bool = True) -> dict:
-    """Run every runner on the same problems, interleaved (the first runner rotates per batch) and repeated.
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """What bench, sweep, calibrate and eval runs share, checked once on construction (an InputError names the
+    first bad field): how many problems (`n`; eval runs every record and `measure` every problem it is given),
+    at most how many new tokens each, the batch size, the timed repeats, the seed, the sampling temperature, the
+    stop ids (None: the models' own) and whether to show progress bars."""
+
+    n: int = 100
+    max_new_tokens: int = 64
+    batch_size: int = 16
+    repeats: int = 3
+    seed: int = 0
+    temperature: float = 0.0
+    eos_ids: tuple[int, ...] | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_run_settings(self.n, self.max_new_tokens, self.batch_size, self.repeats, self.seed)
+        object.__setattr__(self, "temperature", check_float("temperature", self.temperature, 0.0, error=InputError))
+        eos_ids = check_eos_ids(self.eos_ids)
+        object.__setattr__(self, "eos_ids", None if eos_ids is None else tuple(eos_ids))
+
+
+
+def recorded_settings(settings: RunSettings, task, split: str | None = None) -> dict:
+    """The settings a bench or sweep result records (and its provenance hashes): the run settings, the task and
+    its split (default: the task's own, else "test"), and a --data file's path and hash."""
+    out = {"n": settings.n, "max_new_tokens": settings.max_new_tokens, "batch_size": settings.batch_size,
+           "repeats": settings.repeats, "seed": settings.seed, "task": getattr(task, "name", None),
+           "split": split or getattr(task, "split", "test"), "temperature": settings.temperature,
+           "eos_ids": None if settings.eos_ids is None else list(settings.eos_ids)}
+    if getattr(task, "data", None) is not None:
+        out["data"], out["data_sha256"] = task.data, task.data_sha256
+    return out
+
+
+
+def sampling_text(result: dict) -> str:
+    """How a recorded run sampled, for its Markdown: greedy, or at its temperature."""
+    t = result.get("temperature") or 0.0
+    return "greedy" if t == 0 else f"temperature {t:g}"
+
+
+
+def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]], settings: RunSettings,
+            baseline: str = "target") -> dict:
+    """Run every runner on the same problems, interleaved (the first runner rotates per batch) and repeated, with
+    the max_new_tokens, batch_size, repeats, seed and progress of `settings` (its `n` is the caller's: every
+    problem given runs).
 
     Returns {name: row}; speed-ups are per-repeat tokens/s ratios against `baseline` (which must be a runner)."""
     if baseline not in runners:
@@ -118,12 +160,14 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     n = len(problems)
     if n < 1:
         raise InputError("no problems to measure on")
-    check_run_settings(max_new_tokens=max_new_tokens, batch_size=batch_size, repeats=repeats, seed=seed)
+    max_new_tokens, batch_size, repeats, seed = (settings.max_new_tokens, settings.batch_size, settings.repeats,
+                                                 settings.seed)
     names = list(runners)
     prompts = [p for p, _ in problems]
     chunks = [prompts[i:i + batch_size] for i in range(0, n, batch_size)]
     shapes = sorted({len(c) for c in chunks})
-    warm = tqdm(total=len(names) * len(shapes), desc="compiling (warm-up runs)", disable=not progress, unit="run")
+    warm = tqdm(total=len(names) * len(shapes), desc="compiling (warm-up runs)", disable=not settings.progress,
+                unit="run")
     for name in names:  # warm-up: compile every program the timed runs use
         for shape in shapes:
             warm.set_postfix_str(f"{name} at batch {shape}; {_programs_note()}")
@@ -134,7 +178,7 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     seconds = {m: np.zeros(repeats) for m in names}
     outputs: dict[str, list] = {m: [None] * n for m in names}
     stats_sum: dict[str, dict] = {m: {} for m in names}
-    bar = tqdm(total=repeats * len(chunks) * len(names), desc="bench", disable=not progress)
+    bar = tqdm(total=repeats * len(chunks) * len(names), desc="bench", disable=not settings.progress)
     for r in range(repeats):
         for ci, chunk in enumerate(chunks):
             order = names[ci % len(names):] + names[:ci % len(names)]  # interleave: rotate who goes first

@@ -15,25 +15,30 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from parse_jax.engine import ParseConfig
+from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.provenance import format_provenance, provenance
 from parse_jax.harness.runs import (
     BENCH_MODES,
-    check_run_settings,
+    RunSettings,
     format_row,
     measure,
     mode_config,
     mode_runner,
+    recorded_settings,
+    sampling_text,
     write_json,
     write_text,
 )
+from parse_jax.modes.table import MODE_TABLE
 from parse_jax.utils.atomic import check_writable
 from parse_jax.utils.validation import check_float
 
 SWEEP_PARAMS = ("threshold", "max_prefixes", "segmenter", "max_draft_tokens")
 DEFAULT_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
 DEV_SPLIT = "train"
+SWEEP_SETTINGS = RunSettings(max_new_tokens=32)  # run_sweep's defaults
+CALIBRATE_SETTINGS = RunSettings(n=200, max_new_tokens=32)  # calibrate's defaults
 
 
 def parse_value(param: str, text: str) -> dict:
@@ -75,32 +80,28 @@ def sweep_configs(base: ParseConfig, param: str, values: Sequence[str]) -> list[
     return out
 
 
-def run_sweep(target, draft, base: ParseConfig, task, param: str, values: Sequence[str], n: int = 100,
-              mode: str = "parse", max_new_tokens: int = 32, batch_size: int = 16, repeats: int = 3, seed: int = 0,
-              split: str = "test", progress: bool = True, models: dict | None = None,
-              eos_ids: Sequence[int] | None = None) -> dict:
-    """`target` once, then `mode` with each value of `param`, on the same `n` problems of `split` (a --data
-    `DataTask` has one split: its file)."""
-    if mode not in BENCH_MODES or mode_config(base, mode)[1] in ("target", "draft"):
+def run_sweep(eng: ParseEngine, task, param: str, values: Sequence[str], settings: RunSettings = SWEEP_SETTINGS,
+              *, mode: str = "parse", split: str = "test", models: dict | None = None) -> dict:
+    """`target` once, then `mode` with each value of `param` over `eng.config`, on the same `settings.n` problems
+    of `split` (a --data `DataTask` has one split: its file)."""
+    target, draft, base = eng.target, eng.draft, eng.config
+    spec = MODE_TABLE.get(mode_config(base, mode)[1]) if mode in BENCH_MODES else None
+    if spec is None or not (spec.needs_draft or spec.needs_head):  # the target or the draft alone: nothing to vary
         raise InputError(f"a sweep varies a PARSE mode; got {mode!r}")
-    check_run_settings(n, max_new_tokens, batch_size, repeats, seed)
     configs = sweep_configs(base, param, values)
-    runners = {"target": mode_runner(target, draft, base, "target", eos_ids=eos_ids)}
+    sampling = {"temperature": settings.temperature, "eos_ids": settings.eos_ids}
+    runners = {"target": mode_runner(target, draft, base, "target", **sampling)}
     for label, _, cfg in configs:
-        runners[f"{param}={label}"] = mode_runner(target, draft, cfg, mode, eos_ids=eos_ids)
+        runners[f"{param}={label}"] = mode_runner(target, draft, cfg, mode, **sampling)
     split = getattr(task, "split", split)
-    problems = task.problems(n, seed, split=split)
-    rows = measure(runners, task, problems, max_new_tokens, batch_size, repeats, seed, progress=progress)
-    settings = {"param": param, "values": [label for label, _, _ in configs], "mode": mode, "n": n,
-                "max_new_tokens": max_new_tokens, "batch_size": batch_size, "repeats": repeats, "seed": seed,
-                "task": getattr(task, "name", None), "split": split, "temperature": 0.0,
-                "eos_ids": None if eos_ids is None else list(eos_ids)}
-    if getattr(task, "data", None) is not None:
-        settings["data"], settings["data_sha256"] = task.data, task.data_sha256
-    config = {**settings, "parse_config": dataclasses.asdict(base), "models": models}
+    problems = task.problems(settings.n, settings.seed, split=split)
+    rows = measure(runners, task, problems, settings)
+    recorded = {"param": param, "values": [label for label, _, _ in configs], "mode": mode,
+                **recorded_settings(settings, task, split)}
+    config = {**recorded, "parse_config": dataclasses.asdict(base), "models": models}
     points = [{"value": label, "overrides": overrides, **rows[f"{param}={label}"]} for label, overrides, _ in configs]
-    return {**settings, "parse_config": dataclasses.asdict(base), "baseline": rows["target"], "points": points,
-            "prompts": [p for p, _ in problems], "provenance": provenance(config, seed)}
+    return {**recorded, "parse_config": dataclasses.asdict(base), "baseline": rows["target"], "points": points,
+            "prompts": [p for p, _ in problems], "provenance": provenance(config, settings.seed)}
 
 
 def sweep_table(result: dict) -> str:
@@ -116,7 +117,7 @@ def sweep_markdown(result: dict, title: str) -> str:
         lines += [f"Command: `{result['command']}`", ""]
     lines += [f"`{result['mode']}` with each value of `{result['param']}` against `target`, on the same "
               f"{result['n']} problems (split `{result['split']}`) of task `{result.get('task')}`: batches of "
-              f"{result['batch_size']}, {result['repeats']} repeats interleaved, greedy, at most "
+              f"{result['batch_size']}, {result['repeats']} repeats interleaved, {sampling_text(result)}, at most "
               f"{result['max_new_tokens']} new tokens.", "", sweep_table(result), ""]
     if "calibration" in result:
         c = result["calibration"]
@@ -163,17 +164,17 @@ def pick_threshold(result: dict, tolerance: float) -> dict:
                        f"{chosen['speedup_vs_target']:.2f}x the target"}
 
 
-def calibrate(target, draft, base: ParseConfig, task, tolerance: float = 0.01,
-              thresholds: Sequence[float] = DEFAULT_THRESHOLDS, n: int = 200, mode: str = "parse", seed: int = 0,
-              progress: bool = True, log: Callable[[str], None] = print, **kw) -> dict:
+def calibrate(eng: ParseEngine, task, settings: RunSettings = CALIBRATE_SETTINGS, *, tolerance: float = 0.01,
+              thresholds: Sequence[float] = DEFAULT_THRESHOLDS, mode: str = "parse",
+              log: Callable[[str], None] = print, models: dict | None = None) -> dict:
     """A threshold sweep on dev problems (never the held-out test split), then `pick_threshold`."""
     check_float("tolerance", tolerance, 0.0, 1.0, max_open=True, error=InputError)
     if not thresholds:
         raise ConfigError("no thresholds to calibrate over")
     for t in thresholds:
         check_float("threshold", t, 0.0, 1.0)
-    result = run_sweep(target, draft, base, task, "threshold", [f"{t:g}" for t in thresholds], n=n, mode=mode,
-                       seed=seed, split=DEV_SPLIT, progress=progress, **kw)
+    result = run_sweep(eng, task, "threshold", [f"{t:g}" for t in thresholds], settings, mode=mode, split=DEV_SPLIT,
+                       models=models)
     result["calibration"] = pick_threshold(result, tolerance)
     log(sweep_table(result))
     return result

@@ -12,7 +12,6 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from parse_jax.distributed.args import add_distributed_args  # noqa: F401  (re-exported: the CLI flags)
 from parse_jax.errors import ConfigError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig

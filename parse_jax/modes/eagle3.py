@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+from parse_jax.modes.context import ModeContext
 from parse_jax.runtime.requests import GenerateResult, Request
-from parse_jax.speculation.eagle3 import eagle3_generate
+from parse_jax.speculation.eagle3 import eagle3_speculate
 
 
-def run(eng, req: Request) -> GenerateResult:
-    s = req.sampling
-    return eagle3_generate(eng.target, eng.eagle3, req.ids, gamma=eng.config.eagle3.gamma,
-                           max_new_tokens=req.max_new, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                           seed=s.seed, eos_ids=req.eos.tolist(), tree=eng.config.eagle3.tree)
+def run(ctx: ModeContext, req: Request) -> GenerateResult:
+    return eagle3_speculate(ctx.target, ctx.head, req, gamma=ctx.config.eagle3.gamma, tree=ctx.config.eagle3.tree)

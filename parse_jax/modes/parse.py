@@ -22,12 +22,24 @@ from flax import struct
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.modes.context import ModeContext, parse_result
 from parse_jax.runtime.decode import decode_loop, is_eos, prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
-from parse_jax.runtime.requests import PAD_ID, GenerateResult, pad_prompts
-from parse_jax.runtime.sampling import prng_key
-from parse_jax.speculation.eagle3 import Eagle3Config, eagle_loop, head_applies
-from parse_jax.verify.round import Judge, RoundSpec, block_lengths, draft_answers, ends_in_eos, join, verify_round
+from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+from parse_jax.speculation.eagle3 import Eagle3Config, EagleContext, EagleLoop, eagle_loop, head_applies
+from parse_jax.verify.round import (
+    Draft,
+    Judge,
+    PassShape,
+    RoundSpec,
+    Verified,
+    block_lengths,
+    draft_answers,
+    ends_in_eos,
+    join,
+    verify_round,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,81 +63,110 @@ class SingleShape:
     num_new: int       # continuation tokens (bucket)
 
 
+@dataclasses.dataclass(frozen=True)
+class PairSpec:
+    """The static side of the target/draft pair a program runs: their configs and attention implementations."""
+
+    target: ModelConfig
+    draft: ModelConfig
+    target_impl: str
+    draft_impl: str
+
+    @classmethod
+    def of(cls, ctx: ModeContext) -> PairSpec:
+        return cls(ctx.target.config, ctx.draft.config, ctx.target.attention_impl, ctx.draft.attention_impl)
+
+
+@dataclasses.dataclass(frozen=True)
+class ContinueSpec:
+    """The static settings of the target's continuation from an accepted boundary: token by token, or with EAGLE-3
+    (`eagle`)."""
+
+    target: ModelConfig
+    target_impl: str
+    num_new: int
+    sampler: Sampler
+    eagle: EagleSpec | None = None
+
+
 def _round_stats(v, draft_len) -> dict:
     return {"accepted": v.accepted, "prefixes": v.prefixes, "draft_len": draft_len, "block_tokens": v.block_tokens}
 
 
 @functools.cache
-def single_round_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_impl: str, draft_impl: str,
-                         spec: RoundSpec, shape: SingleShape, greedy: bool, top_k: int, fused: bool,
+def single_round_program(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, *, fused: bool,
                          eagle: EagleSpec | None = None):
     """Draft -> segment -> pack -> verify -> accept -> commit, then (with `fused`) the continuation, in one program.
 
     `fused=False` stops after the commit and returns what the continuation needs (`continue_single` runs it on the
     rows that still have tokens to write)."""
-    target, draft = Decoder(target_cfg, target_impl), Decoder(draft_cfg, draft_impl)
+    target, draft = Decoder(pair.target, pair.target_impl), Decoder(pair.draft, pair.draft_impl)
+    cont_spec = ContinueSpec(pair.target, pair.target_impl, shape.num_new, sampler, eagle)
 
-    def run(target_params, draft_params, head_params, prompt, prompt_lens, max_new, eos_ids, judge: Judge,
-            temperature, top_p, rng_draft, rng_continue):
-        b = prompt.shape[0]
+    def run(target_params, draft_params, head_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs,
+            rng_continue):
+        b = prompts.tokens.shape[0]
+        max_new = prompts.max_new
         budget = jnp.where(max_new > 0, jnp.minimum(shape.draft_cap, max_new), 0)
-        d_tokens, d_len = draft_answers(forward_fn(draft, draft_params), draft_cfg, prompt, prompt_lens, budget,
-                                        eos_ids, rng_draft, shape.draft_new, shape.draft_cache, greedy, temperature,
-                                        top_k, top_p)
+        d_fwd = forward_fn(draft, draft_params)
+        d_cache, d_first = prefill(d_fwd, pair.draft, prompts.tokens, prompts.lens, shape.draft_cache)
+        answer = draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids, sampler=sampler, args=args,
+                               num_new=shape.draft_new)
         taps = eagle.config.taps if eagle is not None else ()
         t_forward = forward_fn(target, target_params, return_hidden=True)
-        cache = KVCache.init(target_cfg, b, shape.cache_len)
-        v = verify_round(t_forward, cache, spec, judge, jnp.zeros((b,), jnp.int32), prompt, prompt_lens, d_tokens,
-                         d_len, shape.lengths, taps)
-        remaining = jnp.where(ends_in_eos(d_tokens, v.accepted, eos_ids) | (max_new <= 0), 0,
+        cache = KVCache.init(pair.target, b, shape.cache_len)
+        v = verify_round(t_forward, cache, judge, head=prompts.tokens, head_len=prompts.lens, draft=answer,
+                         spec=spec, shape=PassShape(shape.lengths, taps))
+        remaining = jnp.where(ends_in_eos(answer.tokens, v.accepted, eos_ids) | (max_new <= 0), 0,
                               jnp.maximum(max_new - v.accepted, 0))
-        stats = _round_stats(v, d_len)
+        stats = _round_stats(v, answer.length)
         if not fused:
             # greedy: a row whose next token is EOS is finished here, without taking a continuation row
             first = jnp.argmax(v.first_logits, axis=-1).astype(jnp.int32)
-            stop = (is_eos(first, eos_ids) & (remaining > 0)) if greedy else jnp.zeros((b,), bool)
-            return {"draft": d_tokens, "remaining": jnp.where(stop, 0, remaining), "stop": stop, "first": first,
-                    "cache": v.cache, "first_logits": v.first_logits, "tokens": v.tokens, "features": v.features,
-                    **stats}
-        cont, cont_n, extra = continuation(target_cfg, target_impl, eagle, target_params, head_params, v.cache,
-                                           v.first_logits, v.tokens, v.features, remaining, eos_ids, rng_continue,
-                                           shape.num_new, greedy, temperature, top_k, top_p)
-        out = join(d_tokens, v.accepted, cont, shape.draft_new + shape.num_new)
+            stop = (is_eos(first, eos_ids) & (remaining > 0)) if sampler.greedy else jnp.zeros((b,), bool)
+            return {"draft": answer.tokens, "remaining": jnp.where(stop, 0, remaining), "stop": stop, "first": first,
+                    "cache": v.cache, "context": boundary(v), **stats}
+        cont, cont_n, extra = continuation(cont_spec, target_params, head_params, v.cache, boundary(v),
+                                           remaining=remaining, eos_ids=eos_ids, args=args.replace(key=rng_continue))
+        out = join(answer.tokens, v.accepted, cont, shape.draft_new + shape.num_new)
         return {"tokens": out, "num_new": v.accepted + cont_n, "continued": remaining > 0, **stats, **extra}
 
     return register_program(jax.jit(run))
 
 
-def continuation(target_cfg, target_impl, eagle: EagleSpec | None, target_params, head_params, cache, first_logits,
-                 ctx_tokens, ctx_features, remaining, eos_ids, rng, num_new: int, greedy, temperature, top_k, top_p):
+def boundary(v: Verified) -> EagleContext:
+    """What the continuation starts from after a verification pass: the block (EAGLE-3 reads its taps), the
+    committed length and the target's logits at the accepted boundary."""
+    return EagleContext(tokens=v.tokens, features=v.features, length=v.cache.lengths, first_logits=v.first_logits)
+
+
+def continuation(spec: ContinueSpec, target_params, head_params, cache: KVCache, ctx: EagleContext, *,
+                 remaining: jax.Array, eos_ids: jax.Array, args: SamplingArgs):
     """The target writes each row's `remaining` tokens from its accepted boundary: token by token, or with EAGLE-3
     from the taps of the verification pass. -> (tokens [B, num_new], count [B], stats)."""
-    if eagle is None:
-        forward = forward_fn(Decoder(target_cfg, target_impl), target_params)
-        state = decode_loop(forward, cache, first_logits, remaining, eos_ids, rng, num_new, greedy, temperature,
-                            top_k, top_p)
+    if spec.eagle is None:
+        forward = forward_fn(Decoder(spec.target, spec.target_impl), target_params)
+        state = decode_loop(forward, cache, ctx.first_logits, max_new=remaining, eos_ids=eos_ids,
+                            sampler=spec.sampler, args=args, num_new=spec.num_new)
         return state.tokens, state.num_new, {"continue_passes": state.step - 1}
-    target_fwd, head_apply, lm = head_applies(target_cfg, eagle.config, target_impl, target_params, head_params)
-    b = first_logits.shape[0]
-    state = eagle_loop(target_fwd, head_apply, lm, eagle.config, cache, KVCache.init(eagle.config.layer, b,
-                       cache.max_len), first_logits, ctx_tokens, ctx_features, cache.lengths, remaining, eos_ids,
-                       rng, eagle.gamma, num_new, greedy, temperature, top_k, top_p, 0, eagle.tree)
+    eagle = spec.eagle
+    fns = head_applies(spec.target, eagle.config, spec.target_impl, target_params, head_params)
+    loop = EagleLoop(config=eagle.config, gamma=eagle.gamma, num_new=spec.num_new, tree=eagle.tree)
+    state = eagle_loop(fns, cache, ctx, loop=loop, max_new=remaining,
+                       eos_ids=eos_ids, sampler=spec.sampler, args=args)
     live = remaining > 0
-    return state.tokens[:, :num_new], state.num_new, {
+    return state.tokens[:, :spec.num_new], state.num_new, {
         "continue_passes": state.rounds, "eagle3_accepted_tokens": jnp.where(live, state.accepted, 0),
         "eagle3_draft_tokens": jnp.where(live, state.proposed, 0)}
 
 
 @functools.cache
-def continue_single(target_cfg: ModelConfig, target_impl: str, num_new: int, greedy: bool, top_k: int,
-                    eagle: EagleSpec | None = None):
+def continue_single(spec: ContinueSpec):
     """The continuation of a split single round, on the rows picked by the host."""
 
-    def run(target_params, head_params, cache, first_logits, ctx_tokens, ctx_features, remaining, eos_ids,
-            temperature, top_p, rng):
-        cont, cont_n, extra = continuation(target_cfg, target_impl, eagle, target_params, head_params, cache,
-                                           first_logits, ctx_tokens, ctx_features, remaining, eos_ids, rng, num_new,
-                                           greedy, temperature, top_k, top_p)
+    def run(target_params, head_params, cache, ctx: EagleContext, remaining, eos_ids, args: SamplingArgs):
+        cont, cont_n, extra = continuation(spec, target_params, head_params, cache, ctx, remaining=remaining,
+                                           eos_ids=eos_ids, args=args)
         return {"tokens": cont, "num_new": cont_n, **extra}
 
     return register_program(jax.jit(run))
@@ -177,17 +218,17 @@ def write_at(buf: jax.Array, start: jax.Array, values: jax.Array, count: jax.Arr
 
 
 @functools.cache
-def multi_round_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_impl: str, draft_impl: str,
-                        spec: RoundSpec, shape: MultiShape, greedy: bool, top_k: int):
+def multi_round_program(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler):
     """Rounds of (draft -> ONE verification pass -> accept -> the target writes up to its next step boundary) until
     every row is done: the first round verifies prompt + draft over an empty cache (as a single round does), the
     others run in one `lax.while_loop` over the target's cache. Neither cache is prefilled again: the draft keeps
     its own cache across rounds and only reads the tokens it has not seen (the target's last segment)."""
-    target, draft = Decoder(target_cfg, target_impl), Decoder(draft_cfg, draft_impl)
+    target, draft = Decoder(pair.target, pair.target_impl), Decoder(pair.draft, pair.draft_impl)
+    target_cfg, draft_cfg = pair.target, pair.draft
     d, w, p = shape.draft_new, shape.pending, shape.prompt
 
-    def run(target_params, draft_params, prompt, prompt_lens, max_new, eos_ids, seg_stop, judge: Judge,
-            temperature, top_p, rng):
+    def run(target_params, draft_params, prompts: Prompts, eos_ids, seg_stop, judge: Judge, args: SamplingArgs):
+        prompt, prompt_lens, max_new = prompts.tokens, prompts.lens, prompts.max_new
         b = prompt.shape[0]
         rows = jnp.arange(b)
         t_fwd = forward_fn(target, target_params, return_hidden=True)
@@ -195,23 +236,23 @@ def multi_round_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_
         d_fwd = forward_fn(draft, draft_params)
 
         def round_(s: MultiState, first_round: bool, draft_cache: KVCache, draft_first: jax.Array) -> MultiState:
-            key = jax.random.fold_in(rng, s.rounds)
-            k_draft, k_cont = jax.random.split(key)
+            a_draft, a_cont = args.fold(s.rounds).split(2)
             live = ~s.done
             seq_len = prompt_lens + s.num_new
             budget = jnp.where(live, jnp.minimum(shape.draft_cap, max_new - s.num_new), 0)
-            dstate = decode_loop(d_fwd, draft_cache, draft_first, budget, eos_ids, k_draft, d, greedy, temperature,
-                                 top_k, top_p)
+            dstate = decode_loop(d_fwd, draft_cache, draft_first, max_new=budget, eos_ids=eos_ids, sampler=sampler,
+                                 args=a_draft, num_new=d)
             draft_tokens, n = dstate.tokens, dstate.num_new
             closing = jnp.take_along_axis(draft_tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
             # a closing EOS is not verified (the judge never saw one): the target's next token decides to stop
             draft_len = jnp.maximum(jnp.where((n > 1) & is_eos(closing, eos_ids), n - 1, n), 1)
+            answer = Draft(tokens=draft_tokens, length=draft_len)
             if first_round:  # the prompt and the draft in one pass over the empty cache
-                v = verify_round(t_fwd, s.target_cache, spec, judge, jnp.zeros((b,), jnp.int32), prompt,
-                                 prompt_lens, draft_tokens, draft_len, shape.first_lengths)
+                v = verify_round(t_fwd, s.target_cache, judge, head=prompt, head_len=prompt_lens, draft=answer,
+                                 spec=spec, shape=PassShape(shape.first_lengths))
             else:  # the target's last token and the draft over its cache
-                v = verify_round(t_fwd, s.target_cache, spec, judge, s.target_cache.lengths, s.last[:, None],
-                                 jnp.ones((b,), jnp.int32), draft_tokens, draft_len, shape.lengths)
+                v = verify_round(t_fwd, s.target_cache, judge, head=s.last[:, None], head_len=jnp.ones((b,), jnp.int32),
+                                 draft=answer, spec=spec, shape=PassShape(shape.lengths))
             acc = jnp.where(live, v.accepted, 0)
             out = write_at(s.out, s.num_new, draft_tokens, acc)
             seq_ = write_at(s.seq, seq_len, draft_tokens, acc)
@@ -220,8 +261,8 @@ def multi_round_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_
             # the target writes up to its next step boundary (or EOS, or the budget)
             remaining = jnp.where(done, 0, jnp.minimum(shape.segment_cap, max_new - num))
             cache = v.cache.set_lengths(jnp.where(live, v.cache.lengths, s.target_cache.lengths))
-            cstate = decode_loop(t_plain, cache, v.first_logits, remaining, seg_stop, k_cont, shape.segment,
-                                 greedy, temperature, top_k, top_p)
+            cstate = decode_loop(t_plain, cache, v.first_logits, max_new=remaining, eos_ids=seg_stop, sampler=sampler,
+                                 args=a_cont, num_new=shape.segment)
             wrote = cstate.num_new
             out = write_at(out, num, cstate.tokens, wrote)
             seq_ = write_at(seq_, seq_len + acc, cstate.tokens, wrote)
@@ -284,12 +325,6 @@ def host_rows(remaining: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
 # ------------------------------------------------------------------------------------------------ host side
 
 
-def _programs_args(eng, req):
-    sampling = req.sampling
-    return (eng.target.config, eng.draft.config, eng.target.attention_impl, eng.draft.attention_impl,
-            eng.round_spec, sampling.greedy, sampling.top_k)
-
-
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """A jitted program and the arguments of one call (its inputs placed as the target places rows): what a mode
@@ -299,66 +334,73 @@ class Launch:
     args: tuple
 
 
-def single_launch(eng, req, eagle: bool = False, fused: bool | None = None) -> tuple[Launch, SingleShape]:
+def _eagle_spec(ctx: ModeContext) -> EagleSpec:
+    return EagleSpec(ctx.head.config, ctx.config.eagle3.gamma, ctx.config.eagle3.tree)
+
+
+def single_launch(ctx: ModeContext, req: Request, eagle: bool = False,
+                  fused: bool | None = None) -> tuple[Launch, SingleShape]:
     """The single-round program for `req` (fused: with the continuation; default at batch 1 and on a mesh)."""
-    cfg, ids, target = eng.config, req.ids, eng.target
-    head = eng.eagle3 if eagle else None
+    cfg, ids, target = ctx.config, req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
     cap = cfg.max_draft_tokens  # static; each row drafts min(cap, its budget)
     d = bucket(min(cap, req.max_new), 16)
-    lengths = block_lengths(p + d + eng.round_spec.max_prefixes * len(eng.suffix_ids))
+    lengths = block_lengths(p + d + ctx.round_spec.max_prefixes * len(ctx.suffix_ids))
     margin = 1 + (cfg.eagle3.gamma + cfg.eagle3.tree if eagle else 0)  # an EAGLE-3 round writes past its last token
     shape = SingleShape(draft_cap=cap, draft_new=d, draft_cache=length_bucket(p + d), lengths=lengths,
                         cache_len=length_bucket(max(lengths[-1], p + req.max_new + margin)),
                         num_new=bucket(req.max_new, 16))
-    e_spec = EagleSpec(head.config, cfg.eagle3.gamma, cfg.eagle3.tree) if eagle else None
     if fused is None:
         fused = b == 1 or target.mesh is not None  # a sharded target keeps its whole batch anyway
-    prompt, lens, max_new = (target.place_rows(x) for x in pad_prompts(ids, b, p, req.max_new))
-    t_cfg, d_cfg, t_impl, d_impl, spec, greedy, top_k = _programs_args(eng, req)
-    program = single_round_program(t_cfg, d_cfg, t_impl, d_impl, spec, shape, greedy, top_k, fused, e_spec)
-    keys = prng_key(req.sampling.seed), prng_key(req.sampling.seed + 1)
-    args = (target.params, eng.draft.params, head.params if eagle else None, prompt, lens, max_new, req.eos,
-            eng.judge, *req.sampling.loop_args(), *keys)
+    program = single_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, fused=fused,
+                                   eagle=_eagle_spec(ctx) if eagle else None)
+    args = (target.params, ctx.draft.params, ctx.head.params if eagle else None,
+            device_prompts(target, ids, b, p, req.max_new), req.eos, ctx.judge, req.sampling.args(),
+            prng_key(req.sampling.seed + 1))
     return Launch(program, args), shape
 
 
-def run_single(eng, req, eagle: bool = False) -> GenerateResult:
+def run(ctx: ModeContext, req: Request) -> GenerateResult:
+    """Mode `parse`: single- or multi-round PARSE, as `ParseConfig.rounds` says."""
+    return run_multi(ctx, req) if ctx.config.rounds == "multi" else run_single(ctx, req)
+
+
+def run_eagle3(ctx: ModeContext, req: Request) -> GenerateResult:
+    """Mode `parse+eagle3`: single-round PARSE whose continuation drafts with the target's EAGLE-3 head."""
+    return run_single(ctx, req, eagle=True)
+
+
+def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateResult:
     """Single-round PARSE (mode parse, rounds single; mode parse+eagle3 with `eagle`)."""
-    ids, target = req.ids, eng.target
+    ids, target = req.ids, ctx.target
     b = bucket(len(ids), 1)
     fused = b == 1 or target.mesh is not None
-    launch, shape = single_launch(eng, req, eagle, fused)
-    t_cfg, t_impl, greedy, top_k = target.config, target.attention_impl, req.sampling.greedy, req.sampling.top_k
-    e_spec = EagleSpec(eng.eagle3.config, eng.config.eagle3.gamma, eng.config.eagle3.tree) if eagle else None
+    launch, shape = single_launch(ctx, req, eagle, fused)
     head_params, num_new = launch.args[2], shape.num_new
-    temperature, top_p = req.sampling.loop_args()
-    keys = launch.args[-2:]
     t0 = time.perf_counter()
     out = launch.program(*launch.args)
     if fused:
         res = fetch(out)
-        continued = res["continued"]
-        batch = b if continued[: len(ids)].any() else 0
+        batch = b if res["continued"][: len(ids)].any() else 0
     else:
         remaining = fetch(out["remaining"])  # the one host step: which rows the continuation takes
         rows, rem = host_rows(remaining)
         cont = None
         if rows is not None:
-            ctx = (out["cache"], out["first_logits"], out["tokens"], out["features"])
+            state = (out["cache"], out["context"])
             if len(rows) < b:
-                ctx = take_rows(ctx, rows)
-            cont_program = continue_single(t_cfg, t_impl, num_new, greedy, top_k, e_spec)
-            cont = cont_program(target.params, head_params, *ctx, rem, req.eos, temperature, top_p, keys[1])
-        res, cont = fetch(({k: v for k, v in out.items() if k not in ("cache", "first_logits", "tokens", "features")},
-                           cont))
+                state = take_rows(state, rows)
+            spec = ContinueSpec(target.config, target.attention_impl, num_new, req.sampling.sampler,
+                                _eagle_spec(ctx) if eagle else None)
+            cont = continue_single(spec)(target.params, head_params, *state, rem, req.eos,
+                                         req.sampling.args(seed_offset=1))
+        res, cont = fetch(({k: v for k, v in out.items() if k not in ("cache", "context")}, cont))
         res = _assemble_split(res, cont, rows, rem, num_new)
-        continued, batch = remaining > 0, 0 if rows is None else len(rows)
+        res["continued"] = remaining > 0
+        batch = 0 if rows is None else len(rows)
     seconds = time.perf_counter() - t0
-    n = len(ids)
-    toks = [res["tokens"][i, : res["num_new"][i]].tolist() for i in range(n)]
-    return eng.result(toks, seconds, verify_passes=1, target_passes=1 + int(res["continue_passes"]),
-                      rows=res, continued=continued[:n], continue_batch=batch)
+    return parse_result(ctx, req, res, seconds, verify_passes=1, target_passes=1 + int(res["continue_passes"]),
+                        continue_batch=batch)
 
 
 def _assemble_split(res: dict, cont: dict | None, rows, rem, num_new: int) -> dict:
@@ -388,32 +430,30 @@ def _assemble_split(res: dict, cont: dict | None, rows, rem, num_new: int) -> di
     return out
 
 
-def multi_launch(eng, req) -> Launch:
+def multi_launch(ctx: ModeContext, req: Request) -> Launch:
     """The multi-round program for `req`."""
-    cfg, ids, target = eng.config, req.ids, eng.target
+    cfg, ids, target = ctx.config, req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
     cap, seg_cap = cfg.max_draft_tokens, cfg.max_segment  # static; each row is cut to its budget
     d = bucket(min(cap, req.max_new), 16)
     seg = min(seg_cap, req.max_new)
-    copies = eng.round_spec.max_prefixes * len(eng.suffix_ids)
+    copies = ctx.round_spec.max_prefixes * len(ctx.suffix_ids)
     first_lengths, lengths = block_lengths(p + d + copies), block_lengths(1 + d + copies)
     shape = MultiShape(prompt=p, draft_cap=cap, draft_new=d, segment_cap=seg_cap, pending=bucket(seg + 2, 8),
                        first_lengths=first_lengths, lengths=lengths, segment=bucket(seg, 16),
                        num_new=bucket(req.max_new, 16),
                        cache_len=length_bucket(max(first_lengths[-1], p + req.max_new + lengths[-1] + 1)))
-    prompt, lens, max_new = (target.place_rows(x) for x in pad_prompts(ids, b, p, req.max_new))
-    seg_stop = np.array(sorted({*req.eos.tolist(), *eng.step_end_ids.tolist()}), np.int32)
-    program = multi_round_program(*_programs_args(eng, req)[:5], shape, req.sampling.greedy, req.sampling.top_k)
-    return Launch(program, (target.params, eng.draft.params, prompt, lens, max_new, req.eos, seg_stop, eng.judge,
-                            *req.sampling.loop_args(), prng_key(req.sampling.seed)))
+    seg_stop = np.array(sorted({*req.eos.tolist(), *ctx.step_end_ids.tolist()}), np.int32)
+    program = multi_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
+    return Launch(program, (target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
+                            seg_stop, ctx.judge, req.sampling.args()))
 
 
-def run_multi(eng, req) -> GenerateResult:
+def run_multi(ctx: ModeContext, req: Request) -> GenerateResult:
     """Multi-round PARSE (mode parse, rounds multi): one program for the whole generation."""
-    launch = multi_launch(eng, req)
+    launch = multi_launch(ctx, req)
     t0 = time.perf_counter()
     res = fetch(launch.program(*launch.args))
     seconds = time.perf_counter() - t0
-    toks = [res["tokens"][i, : res["num_new"][i]].tolist() for i in range(len(req.ids))]
-    return eng.result(toks, seconds, verify_passes=int(res["rounds"]), target_passes=int(res["target_passes"]),
-                      rows=res, rounds=int(res["rounds"]))
+    return parse_result(ctx, req, res, seconds, verify_passes=int(res["rounds"]),
+                        target_passes=int(res["target_passes"]), rounds=int(res["rounds"]))

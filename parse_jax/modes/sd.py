@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+from parse_jax.modes.context import ModeContext
 from parse_jax.runtime.requests import GenerateResult, Request
-from parse_jax.speculation.draft_model import speculative_generate
+from parse_jax.speculation.draft_model import speculate
 
 
-def run(eng, req: Request) -> GenerateResult:
-    s = req.sampling
-    return speculative_generate(eng.target, eng.draft, req.ids, gamma=eng.config.speculation.gamma,
-                                max_new_tokens=req.max_new, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                seed=s.seed, eos_ids=req.eos.tolist())
+def run(ctx: ModeContext, req: Request) -> GenerateResult:
+    return speculate(ctx.target, ctx.draft, req, gamma=ctx.config.speculation.gamma)

@@ -14,13 +14,14 @@ import jax.numpy as jnp
 from flax import struct
 
 from parse_jax.models.cache import KVCache
-from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder
-from parse_jax.modes.parse import continuation
+from parse_jax.modes.context import ModeContext, parse_result
+from parse_jax.modes.parse import ContinueSpec, PairSpec, continuation
 from parse_jax.runtime.decode import prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
-from parse_jax.runtime.requests import GenerateResult, pad_prompts
-from parse_jax.runtime.sampling import prng_key
+from parse_jax.runtime.requests import GenerateResult, Prompts, Request, device_prompts
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+from parse_jax.speculation.eagle3 import EagleContext
 from parse_jax.verify.block import pack_block
 from parse_jax.verify.round import Judge, RoundSpec, block_lengths, draft_answers, ends_in_eos, join
 from parse_jax.verify.scoring import passes, verify_block
@@ -49,18 +50,21 @@ class SegmentState:
 
 
 @functools.cache
-def sequential_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_impl: str, draft_impl: str,
-                       spec: RoundSpec, shape: SequentialShape, greedy: bool, top_k: int):
-    target, draft = Decoder(target_cfg, target_impl), Decoder(draft_cfg, draft_impl)
+def sequential_program(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, sampler: Sampler):
+    target, draft = Decoder(pair.target, pair.target_impl), Decoder(pair.draft, pair.draft_impl)
+    target_cfg = pair.target
+    cont_spec = ContinueSpec(pair.target, pair.target_impl, shape.num_new, sampler)
 
-    def run(target_params, draft_params, prompt, prompt_lens, max_new, eos_ids, judge: Judge, temperature, top_p,
-            rng_draft, rng_continue):
+    def run(target_params, draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs, rng_continue):
+        prompt, prompt_lens, max_new = prompts.tokens, prompts.lens, prompts.max_new
         b = prompt.shape[0]
         rows = jnp.arange(b)
         budget = jnp.where(max_new > 0, jnp.minimum(shape.draft_cap, max_new), 0)
-        d_tokens, d_len = draft_answers(forward_fn(draft, draft_params), draft_cfg, prompt, prompt_lens, budget,
-                                        eos_ids, rng_draft, shape.draft_new, shape.draft_cache, greedy, temperature,
-                                        top_k, top_p)
+        d_fwd = forward_fn(draft, draft_params)
+        d_cache, d_first = prefill(d_fwd, pair.draft, prompt, prompt_lens, shape.draft_cache)
+        answer = draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids, sampler=sampler, args=args,
+                               num_new=shape.draft_new)
+        d_tokens, d_len = answer.tokens, answer.length
         bounds, count = segment(d_tokens, d_len, spec.segmenter, spec.max_prefixes, judge.table, spec.stride,
                                 spec.min_segment, spec.max_segment)
         t_fwd = forward_fn(target, target_params, return_hidden=True)
@@ -110,9 +114,9 @@ def sequential_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_i
         cache = s.cache.set_lengths(prompt_lens + s.accepted)
         remaining = jnp.where(ends_in_eos(d_tokens, s.accepted, eos_ids) | (max_new <= 0), 0,
                               jnp.maximum(max_new - s.accepted, 0))
-        cont, cont_n, extra = continuation(target_cfg, target_impl, None, target_params, None, cache,
-                                           s.first_logits, None, None, remaining, eos_ids, rng_continue,
-                                           shape.num_new, greedy, temperature, top_k, top_p)
+        start = EagleContext(tokens=None, features=None, length=cache.lengths, first_logits=s.first_logits)
+        cont, cont_n, extra = continuation(cont_spec, target_params, None, cache, start, remaining=remaining,
+                                           eos_ids=eos_ids, args=args.replace(key=rng_continue))
         out = join(d_tokens, s.accepted, cont, shape.draft_new + shape.num_new)
         return {"tokens": out, "num_new": s.accepted + cont_n, "continued": remaining > 0, "accepted": s.accepted,
                 "prefixes": count, "draft_len": d_len, "block_tokens": s.block_tokens + prompt_lens,
@@ -121,25 +125,24 @@ def sequential_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, target_i
     return register_program(jax.jit(run))
 
 
-def run_sequential(eng, req) -> GenerateResult:
-    cfg, ids, target = eng.config, req.ids, eng.target
+def run(ctx: ModeContext, req: Request) -> GenerateResult:
+    """Mode `sequential`: one program, one target pass per segment."""
+    cfg, ids, target = ctx.config, req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
     cap = cfg.max_draft_tokens  # static; each row drafts min(cap, its budget)
     d = bucket(min(cap, req.max_new), 16)
-    lengths = block_lengths(d + len(eng.suffix_ids))
+    lengths = block_lengths(d + len(ctx.suffix_ids))
     shape = SequentialShape(draft_cap=cap, draft_new=d, draft_cache=length_bucket(p + d), lengths=lengths,
                             cache_len=length_bucket(max(p + d + lengths[-1], p + req.max_new + 1)),
                             num_new=bucket(req.max_new, 16))
-    prompt, lens, max_new = (target.place_rows(x) for x in pad_prompts(ids, b, p, req.max_new))
-    program = sequential_program(target.config, eng.draft.config, target.attention_impl, eng.draft.attention_impl,
-                                 eng.round_spec, shape, req.sampling.greedy, req.sampling.top_k)
+    program = sequential_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
     t0 = time.perf_counter()
-    out = program(target.params, eng.draft.params, prompt, lens, max_new, req.eos, eng.judge,
-                  *req.sampling.loop_args(), prng_key(req.sampling.seed), prng_key(req.sampling.seed + 1))
+    out = program(target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
+                  ctx.judge, req.sampling.args(), prng_key(req.sampling.seed + 1))
     res = fetch(out)
     seconds = time.perf_counter() - t0
     n = len(ids)
-    toks = [res["tokens"][i, : res["num_new"][i]].tolist() for i in range(n)]
     passes = int(res["verify_passes"])
-    return eng.result(toks, seconds, verify_passes=passes, target_passes=passes + int(res["continue_passes"]),
-                      rows=res, continued=res["continued"][:n], continue_batch=b if res["continued"][:n].any() else 0)
+    return parse_result(ctx, req, res, seconds, verify_passes=passes,
+                        target_passes=passes + int(res["continue_passes"]),
+                        continue_batch=b if res["continued"][:n].any() else 0)

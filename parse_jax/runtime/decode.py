@@ -29,7 +29,7 @@ from parse_jax.runtime.requests import (
     pad_prompts,
     resolve_eos,
 )
-from parse_jax.runtime.sampling import prng_key, sample_token
+from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.utils.validation import check_int
 
 
@@ -48,18 +48,18 @@ def is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
     return jnp.any(tokens[..., None] == eos_ids, axis=-1)
 
 
-def decode_loop(forward, cache: KVCache, first_logits: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
-                rng: jax.Array, num_new: int, greedy: bool, temperature, top_k: int, top_p) -> DecodeState:
-    """Sample from `first_logits`, then one-token steps through `cache` until every row is done.
+def decode_loop(forward, cache: KVCache, first_logits: jax.Array, *, max_new: jax.Array, eos_ids: jax.Array,
+                sampler: Sampler, args: SamplingArgs, num_new: int) -> DecodeState:
+    """Sample from `first_logits`, then one-token steps through `cache` until every row is done (step i draws with
+    `args.fold(i)`).
 
     `forward(tokens, positions, cache, limit, group) -> (logits, cache)`. Traced inside the callers' jit:
-    target-only generation after a prefill, and the target's continuation after a PARSE boundary.
+    target-only generation after a prefill, the draft's answer, and the target's continuation after a PARSE boundary.
     """
     b = first_logits.shape[0]
 
     def emit(state: DecodeState, step_logits: jax.Array) -> DecodeState:
-        key = jax.random.fold_in(rng, state.step)
-        tok = sample_token(step_logits, key, greedy, temperature, top_k, top_p)
+        tok = sampler.sample(step_logits, args.fold(state.step))
         tok = jnp.where(state.done, PAD_ID, tok)
         tokens = state.tokens.at[:, state.step].set(tok)
         num = state.num_new + (~state.done).astype(jnp.int32)
@@ -95,36 +95,29 @@ def prefill(forward, cfg: ModelConfig, prompt: jax.Array, prompt_lens: jax.Array
     return cache.commit(prompt_lens), last_logits
 
 
-def prefill_and_decode(forward, cfg: ModelConfig, prompt, prompt_lens, max_new, eos_ids, rng, num_new: int,
-                       cache_len: int, greedy: bool, temperature, top_k: int, top_p) -> DecodeState:
-    """Generation from prompts inside a jit: `prefill`, then `decode_loop` (the target alone; PARSE's draft)."""
-    cache, last_logits = prefill(forward, cfg, prompt, prompt_lens, cache_len)
-    return decode_loop(forward, cache, last_logits, max_new, eos_ids, rng, num_new, greedy, temperature, top_k,
-                       top_p)
-
-
 @functools.cache
-def _generate_program(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: int, greedy: bool,
-                      top_k: int):
+def _generate_program(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: int, sampler: Sampler):
     module = Decoder(cfg, attention_impl)
 
-    def run(params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
-        state = prefill_and_decode(forward_fn(module, params), cfg, prompt, prompt_lens, max_new, eos_ids, rng,
-                                   num_new, cache_len, greedy, temperature, top_k, top_p)
+    def run(params, prompt, prompt_lens, max_new, eos_ids, args: SamplingArgs):
+        forward = forward_fn(module, params)
+        cache, first_logits = prefill(forward, cfg, prompt, prompt_lens, cache_len)
+        state = decode_loop(forward, cache, first_logits, max_new=max_new, eos_ids=eos_ids, sampler=sampler,
+                            args=args, num_new=num_new)
         return state.tokens, state.num_new, state.step
 
     return register_program(jax.jit(run))
 
 
 @functools.cache
-def continue_program(cfg: ModelConfig, attention_impl: str, num_new: int, greedy: bool, top_k: int):
-    """Jitted `(params, cache, first_logits, max_new, eos_ids, temperature, top_p, rng) -> DecodeState`;
-    the cache (already holding the context) is donated."""
+def continue_program(cfg: ModelConfig, attention_impl: str, num_new: int, sampler: Sampler):
+    """Jitted `(params, cache, first_logits, max_new, eos_ids, args) -> DecodeState`; the cache (already holding
+    the context) is donated."""
     module = Decoder(cfg, attention_impl)
 
-    def run(params, cache, first_logits, max_new, eos_ids, temperature, top_p, rng):
-        return decode_loop(forward_fn(module, params), cache, first_logits, max_new, eos_ids, rng, num_new,
-                           greedy, temperature, top_k, top_p)
+    def run(params, cache, first_logits, max_new, eos_ids, args: SamplingArgs):
+        return decode_loop(forward_fn(module, params), cache, first_logits, max_new=max_new, eos_ids=eos_ids,
+                           sampler=sampler, args=args, num_new=num_new)
 
     return register_program(jax.jit(run, donate_argnums=(1,)))
 
@@ -143,12 +136,12 @@ def generate_launch(model, ids: list[list[int]], max_new_tokens: int, sampling: 
     n = bucket(max_new_tokens, 16)
     cache_len = min(length_bucket(p + n), capacity)
     prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
-    program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.greedy, sampling.top_k)
+    program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.sampler)
     prompt, lens, max_new = (model.place_rows(x) for x in (prompt, lens, max_new))  # sharded: over `data`
-    return program, (model.params, prompt, lens, max_new, eos, *sampling.loop_args(), prng_key(sampling.seed))
+    return program, (model.params, prompt, lens, max_new, eos, sampling.args())
 
 
-def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
+def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new_tokens: int = 256,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              max_cache_len: int | None = None, add_bos: bool = True,
              eos_ids: Sequence[int] | None = None) -> GenerateResult:

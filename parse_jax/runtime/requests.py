@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from flax import struct
 
 from parse_jax.errors import InputError
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
 from parse_jax.utils.validation import check_float, check_int
 
 PAD_ID = 0
@@ -76,14 +79,20 @@ class SamplingParams:
         fix("top_p", check_float("top_p", self.top_p, 0.0, 1.0, min_open=True, error=InputError))
         fix("seed", check_int("seed", self.seed, 0, 2**31 - 1, error=InputError))
 
-    def loop_args(self) -> tuple[np.float32, np.float32]:
-        """(temperature, top_p) as a sampling program takes them (traced, so one program serves every value);
-        temperature is floored away from 0, where greedy programs ignore it."""
-        return np.float32(max(self.temperature, 1e-6)), np.float32(self.top_p)
-
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def sampler(self) -> Sampler:
+        """The static half a program is compiled for."""
+        return Sampler(greedy=self.greedy, top_k=self.top_k)
+
+    def args(self, seed_offset: int = 0) -> SamplingArgs:
+        """The traced half (one program serves every value), keyed by `seed + seed_offset`; temperature is floored
+        away from 0, where greedy programs ignore it."""
+        return SamplingArgs(temperature=np.float32(max(self.temperature, 1e-6)), top_p=np.float32(self.top_p),
+                            key=prng_key(self.seed + seed_offset))
 
 
 def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_bos: bool = True) -> list[list[int]]:
@@ -138,3 +147,46 @@ def pad_prompts(ids: list[list[int]], batch: int, length: int, max_new_tokens: i
         lens[i] = len(x)
         max_new[i] = max_new_tokens
     return prompt, lens, max_new
+
+
+@struct.dataclass
+class Prompts:
+    """A request's rows as a program takes them: right-padded prompt ids [B, P], their lengths [B] and each row's
+    budget [B] (0 for padding rows)."""
+
+    tokens: Any
+    lens: Any
+    max_new: Any
+
+
+def device_prompts(model, ids: list[list[int]], batch: int, length: int, max_new_tokens: int) -> Prompts:
+    """`pad_prompts`, placed as `model` places request rows (over `data` when it is sharded)."""
+    tokens, lens, max_new = (model.place_rows(x) for x in pad_prompts(ids, batch, length, max_new_tokens))
+    return Prompts(tokens=tokens, lens=lens, max_new=max_new)
+
+
+# counts that add up over batches; lists that concatenate in prompt order
+_SUMMED = ("new_tokens", "seconds", "target_passes", "request_passes", "verify_passes", "rounds", "draft_tokens",
+           "accepted_tokens", "verify_tokens", "continued_requests", "eagle3_accepted_tokens", "eagle3_draft_tokens")
+_JOINED = ("accepted_per_request", "prefixes_per_request")
+
+
+def merge_results(parts: Sequence[GenerateResult]) -> GenerateResult:
+    """One result of several batches of a request, in their order: texts and tokens joined, counts added (a count
+    only some batches report is kept for those), rates recomputed; `batches` says how many ran."""
+    stats: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.stats.items():
+            if key in _SUMMED:
+                stats[key] = stats.get(key, 0) + value
+            elif key in _JOINED:
+                stats[key] = stats.get(key, []) + list(value)
+            elif key not in stats:
+                stats[key] = value
+    stats["tokens_per_s"] = stats["new_tokens"] / stats["seconds"] if stats.get("seconds") else float("inf")
+    if "accepted_tokens" in stats:
+        stats["accepted_per_pass"] = stats["accepted_tokens"] / max(stats.get("verify_passes")
+                                                                    or stats["target_passes"], 1)
+    stats["batches"] = sum(part.stats.get("batches", 1) for part in parts)
+    return GenerateResult(texts=[t for p in parts for t in p.texts], tokens=[t for p in parts for t in p.tokens],
+                          stats=stats)

@@ -1,11 +1,14 @@
-"""Next-token sampling from logits: greedy, temperature, top-k, top-p. Pure and jittable."""
+"""Next-token sampling from logits: greedy, temperature, top-k, top-p. Pure and jittable. A program takes sampling as
+two objects: a static `Sampler` (greedy, top_k) and a traced `SamplingArgs` (temperature, top_p, key)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 
 def filter_logits(logits: jax.Array, temperature: jax.Array | float, top_k: int = 0,
@@ -41,3 +44,40 @@ def sample_token(logits: jax.Array, rng: jax.Array, greedy: bool, temperature: j
 def prng_key(seed: int) -> jax.Array:
     """The PRNG key of `seed`, cached: building one costs about as much host time as a whole draft decode."""
     return jax.random.PRNGKey(seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """The static half of sampling (a jit static argument: one program per value): greedy argmax, or a draw with
+    top-k filtering (`top_k` 0 = off). The traced half, `SamplingArgs`, travels beside it."""
+
+    greedy: bool
+    top_k: int = 0
+
+    def sample(self, logits: jax.Array, args: SamplingArgs) -> jax.Array:
+        """int32 token per row of logits [B, V], drawn with `args.key`."""
+        return sample_token(logits, args.key, self.greedy, args.temperature, self.top_k, args.top_p)
+
+    def probs(self, logits: jax.Array, args: SamplingArgs) -> jax.Array:
+        """The distribution a token is drawn from: one-hot argmax when greedy, else the filtered softmax."""
+        if self.greedy:
+            return jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+        return jax.nn.softmax(filter_logits(logits, args.temperature, self.top_k, args.top_p), axis=-1)
+
+
+@struct.dataclass
+class SamplingArgs:
+    """The traced half of sampling (changing them never compiles again): temperature (> 0; greedy programs ignore
+    it), top_p and the PRNG key the draws derive from."""
+
+    temperature: jax.Array   # float32 scalar
+    top_p: jax.Array         # float32 scalar
+    key: jax.Array           # PRNG key
+
+    def fold(self, data) -> SamplingArgs:
+        """The same settings with the key `fold_in(key, data)` (a step's or a round's own key)."""
+        return self.replace(key=jax.random.fold_in(self.key, data))
+
+    def split(self, num: int) -> tuple[SamplingArgs, ...]:
+        """`num` copies with the keys of `jax.random.split(key, num)`."""
+        return tuple(self.replace(key=k) for k in jax.random.split(self.key, num))

@@ -29,12 +29,14 @@ from parse_jax.runtime.requests import (
     PAD_ID,
     GenerateResult,
     GenerationStats,
+    Request,
     SamplingParams,
     encode_prompts,
     pad_prompts,
     resolve_eos,
 )
-from parse_jax.runtime.sampling import filter_logits, prng_key, sample_token
+from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.utils.validation import check_int
 
 
 @struct.dataclass
@@ -50,14 +52,7 @@ class SpecState:
     proposed: jax.Array   # [B] draft tokens proposed in total
 
 
-def probs(logits, greedy, temperature, top_k, top_p):
-    """The distribution a token is drawn from: one-hot argmax when greedy, else filtered softmax."""
-    if greedy:
-        return jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
-    return jax.nn.softmax(filter_logits(logits, temperature, top_k, top_p), axis=-1)
-
-
-def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, greedy: bool, k_accept: jax.Array,
+def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, sampler: Sampler, k_accept: jax.Array,
                      k_fix: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Lossless acceptance of `gamma` proposals: p [B, gamma + 1, V] target, q [B, gamma, V] drafter, props
     [B, gamma]. Returns (n_acc [B], emitted [B, gamma + 1]): the accepted proposals, then the correction (or the
@@ -66,7 +61,7 @@ def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, greedy: bool,
     rows = jnp.arange(b)
     p_prop = jnp.take_along_axis(p[:, :gamma], props[..., None], -1)[..., 0]
     q_prop = jnp.take_along_axis(q, props[..., None], -1)[..., 0]
-    if greedy:
+    if sampler.greedy:
         keep = p_prop > 0.5
     else:
         u = jax.random.uniform(k_accept, (b, gamma))
@@ -76,7 +71,7 @@ def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, greedy: bool,
     q_at = jnp.where((n_acc < gamma)[:, None], q[rows, jnp.minimum(n_acc, gamma - 1)], 0.0)
     residual = jnp.maximum(p_at - q_at, 0.0)
     residual = jnp.where(residual.sum(-1, keepdims=True) > 0, residual, p_at)
-    if greedy:
+    if sampler.greedy:
         fix = jnp.argmax(residual, -1).astype(jnp.int32)
     else:
         fix = jax.random.categorical(k_fix, jnp.log(residual), axis=-1).astype(jnp.int32)
@@ -109,11 +104,11 @@ def emit_accepted(tokens: jax.Array, num_new: jax.Array, done: jax.Array, last: 
 
 @functools.cache
 def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, gamma: int, num_new: int,
-                  cache_len: int, greedy: bool, top_k: int):
+                  cache_len: int, sampler: Sampler):
     target, draft = Decoder(target_cfg, impl), Decoder(draft_cfg, impl)
     width = num_new + gamma + 1
 
-    def run(target_params, draft_params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
+    def run(target_params, draft_params, prompt, prompt_lens, max_new, eos_ids, args: SamplingArgs):
         target_fwd, draft_fwd = forward_fn(target, target_params), forward_fn(draft, draft_params)
         b, p = prompt.shape
         rows = jnp.arange(b)
@@ -122,7 +117,7 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
         t_logits, t_cache = target_fwd(prompt, positions, KVCache.init(target_cfg, b, cache_len), limit, group)
         _, d_cache = draft_fwd(prompt, positions, KVCache.init(draft_cfg, b, cache_len), limit, group)
         first_logits = t_logits[rows, prompt_lens - 1]
-        first = sample_token(first_logits, jax.random.fold_in(rng, 2**31 - 1), greedy, temperature, top_k, top_p)
+        first = sampler.sample(first_logits, args.fold(2**31 - 1))
         done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
         tokens = jnp.full((b, width), PAD_ID, jnp.int32).at[:, 0].set(jnp.where(max_new > 0, first, PAD_ID))
         state = SpecState(target_cache=t_cache.commit(prompt_lens), draft_cache=d_cache.commit(prompt_lens),
@@ -130,7 +125,7 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
                           rounds=jnp.int32(1), accepted=jnp.zeros((b,), jnp.int32),
                           proposed=jnp.zeros((b,), jnp.int32))
 
-        def draft_round(state: SpecState, key):
+        def draft_round(state: SpecState, a_draft: SamplingArgs):
             """gamma + 1 draft steps: propose gamma tokens, and write the last proposal's KV too."""
             one_limit, one_group = causal_metadata(b, 1)
 
@@ -138,8 +133,8 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
                 cache, tok = carry
                 logits, cache = draft_fwd(tok[:, None], cache.lengths[:, None], cache, one_limit, one_group)
                 cache = cache.commit(1)
-                q = probs(logits[:, 0], greedy, temperature, top_k, top_p)
-                nxt = sample_token(logits[:, 0], jax.random.fold_in(key, i), greedy, temperature, top_k, top_p)
+                q = sampler.probs(logits[:, 0], args)
+                nxt = sampler.sample(logits[:, 0], a_draft.fold(i))
                 return (cache, nxt), (nxt, q)
 
             (cache, _), (props, qs) = jax.lax.scan(step, (state.draft_cache, state.last), jnp.arange(gamma + 1))
@@ -149,15 +144,14 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
             return ~jnp.all(state.done)
 
         def body(state: SpecState):
-            key = jax.random.fold_in(rng, state.rounds)
-            k_draft, k_accept, k_fix = jax.random.split(key, 3)
-            d_cache, props, q = draft_round(state, k_draft)
+            a_draft, a_accept, a_fix = args.fold(state.rounds).split(3)
+            d_cache, props, q = draft_round(state, a_draft)
             block = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
             blk_limit, blk_group = causal_metadata(b, gamma + 1)
             pos = state.target_cache.lengths[:, None] + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
             logits, t_cache = target_fwd(block, pos, state.target_cache, blk_limit, blk_group)
-            p = probs(logits, greedy, temperature, top_k, top_p)  # [B, gamma + 1, V]
-            n_acc, emitted = accept_proposals(p, q, props, greedy, k_accept, k_fix)
+            p = sampler.probs(logits, args)  # [B, gamma + 1, V]
+            n_acc, emitted = accept_proposals(p, q, props, sampler, a_accept.key, a_fix.key)
             tokens, num, done, last, commit = emit_accepted(state.tokens, state.num_new, state.done, state.last,
                                                             emitted, n_acc, eos_ids, max_new)
             live = (~state.done).astype(jnp.int32)
@@ -194,17 +188,12 @@ class SpecBatch:
     cache_len: int
 
 
-def spec_batch(target, prompts, gamma: int, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
-               seed: int, add_bos: bool, eos_ids: Sequence[int] | None, capacity: int,
-               extra_slots: int = 0) -> SpecBatch:
+def spec_batch(target, req: Request, *, gamma: int, capacity: int, extra_slots: int = 0) -> SpecBatch:
     """Checks and padding shared by speculative decoding and EAGLE-3. A round writes `gamma + 1` (+ `extra_slots`)
     tokens past the last emitted one, so each prompt needs that much cache beyond its budget."""
     if int(gamma) < 1:
         raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
-    sampling = SamplingParams(temperature, top_k, top_p, seed)
-    if int(max_new_tokens) < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    ids = encode_prompts(target, prompts, add_bos)
+    ids, max_new_tokens = req.ids, req.max_new
     margin = gamma + 1 + extra_slots
     extra = f" (+{extra_slots} tree leaves)" if extra_slots else ""
     for i, p in enumerate(ids):
@@ -214,8 +203,16 @@ def spec_batch(target, prompts, gamma: int, max_new_tokens: int, temperature: fl
                              f"cache holds {capacity}")
     b, p, n = bucket(len(ids), 1), bucket(max(len(x) for x in ids)), bucket(max_new_tokens, 16)
     prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
-    return SpecBatch(ids, sampling, prompt, lens, max_new, resolve_eos(target, eos_ids), n,
+    return SpecBatch(ids, req.sampling, prompt, lens, max_new, req.eos, n,
                      min(length_bucket(p + n + margin), capacity))
+
+
+def spec_request(target, prompts, max_new_tokens: int, sampling: SamplingParams, add_bos: bool,
+                 eos_ids: Sequence[int] | None) -> Request:
+    """The request of a speculation entry point called directly (the engine validates its own)."""
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
+    return Request(ids=encode_prompts(target, prompts, add_bos), max_new=max_new_tokens, sampling=sampling,
+                   eos=resolve_eos(target, eos_ids))
 
 
 def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -> GenerateResult:
@@ -232,25 +229,34 @@ def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -
 
 
 def run_spec(target, program, drafter_params, sb: SpecBatch, gamma: int) -> GenerateResult:
-    """Run a speculation program (`program(target_params, drafter_params, prompt, lens, max_new, eos, temperature,
-    top_p, rng)`: the draft model's or EAGLE-3's) on a prepared batch, timed, and collect its result."""
+    """Run a speculation program (`program(target_params, drafter_params, prompt, lens, max_new, eos, args)`: the
+    draft model's or EAGLE-3's) on a prepared batch, timed, and collect its result."""
     t0 = time.perf_counter()
-    out = program(target.params, drafter_params, sb.prompt, sb.lens, sb.max_new, sb.eos, *sb.sampling.loop_args(),
-                  prng_key(sb.sampling.seed))
+    out = program(target.params, drafter_params, sb.prompt, sb.lens, sb.max_new, sb.eos, sb.sampling.args())
     out = fetch(out)
     return spec_result(target, sb.ids, out, time.perf_counter() - t0, gamma)
 
 
-def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequence[int]], gamma: int = 4,
+def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequence[int]], *, gamma: int = 4,
                          max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                          seed: int = 0, max_cache_len: int | None = None, add_bos: bool = True,
                          eos_ids: Sequence[int] | None = None) -> GenerateResult:
     """Lossless speculative decoding: same output distribution as `generate(target, ...)`."""
     check_pair(target, draft)
-    capacity = int(max_cache_len) if max_cache_len is not None else min(
-        target.config.max_position_embeddings, draft.config.max_position_embeddings)
-    sb = spec_batch(target, prompts, gamma, max_new_tokens, temperature, top_k, top_p, seed, add_bos, eos_ids,
-                    capacity)
+    if int(gamma) < 1:
+        raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    req = spec_request(target, prompts, max_new_tokens, sampling, add_bos, eos_ids)
+    capacity = int(max_cache_len) if max_cache_len is not None else None
+    return speculate(target, draft, req, gamma=int(gamma), capacity=capacity)
+
+
+def speculate(target, draft, req: Request, *, gamma: int, capacity: int | None = None) -> GenerateResult:
+    """Speculative decoding of a validated request (mode `sd`); `capacity`: the cache slots (default: the models'
+    positions)."""
+    if capacity is None:
+        capacity = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    sb = spec_batch(target, req, gamma=gamma, capacity=capacity)
     program = _spec_program(target.config, draft.config, target.attention_impl, int(gamma), sb.num_new,
-                            sb.cache_len, sb.sampling.greedy, sb.sampling.top_k)
+                            sb.cache_len, sb.sampling.sampler)
     return run_spec(target, program, draft.params, sb, gamma)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -29,15 +29,15 @@ import orbax.checkpoint as ocp
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from parse_jax.errors import CheckpointError, ConfigError
+from parse_jax.errors import CheckpointError, ConfigError, InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import MASKED_LOGIT, ModelConfig, rope_inv_freq
 from parse_jax.models.decoder import MLP, Attention, Decoder, RMSNorm, apply_rope, causal_metadata
 from parse_jax.models.functional import linear, rms_norm
 from parse_jax.runtime.programs import forward_fn, register_program
-from parse_jax.runtime.requests import PAD_ID, GenerateResult
-from parse_jax.runtime.sampling import sample_token
-from parse_jax.speculation.draft_model import accept_proposals, emit_accepted, probs, run_spec, spec_batch
+from parse_jax.runtime.requests import PAD_ID, GenerateResult, Request, SamplingParams
+from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.speculation.draft_model import accept_proposals, emit_accepted, run_spec, spec_batch, spec_request
 
 HEAD_CONFIG_FILE = "eagle3.json"
 HEAD_PARAMS_DIR = "params"
@@ -341,17 +341,51 @@ def move_kv(cache: KVCache, src: jax.Array, dst: jax.Array, where: jax.Array) ->
     return cache.replace(k=tuple(move(x) for x in cache.k), v=tuple(move(x) for x in cache.v))
 
 
-def eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVCache, head_cache: KVCache,
-                first_logits, ctx_tokens, ctx_feats, n, max_new, eos_ids, rng, gamma: int, num_new: int,
-                greedy: bool, temperature, top_k: int, top_p, first_pass: int, tree: int = 0):
-    """From a target cache holding `n` context tokens and the target's taps at those positions: emit the first token
-    from `first_logits`, fill the head's cache, then rounds of (gamma head steps -> one target pass -> lossless
-    acceptance) until every row is done. `tree` > 0 (greedy only): the chain plus that many sibling leaves picked by
-    draft confidence, verified in the same target pass (`tree_block`)."""
+class EagleFns(NamedTuple):
+    """The functions an EAGLE-3 loop calls inside a jit (`head_applies`): the target with its taps, the head, and
+    the target's LM head."""
+
+    target: Callable
+    head: Callable
+    lm: Callable
+
+
+@struct.dataclass
+class EagleContext:
+    """What the target has read before the loop starts: its tokens [B, L] and taps [B, L, 3d], how many count per
+    row [B], and the target's next-token logits after them [B, V]."""
+
+    tokens: jax.Array
+    features: jax.Array
+    length: jax.Array
+    first_logits: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleLoop:
+    """The static settings of an EAGLE-3 drafting loop (one program per value)."""
+
+    config: Eagle3Config
+    gamma: int
+    num_new: int
+    tree: int = 0          # sibling leaves per round (greedy only)
+    first_pass: int = 0    # target passes already made: 1 after a prefill, 0 from a PARSE boundary
+
+
+def eagle_loop(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop: EagleLoop, max_new: jax.Array,
+               eos_ids: jax.Array, sampler: Sampler, args: SamplingArgs):
+    """From a target cache holding `ctx.length` context tokens and the target's taps at those positions: emit the
+    first token from `ctx.first_logits`, fill the head's cache, then rounds of (gamma head steps -> one target pass
+    -> lossless acceptance) until every row is done. `loop.tree` > 0 (greedy only): the chain plus that many sibling
+    leaves picked by draft confidence, verified in the same target pass (`tree_block`)."""
+    target_fwd, head_apply, lm = fns
+    gamma, num_new, tree = loop.gamma, loop.num_new, loop.tree
+    first_logits, ctx_tokens, ctx_feats, n = ctx.first_logits, ctx.tokens, ctx.features, ctx.length
+    head_cache = KVCache.init(loop.config.layer, first_logits.shape[0], target_cache.max_len)
     b = first_logits.shape[0]
     rows = jnp.arange(b)
     width = num_new + gamma + 1
-    first = sample_token(first_logits, jax.random.fold_in(rng, 2**31 - 1), greedy, temperature, top_k, top_p)
+    first = sampler.sample(first_logits, args.fold(2**31 - 1))
     # the head's entry for position t reads x_{t+1}: the context shifted by one, then the first emitted token
     shifted = jnp.concatenate([ctx_tokens[:, 1:], ctx_tokens[:, :1]], axis=1)
     shifted = shifted.at[rows, n - 1].set(first)
@@ -364,15 +398,15 @@ def eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVCa
     tokens = jnp.full((b, width), PAD_ID, jnp.int32).at[:, 0].set(jnp.where(max_new > 0, first, PAD_ID))
     state = EagleState(target_cache=target_cache, head_cache=head_cache, h_last=out[rows, n - 1],
                        logits_last=lm(normed[rows, n - 1]), tokens=tokens, num_new=jnp.minimum(max_new, 1),
-                       done=done, last=first, rounds=jnp.int32(first_pass), accepted=jnp.zeros((b,), jnp.int32),
+                       done=done, last=first, rounds=jnp.int32(loop.first_pass), accepted=jnp.zeros((b,), jnp.int32),
                        proposed=jnp.zeros((b,), jnp.int32))
     one_limit, one_group = causal_metadata(b, 1)
 
-    def draft_chain(state: EagleState, key):
+    def draft_chain(state: EagleState, a_draft: SamplingArgs):
         """gamma proposals: the first from `logits_last`, then gamma - 1 head steps on the head's own outputs.
         Returns (props [B, gamma], q [B, gamma, V] the distributions they were drawn from, head logits)."""
-        q1 = probs(state.logits_last, greedy, temperature, top_k, top_p)
-        d1 = sample_token(state.logits_last, jax.random.fold_in(key, 0), greedy, temperature, top_k, top_p)
+        q1 = sampler.probs(state.logits_last, args)
+        d1 = sampler.sample(state.logits_last, a_draft.fold(0))
         if gamma == 1:
             return d1[:, None], q1[:, None], state.logits_last[:, None]
         base = state.head_cache.lengths
@@ -383,8 +417,8 @@ def eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVCa
                                             one_limit, one_group)
             cache = cache.commit(1)
             logits = lm(normed[:, 0])
-            nxt = sample_token(logits, jax.random.fold_in(key, k), greedy, temperature, top_k, top_p)
-            return (cache, nxt, out[:, 0]), (nxt, probs(logits, greedy, temperature, top_k, top_p), logits)
+            nxt = sampler.sample(logits, a_draft.fold(k))
+            return (cache, nxt, out[:, 0]), (nxt, sampler.probs(logits, args), logits)
 
         _, (rest, qs, ls) = jax.lax.scan(step, (state.head_cache, d1, state.h_last), jnp.arange(1, gamma))
         props = jnp.concatenate([d1[:, None], rest.T], axis=1)
@@ -395,9 +429,8 @@ def eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVCa
         return ~jnp.all(state.done)
 
     def body(state: EagleState):
-        key = jax.random.fold_in(rng, state.rounds)
-        k_draft, k_accept, k_fix = jax.random.split(key, 3)
-        props, q, head_logits = draft_chain(state, k_draft)
+        a_draft, a_accept, a_fix = args.fold(state.rounds).split(3)
+        props, q, head_logits = draft_chain(state, a_draft)
         trunk = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
         start = state.target_cache.lengths[:, None]
         if tree:
@@ -408,8 +441,8 @@ def eagle_loop(target_fwd, head_apply, lm, cfg: Eagle3Config, target_cache: KVCa
             blk_limit, blk_group = causal_metadata(b, gamma + 1)
             pos = start + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
         logits, t_cache, feats = target_fwd(block, pos, state.target_cache, blk_limit, blk_group)
-        p = probs(logits[:, : gamma + 1], greedy, temperature, top_k, top_p)
-        n_acc, emitted = accept_proposals(p, q, props, greedy, k_accept, k_fix)
+        p = sampler.probs(logits[:, : gamma + 1], args)
+        n_acc, emitted = accept_proposals(p, q, props, sampler, a_accept.key, a_fix.key)
         path = jnp.broadcast_to(jnp.arange(gamma + 1 + bool(tree), dtype=jnp.int32), (b, gamma + 1 + bool(tree)))
         if tree:  # greedy: a leaf at the first rejected depth that equals the target's token is accepted too
             hit = ((leaf_depth == n_acc[:, None]) & (leaf_tok == emitted[rows, n_acc][:, None])
@@ -460,48 +493,45 @@ def head_applies(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, target_p
     def lm(normed):
         return lm_head(target_params, target_cfg, normed)
 
-    return target_fwd, head_apply, lm
+    return EagleFns(target_fwd, head_apply, lm)
 
 
 @functools.cache
-def generate_program(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, gamma: int, num_new: int,
-                     cache_len: int, greedy: bool, top_k: int, tree: int = 0):
+def generate_program(target_cfg: ModelConfig, impl: str, cache_len: int, loop: EagleLoop, sampler: Sampler):
     """Target + EAGLE-3 from prompts: one target prefill (with feature taps), then `eagle_loop`."""
+    num_new = loop.num_new
 
-    def run(target_params, head_params, prompt, prompt_lens, max_new, eos_ids, temperature, top_p, rng):
-        target_fwd, head_apply, lm = head_applies(target_cfg, cfg, impl, target_params, head_params)
+    def run(target_params, head_params, prompt, prompt_lens, max_new, eos_ids, args: SamplingArgs):
+        fns = head_applies(target_cfg, loop.config, impl, target_params, head_params)
         b, p = prompt.shape
         limit, group = causal_metadata(b, p)
         positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-        logits, t_cache, feats = target_fwd(prompt, positions, KVCache.init(target_cfg, b, cache_len), limit, group)
-        first_logits = logits[jnp.arange(b), prompt_lens - 1]
-        state = eagle_loop(target_fwd, head_apply, lm, cfg, t_cache.commit(prompt_lens),
-                            KVCache.init(cfg.layer, b, cache_len), first_logits, prompt, feats, prompt_lens, max_new,
-                            eos_ids, rng, gamma, num_new, greedy, temperature, top_k, top_p, 1, tree)
+        logits, t_cache, feats = fns.target(prompt, positions, KVCache.init(target_cfg, b, cache_len), limit, group)
+        ctx = EagleContext(tokens=prompt, features=feats, length=prompt_lens,
+                           first_logits=logits[jnp.arange(b), prompt_lens - 1])
+        state = eagle_loop(fns, t_cache.commit(prompt_lens), ctx, loop=loop, max_new=max_new, eos_ids=eos_ids,
+                           sampler=sampler, args=args)
         return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
 
     return register_program(jax.jit(run))
 
 
 @functools.cache
-def continue_program(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, gamma: int, num_new: int,
-                     greedy: bool, top_k: int, tree: int = 0):
+def continue_program(target_cfg: ModelConfig, impl: str, loop: EagleLoop, sampler: Sampler):
     """The target's continuation with EAGLE-3 from a committed cache (PARSE's accepted boundary): the context's
     taps come from the verification pass that scored the prefixes, so nothing is recomputed."""
+    num_new = loop.num_new
 
-    def run(target_params, head_params, cache, first_logits, ctx_tokens, ctx_feats, n, max_new, eos_ids,
-            temperature, top_p, rng):
-        target_fwd, head_apply, lm = head_applies(target_cfg, cfg, impl, target_params, head_params)
-        b = first_logits.shape[0]
-        state = eagle_loop(target_fwd, head_apply, lm, cfg, cache, KVCache.init(cfg.layer, b, cache.max_len),
-                            first_logits, ctx_tokens, ctx_feats, n, max_new, eos_ids, rng, gamma, num_new, greedy,
-                            temperature, top_k, top_p, 0, tree)
+    def run(target_params, head_params, cache, ctx: EagleContext, max_new, eos_ids, args: SamplingArgs):
+        fns = head_applies(target_cfg, loop.config, impl, target_params, head_params)
+        state = eagle_loop(fns, cache, ctx, loop=loop, max_new=max_new, eos_ids=eos_ids, sampler=sampler,
+                           args=args)
         return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
 
     return register_program(jax.jit(run))
 
 
-def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequence[int]], gamma: int = 4,
+def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequence[int]], *, gamma: int = 4,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                     seed: int = 0, add_bos: bool = True, eos_ids: Sequence[int] | None = None,
                     tree: int = 0) -> GenerateResult:
@@ -510,12 +540,20 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
     many sibling leaves chosen by draft confidence, all verified in one target pass (greedy only)."""
     head.config.check_target(target.config)
     check_tree(tree, temperature)
-    sb = spec_batch(target, prompts, gamma, max_new_tokens, temperature, top_k, top_p, seed, add_bos, eos_ids,
-                    target.config.max_position_embeddings, extra_slots=int(tree))
-    program = generate_program(target.config, head.config, target.attention_impl, int(gamma), sb.num_new,
-                               sb.cache_len, sb.sampling.greedy, sb.sampling.top_k, int(tree))
+    if int(gamma) < 1:
+        raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    req = spec_request(target, prompts, max_new_tokens, sampling, add_bos, eos_ids)
+    return eagle3_speculate(target, head, req, gamma=int(gamma), tree=int(tree))
+
+
+def eagle3_speculate(target, head: Eagle3, req: Request, *, gamma: int, tree: int = 0) -> GenerateResult:
+    """EAGLE-3 drafting of a validated request (mode `eagle3`)."""
+    sb = spec_batch(target, req, gamma=gamma, capacity=target.config.max_position_embeddings, extra_slots=tree)
+    loop = EagleLoop(config=head.config, gamma=gamma, num_new=sb.num_new, tree=tree, first_pass=1)
+    program = generate_program(target.config, target.attention_impl, sb.cache_len, loop, sb.sampling.sampler)
     res = run_spec(target, program, head.params, sb, gamma)
-    res.stats["tree"] = int(tree)
+    res.stats["tree"] = tree
     return res
 
 

@@ -47,30 +47,33 @@ import operator
 import random
 import re
 import zlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from parse_jax.errors import ConfigError, InputError
+from parse_jax.settings import DELIMITER, JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX  # the verification format
+from parse_jax.tasks.expressions import (
+    ANSWER_MARK,
+    EQUALS,
+    OPS,
+    PROMPT_END,
+    SYMBOLS,
+    Problem,
+    apply_op,
+    as_rng,
+    parse_prompt,
+    parse_shape,
+    render_solution,
+    render_step,
+)
 
-DELIMITER = ";"
-ANSWER_MARK = "answer"
-PROMPT_END = ":"
-EQUALS = "="
-VERIFY_SUFFIX = " | check"
-JUDGE_YES = "Correct"
-JUDGE_NO = "Incorrect"
-
-OPS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 CORRUPTIONS = ("result", "operand", "operator", "subexpr")
+
+
+
 SPLITS = ("test", "train", "all")
 
-# Every symbol any task of this family can write, in a fixed order (the tokenizer's vocabulary after the specials).
-SYMBOLS: tuple[str, ...] = (
-    *(str(d) for d in range(10)), *OPS, "(", ")", PROMPT_END, DELIMITER, EQUALS, "|", ANSWER_MARK, "check",
-    JUDGE_YES, JUDGE_NO,
-)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class TaskConfig:
         if not self.shapes:
             raise ConfigError("TaskConfig.shapes is empty")
         for shape in self.shapes:
-            _parse_shape(shape)
+            parse_shape(shape)
         if not self.ops or len(set(self.ops)) != len(self.ops) or any(o not in OPS for o in self.ops):
             raise ConfigError(f"TaskConfig.ops must be distinct operators among {sorted(OPS)}, got {self.ops!r}")
         if not (isinstance(self.modulus, int) and 2 <= self.modulus <= 10):
@@ -104,156 +107,6 @@ class TaskConfig:
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ConfigError(f"TaskConfig.heldout_fraction must be in (0, 1), got {self.heldout_fraction!r}")
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Expression trees
-
-
-@dataclass(frozen=True)
-class Node:
-    """One node of a problem: a digit (``op is None``) or an operation on two child nodes (ids into ``nodes``)."""
-
-    op: str | None
-    left: int
-    right: int
-    value: int
-    first_leaf: int  # value of the leftmost digit under this node
-    last_leaf: int  # value of the rightmost digit under this node
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A parsed prompt. ``order`` lists the operation nodes in canonical (left-to-right post-order) order."""
-
-    prompt: str
-    nodes: tuple[Node, ...]
-    root: int
-    order: tuple[int, ...]
-    parent: tuple[int, ...] = field(repr=False)  # -1 for the root
-    modulus: int
-
-    @property
-    def value(self) -> int:
-        return self.nodes[self.root].value
-
-    @property
-    def n_steps(self) -> int:
-        return len(self.order)
-
-
-def _apply(op: str, x: int, y: int, modulus: int) -> int:
-    return OPS[op](x, y) % modulus
-
-
-def _parse_shape(shape: str) -> list[str]:
-    if not isinstance(shape, str) or re.fullmatch(r"[()xo\s]*", shape) is None:
-        raise ConfigError(f"shape {shape!r} may only use x (a digit), o (an operator), parentheses and spaces")
-    toks = re.findall(r"[()xo]", shape)
-    # The same grammar as problems: substitute a digit and an operator and parse.
-    try:
-        _parse_tokens([{"x": "1", "o": "+"}.get(t, t) for t in toks], 10, shape)
-    except InputError as e:
-        raise ConfigError(f"bad shape {shape!r}: {e}") from None
-    if "o" not in toks:
-        raise ConfigError(f"shape {shape!r} has no operation")
-    return toks
-
-
-def _parse_tokens(toks: Sequence[str], modulus: int, source: str) -> tuple[list[Node], int, list[int]]:
-    """Recursive descent over ``expr := atom [op atom]``, ``atom := digit | ( atom op atom )``.
-
-    Returns (nodes, root id, canonical order of operation nodes)."""
-    nodes: list[Node] = []
-    order: list[int] = []
-    digits = {str(d): d for d in range(modulus)}
-    pos = 0
-
-    def fail(msg: str) -> InputError:
-        return InputError(f"not a problem of this task ({msg} at symbol {pos}): {source!r}")
-
-    def atom() -> int:
-        nonlocal pos
-        if pos >= len(toks):
-            raise fail("unexpected end")
-        t = toks[pos]
-        if t in digits:
-            pos += 1
-            nodes.append(Node(None, -1, -1, digits[t], digits[t], digits[t]))
-            return len(nodes) - 1
-        if t == "(":
-            pos += 1
-            left = atom()
-            node = binary(left, required=True)
-            if pos >= len(toks) or toks[pos] != ")":
-                raise fail("expected ')'")
-            pos += 1
-            return node
-        raise fail(f"unexpected {t!r}")
-
-    def binary(left: int, required: bool) -> int:
-        nonlocal pos
-        if pos >= len(toks) or toks[pos] not in OPS:
-            if required:
-                raise fail("expected an operator")
-            return left
-        op = toks[pos]
-        pos += 1
-        right = atom()
-        a, b = nodes[left], nodes[right]
-        nodes.append(Node(op, left, right, _apply(op, a.value, b.value, modulus), a.first_leaf, b.last_leaf))
-        order.append(len(nodes) - 1)
-        return len(nodes) - 1
-
-    root = binary(atom(), required=False)
-    if pos != len(toks):
-        raise fail("trailing symbols")
-    return nodes, root, order
-
-
-@lru_cache(maxsize=1 << 16)
-def _parse_prompt(prompt: str, modulus: int) -> Problem:
-    if not isinstance(prompt, str):
-        raise InputError(f"a prompt must be a str, got {type(prompt).__name__}")
-    toks = prompt.split()
-    if not toks or toks[-1] != PROMPT_END:
-        raise InputError(f"not a problem of this task (a prompt ends with {PROMPT_END!r}): {prompt!r}")
-    nodes, root, order = _parse_tokens(toks[:-1], modulus, prompt)
-    parent = [-1] * len(nodes)
-    for i, n in enumerate(nodes):
-        if n.op is not None:
-            parent[n.left] = parent[n.right] = i
-    return Problem(prompt, tuple(nodes), root, tuple(order), tuple(parent), modulus)
-
-
-def _render_expr(nodes: Sequence[Node], i: int, top: bool = True) -> str:
-    n = nodes[i]
-    if n.op is None:
-        return str(n.value)
-    body = f"{_render_expr(nodes, n.left, False)} {n.op} {_render_expr(nodes, n.right, False)}"
-    return body if top else f"( {body} )"
-
-
-def _render_step(x: int, op: str, y: int, z: int) -> str:
-    return f"{x} {op} {y} {EQUALS} {z}"
-
-
-def _render_solution(steps: Sequence[str], answer: int | str) -> str:
-    return " ".join(f"{s} {DELIMITER}" for s in steps) + (" " if steps else "") + f"{ANSWER_MARK} {answer}"
-
-
-def _as_rng(rng: Any) -> random.Random | None:
-    """None, an int seed, a `random.Random`, or a numpy Generator (one seed is drawn from it)."""
-    if rng is None or isinstance(rng, random.Random):
-        return rng
-    if isinstance(rng, int) and not isinstance(rng, bool):
-        return random.Random(rng)
-    if hasattr(rng, "integers"):  # numpy.random.Generator
-        return random.Random(int(rng.integers(0, 2**63 - 1)))
-    raise InputError(f"rng must be None, an int, a random.Random or a numpy Generator, got {type(rng).__name__}")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The task
 
 
 class Task:
@@ -270,7 +123,7 @@ class Task:
     def __init__(self, config: TaskConfig | None = None, name: str = "custom") -> None:
         self.config = config if config is not None else TaskConfig()
         self.name = name
-        self._shapes = [_parse_shape(s) for s in self.config.shapes]
+        self._shapes = [parse_shape(s) for s in self.config.shapes]
 
     def __repr__(self) -> str:
         return f"Task({self.name!r}, {self.config})"
@@ -279,7 +132,7 @@ class Task:
 
     def parse(self, prompt: str) -> Problem:
         """The expression tree of `prompt` (InputError when it is not a problem of this task)."""
-        return _parse_prompt(prompt, self.config.modulus)
+        return parse_prompt(prompt, self.config.modulus)
 
     def is_heldout(self, prompt: str) -> bool:
         """Whether `prompt` belongs to the evaluation split (a stable hash of the prompt text)."""
@@ -326,16 +179,16 @@ class Task:
 
     def _render_order(self, prob: Problem, order: Sequence[int]) -> str:
         nodes = prob.nodes
-        steps = [_render_step(nodes[nodes[i].left].value, nodes[i].op, nodes[nodes[i].right].value, nodes[i].value)
+        steps = [render_step(nodes[nodes[i].left].value, nodes[i].op, nodes[nodes[i].right].value, nodes[i].value)
                  for i in order]
-        return _render_solution(steps, prob.value)
+        return render_solution(steps, prob.value)
 
     def solve(self, prompt: str, rng: Any = None) -> str:
         """A correct solution of `prompt`. Without `rng`, the canonical order (left-to-right post-order); with one,
         each step is drawn uniformly among the operations whose operands are known (so independent
         sub-expressions come in random order)."""
         prob = self.parse(prompt)
-        rng = _as_rng(rng)
+        rng = as_rng(rng)
         if rng is None:
             return self._render_order(prob, prob.order)
         done: set[int] = set()
@@ -496,10 +349,10 @@ class Task:
         if kind == "result":  # right operation, wrong arithmetic
             out = [(x, n.op, y, v) for v in range(m) if v != z]
         elif kind == "operand":  # one operand miscopied, then computed correctly
-            out = [(d, n.op, y, _apply(n.op, d, y, m)) for d in range(m) if d != x]
-            out += [(x, n.op, d, _apply(n.op, x, d, m)) for d in range(m) if d != y]
+            out = [(d, n.op, y, apply_op(n.op, d, y, m)) for d in range(m) if d != x]
+            out += [(x, n.op, d, apply_op(n.op, x, d, m)) for d in range(m) if d != y]
         elif kind == "operator":  # wrong operator, computed correctly
-            out = [(x, o, y, _apply(o, x, y, m)) for o in self.config.ops if o != n.op]
+            out = [(x, o, y, apply_op(o, x, y, m)) for o in self.config.ops if o != n.op]
         elif kind == "subexpr":  # an operation the problem does not contain
             pairs: list[tuple[int, str, int]] = [(y, n.op, x)]  # swapped operands
             if nodes[n.right].op is not None:  # a raw digit instead of the right sub-expression's value
@@ -513,7 +366,7 @@ class Task:
                     pairs.append((n.last_leaf, par.op, nodes[par.right].first_leaf))
                 else:
                     pairs.append((nodes[par.left].last_leaf, par.op, n.first_leaf))
-            out = [(a, o, b, _apply(o, a, b, m)) for a, o, b in pairs]
+            out = [(a, o, b, apply_op(o, a, b, m)) for a, o, b in pairs]
         else:
             raise InputError(f"corruption kind must be one of {CORRUPTIONS}, got {kind!r}")
         return [c for c in dict.fromkeys(out) if c[3] != z]
@@ -535,7 +388,7 @@ class Task:
         if not steps:
             raise InputError("the solution has no step to corrupt")
         assign = self._assignment(prob, steps)
-        r = _as_rng(rng) or random.Random(0)
+        r = as_rng(rng) or random.Random(0)
         idx = r.randrange(len(steps)) if step is None else step
         if not 0 <= idx < len(steps):
             raise InputError(f"step {idx} out of range for a solution of {len(steps)} steps")
@@ -553,14 +406,14 @@ class Task:
                 out = []
                 for j, i in enumerate(assign):
                     if j == idx:
-                        out.append(_render_step(*cand))
+                        out.append(render_step(*cand))
                         values[i] = cand[3]
                     else:
                         n = nodes[i]
                         xv, yv = values[n.left], values[n.right]
-                        values[i] = _apply(n.op, xv, yv, prob.modulus)
-                        out.append(_render_step(xv, n.op, yv, values[i]))
-                text = _render_solution(out, values[prob.root])
+                        values[i] = apply_op(n.op, xv, yv, prob.modulus)
+                        out.append(render_step(xv, n.op, yv, values[i]))
+                text = render_solution(out, values[prob.root])
                 marks = self.grade_steps(prompt, text)
                 if not marks[idx] and all(marks[:idx]):
                     return text, idx
@@ -587,6 +440,7 @@ class Task:
         return SYMBOLS
 
 
+
 PRESETS: dict[str, TaskConfig] = {
     # 3 steps, 2 orders: the measured shape (docs/design.md §6).
     "default": TaskConfig(),
@@ -600,12 +454,9 @@ PRESETS: dict[str, TaskConfig] = {
 }
 
 
+
 def load_task(name: str = "default") -> Task:
     """The embedded task, by preset name (`PRESETS`: "default", "easy", "medium", "hard")."""
     if name not in PRESETS:
         raise ConfigError(f"unknown task {name!r}; known tasks: {', '.join(PRESETS)}")
     return Task(PRESETS[name], name=name)
-
-
-__all__ = ["ANSWER_MARK", "CORRUPTIONS", "DELIMITER", "JUDGE_NO", "JUDGE_YES", "PRESETS", "PROMPT_END", "SYMBOLS",
-           "VERIFY_SUFFIX", "Node", "Problem", "Task", "TaskConfig", "load_task"]

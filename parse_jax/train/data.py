@@ -27,9 +27,23 @@ import numpy as np
 
 from parse_jax.errors import ConfigError
 from parse_jax.tasks import Task
-from parse_jax.verify.layout import pack
+from parse_jax.utils.validation import check_boundaries
 
 PAD_ID = 0
+
+
+def packed_row(seq: Sequence[int], ends: Sequence[int], suffix: Sequence[int]) -> dict[str, np.ndarray]:
+    """`seq` then one copy of `suffix` per prefix end, with the positions and mask metadata of docs/design.md §2
+    (copy k, token j: position b_k + j, sees seq[:b_k] and copy-k tokens <= j). Built in numpy on the host: rows
+    are made one at a time, of every length, where a device program (`verify.block.pack_block`) would compile
+    per shape."""
+    d, s = len(seq), len(suffix)
+    bounds = np.asarray(check_boundaries(ends, d), np.int32)
+    j = np.tile(np.arange(s, dtype=np.int32), len(ends))
+    return {"tokens": np.concatenate([np.asarray(seq, np.int32), np.tile(np.asarray(suffix, np.int32), len(ends))]),
+            "positions": np.concatenate([np.arange(d, dtype=np.int32), np.repeat(bounds, s) + j]),
+            "limit": np.concatenate([np.arange(1, d + 1, dtype=np.int32), np.repeat(bounds, s)]),
+            "group": np.concatenate([np.zeros(d, np.int32), np.repeat(np.arange(1, len(ends) + 1, dtype=np.int32), s)])}
 
 
 @dataclass(frozen=True)
@@ -86,8 +100,8 @@ class Encoder:
         draft = [*ctx, *ids]
         if judge and prefix_ids:
             bounds = [c + len(p) for p in prefix_ids]
-            block = pack(0, draft, bounds, suffix)
-            tokens, positions, limit, group = block.tokens, block.positions, block.limit, block.group
+            row = packed_row(draft, bounds, suffix)
+            tokens, positions, limit, group = row["tokens"], row["positions"], row["limit"], row["group"]
         else:
             labels = []
             tokens = np.asarray(draft, np.int32)
@@ -121,25 +135,34 @@ def prefixes(task: Task, prompt: str, text: str) -> list[JudgeExample]:
     return out
 
 
+@dataclass(frozen=True)
+class RowMix:
+    """Which solutions a stream's rows hold: with probability `real_fraction` a real draft output from `samples`
+    ((prompt, text) pairs; those that fit), else with probability `error_fraction` a synthetic corruption of a
+    random-order solution, else a clean random-order solution."""
+
+    error_fraction: float = 0.0
+    real_fraction: float = 0.0
+    samples: Sequence[tuple[str, str]] = ()
+
+
 class BatchStream:
     """Deterministic batches: `batch(step)` depends only on (seed, step).
 
-    Rows: with probability `real_fraction` a real draft output from `samples` (those that fit), else with
-    probability `error_fraction` a synthetic corruption of a random-order solution, else a clean random-order
-    solution. `judge=False` (the draft's stream) gives plain language-modelling rows."""
+    Rows are drawn as `mix` says (default: clean solutions only). `judge=False` (the draft's stream) gives plain
+    language-modelling rows."""
 
     def __init__(self, task: Task, encoder: Encoder, seq_len: int, batch_size: int, seed: int, *,
-                 judge: bool = False, error_fraction: float = 0.0, real_fraction: float = 0.0,
-                 samples: Sequence[tuple[str, str]] = (), split: str = "train") -> None:
+                 judge: bool = False, mix: RowMix = RowMix(), split: str = "train") -> None:
         if split == "test":
             raise ConfigError("training data must not come from the held-out split")
         self.task, self.enc, self.seq_len, self.batch_size = task, encoder, seq_len, batch_size
         self.seed, self.split, self.judge = seed, split, judge
-        self.error_fraction, self.real_fraction = error_fraction, real_fraction
+        self.error_fraction, self.real_fraction = mix.error_fraction, mix.real_fraction
         # real draft outputs that fit, as rows: built once, reused by every batch
-        self.samples = [row for row in (encoder.solution_row(p, t, judge) for p, t in samples)
+        self.samples = [row for row in (encoder.solution_row(p, t, judge) for p, t in mix.samples)
                         if len(row["tokens"]) <= seq_len]
-        if real_fraction > 0 and not self.samples:
+        if mix.real_fraction > 0 and not self.samples:
             raise ConfigError("real_fraction > 0 needs draft samples that fit in seq_len")
 
     def _rng(self, step: int) -> random.Random:

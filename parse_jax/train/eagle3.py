@@ -29,41 +29,11 @@ from parse_jax.tasks import Task
 from parse_jax.train.data import Encoder
 from parse_jax.train.evaluate import solve_many
 from parse_jax.train.forward import train_forward
-from parse_jax.train.recipe import PhaseSpec
-from parse_jax.train.trainer import train_phase
+from parse_jax.train.recipe import Eagle3Spec  # the head's training settings (jax-free, for the CLI)
+from parse_jax.train.trainer import PhaseOptions, train_phase
 from parse_jax.utils.progress import bar
-from parse_jax.utils.validation import SEED_MAX, check_float, check_int
 
 SAMPLES_FILE = "samples.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class Eagle3Spec:
-    """Head training settings. `unroll`: training-time-test steps; step k's loss weighs `step_decay ** k`."""
-
-    steps: int = 1500
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup_steps: int = 100
-    unroll: int = 4
-    step_decay: float = 0.8
-    samples: int = 6000
-    seq_len: int = 40
-    seed: int = 0
-    checkpoint_every: int = 200
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "unroll", "samples", "seq_len", "checkpoint_every"):
-            check_int(f"EAGLE-3 training: {name}", getattr(self, name), 1)
-        if not 0 < self.step_decay <= 1:
-            raise ConfigError(f"EAGLE-3 training: step_decay must lie in (0, 1], got {self.step_decay}")
-        check_float("EAGLE-3 training: lr", self.lr, 0.0, min_open=True)
-        check_int("EAGLE-3 training: seed", self.seed, 0, SEED_MAX)
-        check_int("EAGLE-3 training: warmup_steps", self.warmup_steps, 0)
-
-    def phase(self) -> PhaseSpec:
-        return PhaseSpec(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
-                         checkpoint_every=self.checkpoint_every, seed=self.seed)
 
 
 def target_rows(target, task: Task, spec: Eagle3Spec, folder: Path, progress: bool = True) -> np.ndarray:
@@ -83,8 +53,8 @@ def target_rows(target, task: Task, spec: Eagle3Spec, folder: Path, progress: bo
     rng = random.Random(f"eagle3:{spec.seed}")
     prompts = [task.sample(rng, "train") for _ in range(spec.samples)]
     t0 = time.perf_counter()
-    texts = solve_many(target, task, prompts, max_new_tokens=spec.seq_len, batch=256, progress=progress,
-                       desc="target solving train problems")
+    texts = solve_many(target, task, prompts, max_new_tokens=spec.seq_len, batch=256,
+                       progress="target solving train problems" if progress else None)
     eos = target.tokenizer.eos_id
     rows = np.full((len(prompts), spec.seq_len + 1), PAD_ID, np.int32)
     for i, (p, text) in enumerate(zip(prompts, texts)):
@@ -193,9 +163,9 @@ def train_eagle3(target, task: Task, out: str | Path, spec: Eagle3Spec | None = 
 
     fingerprint: dict[str, Any] = {"eagle3": cfg.to_dict(), "eagle3_spec": dataclasses.asdict(spec),
                                    "target_params": target_fingerprint(target)}
-    params, _ = train_phase("eagle3", cfg.layer, spec.phase(), batch_fn, out / "head_run", fingerprint, mode=mode,
-                            progress=progress, init=init_head(cfg, spec.seed), loss=make_loss(target, cfg, spec),
-                            on_step=on_step)
+    options = PhaseOptions(mode=mode, init=init_head(cfg, spec.seed), loss=make_loss(target, cfg, spec),
+                           on_step=on_step, progress=progress)
+    params, _ = train_phase("eagle3", cfg.layer, spec.phase(), batch_fn, out / "head_run", fingerprint, options)
     head = Eagle3(cfg, jax.device_get(params))
     save_eagle3(head, out / "eagle3", overwrite=True)
     return head

@@ -14,11 +14,12 @@ from parse_jax.utils.progress import bar
 
 
 def solve_many(model, task: Task, prompts: Sequence[str], max_new_tokens: int = 24, temperature: float = 0.0,
-               seed: int = 0, batch: int = 256, progress: bool = False, desc: str = "solving") -> list[str]:
-    """The model's answers to `prompts`, `batch` at a time; `progress`: a bar on stderr counting problems."""
+               seed: int = 0, batch: int = 256, progress: str | None = None) -> list[str]:
+    """The model's answers to `prompts`, `batch` at a time; `progress`: the label of a bar on stderr counting
+    problems (None: no bar)."""
     enc = Encoder(model.tokenizer, task)
     out: list[str] = []
-    with bar(len(prompts), desc, enabled=progress, unit="problem") as pbar:
+    with bar(len(prompts), progress or "solving", enabled=progress is not None, unit="problem") as pbar:
         for i in range(0, len(prompts), batch):
             ids = [enc.prompt_ids(p) for p in prompts[i: i + batch]]
             res = generate(model, ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
@@ -134,7 +135,7 @@ def token_diff_fraction(task: Task, draft_outputs, target_outputs) -> float:
 
 
 def evaluate_pair(out, n: int = 1000, n_synthetic: int = 1000, batch_sizes: Sequence[int] = (1, 16)) -> dict:
-    """Every quality bar of issue 3 for the pair in `out` (draft/ and target/ folders)."""
+    """Every quality bar of the embedded pair (docs/training.md) for the pair in `out` (draft/ and target/ folders)."""
     from parse_jax.checkpoints.pair import load_pair
     from parse_jax.tasks import load_task
 

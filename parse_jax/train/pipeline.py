@@ -34,10 +34,10 @@ from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.tasks import Task, load_task
-from parse_jax.train.data import BatchStream, Encoder
+from parse_jax.train.data import BatchStream, Encoder, RowMix
 from parse_jax.train.grow import grown_config, widen_params
 from parse_jax.train.recipe import ModelSpec, Recipe
-from parse_jax.train.trainer import train_phase
+from parse_jax.train.trainer import PhaseOptions, train_phase
 from parse_jax.utils.validation import check_int
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tokenizer"
@@ -88,7 +88,7 @@ def sample_draft(draft: Model, task: Task, n: int, temperature: float, batch: in
     rng = random.Random(f"samples:{seed}")
     prompts = [task.sample(rng, "train") for _ in range(n)]
     texts = solve_many(draft, task, prompts, max_new_tokens, temperature=temperature, seed=seed, batch=batch,
-                       progress=progress, desc="sampling draft outputs")
+                       progress="sampling draft outputs" if progress else None)
     return list(zip(prompts, texts))
 
 
@@ -151,7 +151,7 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
     _log(f"draft: {dcfg.num_params / 1e6:.3f}M params, {recipe.draft.steps} steps", quiet)
     dstream = BatchStream(task, enc, recipe.seq_len, recipe.draft.batch_size, recipe.draft.seed)
     dparams, _ = train_phase("draft", dcfg, recipe.draft, dstream.batch, out / "draft_run", data_fp,
-                             mode="resume" if mode == "resume" else "auto", progress=progress)
+                             PhaseOptions(mode="resume" if mode == "resume" else "auto", progress=progress))
     draft = Model(dcfg, dparams, tok)
     save_model(draft, out / "draft", overwrite=True)
     timings["draft_s"] = time.perf_counter() - t0
@@ -167,6 +167,8 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
     t0 = time.perf_counter()
     tcfg = model_config(recipe.target_model, tok)
     tfp = {**data_fp, "samples": sfp, "judge": dataclasses.asdict(recipe.judge)}
+    mix = RowMix(error_fraction=recipe.judge.error_fraction,
+                 real_fraction=recipe.judge.real_fraction if samples else 0.0, samples=samples)
     if grow_from is not None:
         narrow = load_model(grow_from)
         if narrow.config.replace(eos_token_ids=tcfg.eos_token_ids) != tcfg:
@@ -177,13 +179,12 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
     else:
         _log(f"target: {tcfg.num_params / 1e6:.3f}M params, {recipe.target.steps} steps", quiet)
         tstream = BatchStream(task, enc, recipe.seq_len, recipe.target.batch_size, recipe.target.seed,
-                              judge=recipe.judge.weight > 0, error_fraction=recipe.judge.error_fraction,
-                              real_fraction=recipe.judge.real_fraction if samples else 0.0, samples=samples)
+                              judge=recipe.judge.weight > 0, mix=mix)
         if samples:
             _log(f"real draft outputs that fit a row: {len(tstream.samples)} of {len(samples)}", quiet)
         # later phases of a resumed run start where they are: from their last checkpoint, or from the beginning
         tparams, _ = train_phase("target", tcfg, recipe.target, tstream.batch, out / "target_run", tfp,
-                                 judge_weight=recipe.judge.weight, progress=progress)
+                                 PhaseOptions(judge_weight=recipe.judge.weight, progress=progress))
     target = Model(tcfg, tparams, tok)
     timings["target_s"] = time.perf_counter() - t0
     if recipe.grow.enabled:
@@ -193,12 +194,11 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
         gp = recipe.grow.phase
         _log(f"grow: {tcfg.num_params / 1e6:.3f}M -> {gcfg.num_params / 1e6:.3f}M params, {gp.steps} steps", quiet)
         gstream = BatchStream(task, enc, recipe.seq_len, gp.batch_size, gp.seed, judge=recipe.judge.weight > 0,
-                              error_fraction=recipe.judge.error_fraction,
-                              real_fraction=recipe.judge.real_fraction if samples else 0.0, samples=samples)
+                              mix=mix)
         init = widen_params(tparams, tcfg, gcfg, seed=gp.seed)
         source = {"narrow_config": tcfg.to_dict(), "params_sha256": params_digest(tparams)}  # what was widened
         gparams, _ = train_phase("grow", gcfg, gp, gstream.batch, out / "grow_run", {**tfp, "source": source},
-                                 judge_weight=recipe.judge.weight, progress=progress, init=init)
+                                 PhaseOptions(judge_weight=recipe.judge.weight, init=init, progress=progress))
         target = Model(gcfg, gparams, tok)
         timings["grow_s"] = time.perf_counter() - t0
     save_model(target, out / "target", overwrite=True)

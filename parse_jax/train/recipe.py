@@ -1,19 +1,27 @@
-"""Training recipes: YAML files in `configs/` validated into typed dataclasses (unknown keys are errors)."""
+"""Training recipes: YAML files in `configs/` validated into typed dataclasses (unknown keys are errors), and the
+EAGLE-3 head's training settings (`Eagle3Spec`).
+
+Each field carries its help text and range (`parse_jax.settings.setting`): `__post_init__` checks against it, a
+recipe file's values are checked with it (errors name the key's path in the recipe), and the `train` /
+`train-eagle3` flags take their defaults, ranges and help from it. Nothing here imports jax at import time (the CLI
+builds its parser from these classes without it).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from parse_jax.errors import ConfigError
-from parse_jax.models.config import ModelConfig
-from parse_jax.train.grow import check_growable, grown_config
+from parse_jax.settings import check_setting, check_settings, setting, setting_type
 from parse_jax.utils.paths import config_dir
-from parse_jax.utils.validation import SEED_MAX, check_float, check_int
+from parse_jax.utils.validation import SEED_MAX
+
+if TYPE_CHECKING:
+    from parse_jax.models.config import ModelConfig
 
 CONFIG_DIR = config_dir()  # configs/ of the checkout; parse_jax/configs/ in a wheel
 
@@ -22,17 +30,22 @@ CONFIG_DIR = config_dir()  # configs/ of the checkout; parse_jax/configs/ in a w
 class ModelSpec:
     """A llama-family decoder; vocab comes from the tokenizer."""
 
-    hidden_size: int = 64
-    num_layers: int = 1
-    num_heads: int = 2
-    num_kv_heads: int = 2
-    intermediate_size: int = 128
-    tie_word_embeddings: bool = True
-    max_position_embeddings: int = 128
+    hidden_size: int = setting(64, "model width (num_heads even head dims)", lo=1)
+    num_layers: int = setting(1, "decoder layers", lo=1)
+    num_heads: int = setting(2, "attention heads", lo=1)
+    num_kv_heads: int = setting(2, "key/value heads (num_heads a multiple of them)", lo=1)
+    intermediate_size: int = setting(128, "FFN width", lo=1)
+    tie_word_embeddings: bool = setting(True, "the output projection is the embedding")
+    max_position_embeddings: int = setting(128, "longest sequence (more than the recipe's seq_len)", lo=1)
+
+    def __post_init__(self) -> None:
+        check_settings(self, prefix="model: ")
 
     def config(self, vocab_size: int, bos_token_id: int | None = None,
                eos_token_ids: tuple[int, ...] = ()) -> ModelConfig:
         """The decoder config this spec describes, for a tokenizer of `vocab_size` tokens."""
+        from parse_jax.models.config import ModelConfig
+
         return ModelConfig(
             architecture="llama", vocab_size=vocab_size, hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size, num_layers=self.num_layers, num_heads=self.num_heads,
@@ -43,41 +56,39 @@ class ModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class PhaseSpec:
-    """One optimisation run: AdamW, linear warmup then cosine decay to `lr * final_lr_ratio`, global-norm clip."""
+    """One optimisation run: AdamW, linear warmup then cosine decay to `lr * final_lr_ratio`, global-norm clip.
+    A NaN, infinite or non-positive learning rate would train a model of NaNs: refused."""
 
-    steps: int = 1000
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup_steps: int = 100
-    final_lr_ratio: float = 0.05
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 2
-    seed: int = 0
+    steps: int = setting(1000, "optimisation steps", lo=1)
+    batch_size: int = setting(64, "rows per step", lo=1)
+    lr: float = setting(3e-3, "peak learning rate", lo=0.0, lo_open=True)
+    warmup_steps: int = setting(100, "steps of linear warmup", lo=0)
+    final_lr_ratio: float = setting(0.05, "the last step's learning rate, as a fraction of lr", lo=0.0, hi=1.0)
+    weight_decay: float = setting(0.01, "AdamW weight decay", lo=0.0)
+    grad_clip: float = setting(1.0, "global gradient-norm clip", lo=0.0, lo_open=True)
+    checkpoint_every: int = setting(200, "steps between checkpoints", lo=1)
+    keep_checkpoints: int = setting(2, "checkpoints kept", lo=1)
+    seed: int = setting(0, "seed of the initial weights and the batches", lo=0, hi=SEED_MAX)
 
     def __post_init__(self) -> None:
-        """A NaN, infinite or non-positive learning rate would train a head of NaNs: refused here."""
-        for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints"):
-            check_int(f"training: {name}", getattr(self, name), 1)
-        check_int("training: warmup_steps", self.warmup_steps, 0)
-        check_int("training: seed", self.seed, 0, SEED_MAX)
-        check_float("training: lr", self.lr, 0.0, min_open=True)
-        check_float("training: final_lr_ratio", self.final_lr_ratio, 0.0, 1.0)
-        check_float("training: weight_decay", self.weight_decay, 0.0)
-        check_float("training: grad_clip", self.grad_clip, 0.0, min_open=True)
+        check_settings(self, prefix="training: ")
 
 
 @dataclasses.dataclass(frozen=True)
 class JudgeSpec:
     """The target's rows: which solutions they hold (clean, corrupted, real draft outputs) and the judge weight."""
 
-    error_fraction: float = 0.3    # share of synthetic rows with one corrupted step (rest: clean solutions)
-    weight: float = 1.0            # weight of the judge-token loss against the LM loss (0: no judge copies)
-    real_fraction: float = 0.3     # share of target rows that are real draft outputs (rest: synthetic)
-    draft_samples: int = 4000      # train problems the draft solves (sampled) for the real outputs
-    draft_temperature: float = 1.0
-    sample_batch: int = 256
+    error_fraction: float = setting(0.3, "share of synthetic rows with one corrupted step (rest: clean solutions)",
+                                    lo=0.0, hi=1.0)
+    weight: float = setting(1.0, "weight of the judge-token loss against the LM loss (0: no judge copies)", lo=0.0)
+    real_fraction: float = setting(0.3, "share of target rows that are real draft outputs (rest: synthetic)",
+                                   lo=0.0, hi=1.0, hi_open=True)
+    draft_samples: int = setting(4000, "train problems the draft solves (sampled) for the real outputs", lo=0)
+    draft_temperature: float = setting(1.0, "temperature of those samples", lo=0.0)
+    sample_batch: int = setting(256, "problems per sampling call", lo=1)
+
+    def __post_init__(self) -> None:
+        check_settings(self, prefix="judge: ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,16 +96,39 @@ class GrowSpec:
     """Widen the trained target to `model` without changing its function (train/grow.py), then train it at full
     width for `phase`: a weight-bound target for a fraction of the cost of training it from scratch."""
 
-    enabled: bool = False
+    enabled: bool = setting(False, "grow the target (else train it at its shape from scratch)")
     model: ModelSpec = ModelSpec()
     phase: PhaseSpec = PhaseSpec()
 
 
 @dataclasses.dataclass(frozen=True)
+class Eagle3Spec:
+    """EAGLE-3 head training settings (parse_jax.train.eagle3); the defaults trained the shipped head."""
+
+    steps: int = setting(600, "optimisation steps", lo=1)
+    batch_size: int = setting(32, "rows per step", lo=1)
+    lr: float = setting(4e-3, "peak learning rate", lo=0.0, lo_open=True)
+    warmup_steps: int = setting(100, "steps of linear warmup", lo=0)
+    unroll: int = setting(4, "training-time-test steps (the head unrolled on its own outputs)", lo=1)
+    step_decay: float = setting(0.8, "unroll step k's loss weighs step_decay ** k", lo=0.0, hi=1.0, lo_open=True)
+    samples: int = setting(4000, "train problems the target solves for the data", lo=1)
+    seq_len: int = setting(40, "row length (prompt, solution, EOS, padding)", lo=1)
+    seed: int = setting(0, "seed of the problems, the initial weights and the batches", lo=0, hi=SEED_MAX)
+    checkpoint_every: int = setting(200, "steps between checkpoints", lo=1)
+
+    def __post_init__(self) -> None:
+        check_settings(self, prefix="EAGLE-3 training: ")
+
+    def phase(self) -> PhaseSpec:
+        return PhaseSpec(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
+                         checkpoint_every=self.checkpoint_every, seed=self.seed)
+
+
+@dataclasses.dataclass(frozen=True)
 class Recipe:
-    name: str = "custom"
-    task: str = "default"
-    seq_len: int = 40              # static model input length of every training row (rows are padded to it)
+    name: str = setting("custom", "recipe name (the YAML file's)")
+    task: str = setting("default", "embedded task preset")
+    seq_len: int = setting(40, "static model input length of every training row (rows are padded to it)", lo=8)
     draft_model: ModelSpec = ModelSpec()
     target_model: ModelSpec = ModelSpec(hidden_size=192, num_layers=3, num_heads=4, num_kv_heads=4,
                                         intermediate_size=512)
@@ -102,63 +136,39 @@ class Recipe:
     target: PhaseSpec = PhaseSpec()
     judge: JudgeSpec = JudgeSpec()
     grow: GrowSpec = GrowSpec()
-    out: str = "out/pair"
+    out: str = setting("out/pair", "output folder")
+
+    def __post_init__(self) -> None:
+        check_settings(self, prefix="recipe: ")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _convert(value: Any, tp: Any, where: str) -> Any:
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return value
-    raise ConfigError(f"{where}: unsupported type {tp}")  # pragma: no cover
-
-
 def _build(cls: type, d: Any, where: str) -> Any:
+    """`cls` from mapping `d`: nested mappings built the same way, every other value checked against its field's
+    type and range with the key's path in the recipe named (`recipe x.draft.lr must be a number, got [1]`)."""
     if not isinstance(d, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(d).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - fields)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - set(fields))
     if unknown:
         raise ConfigError(f"unknown key(s) {unknown} in {where}; known: {sorted(fields)}")
-    kw = {k: _convert(v, hints[k], f"{where}.{k}") for k, v in d.items()}
+    kw = {k: (check_setting(cls, k, v, f"{where}.{k}") if "about" in fields[k].metadata
+              else _build(setting_type(cls, k), v, f"{where}.{k}")) for k, v in d.items()}
     return cls(**kw)
 
 
 def _check(r: Recipe) -> None:
+    """What no single field's range says: the task exists, and the model shapes fit together and hold seq_len."""
     from parse_jax.tasks import PRESETS
 
     if r.task not in PRESETS:
         raise ConfigError(f"recipe {r.name}: unknown task {r.task!r}; known: {', '.join(PRESETS)}")
-    if r.seq_len < 8:
-        raise ConfigError(f"recipe {r.name}: seq_len must be >= 8, got {r.seq_len}")
     models = [("draft_model", r.draft_model), ("target_model", r.target_model)]
-    phases = [("draft", r.draft), ("target", r.target)]
     if r.grow.enabled:
         models.append(("grow.model", r.grow.model))
-        phases.append(("grow.phase", r.grow.phase))
     for name, m in models:
-        for f in dataclasses.fields(m):
-            v = getattr(m, f.name)
-            if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
-                raise ConfigError(f"recipe {r.name}: {name}.{f.name} must be positive, got {v}")
         if m.hidden_size % m.num_heads or (m.hidden_size // m.num_heads) % 2:
             raise ConfigError(f"recipe {r.name}: {name}.hidden_size must split into num_heads even head dims")
         if m.num_heads % m.num_kv_heads:
@@ -166,24 +176,13 @@ def _check(r: Recipe) -> None:
         if m.max_position_embeddings < r.seq_len + 1:
             raise ConfigError(f"recipe {r.name}: {name}.max_position_embeddings must exceed seq_len")
     if r.grow.enabled:  # the same rule the widening applies (vocabulary size does not matter to it)
+        from parse_jax.train.grow import check_growable, grown_config  # jax: only when a recipe grows
+
         narrow = r.target_model.config(vocab_size=1)
         try:
             check_growable(narrow, grown_config(narrow, r.grow.model.config(vocab_size=1)))
         except ConfigError as e:
             raise ConfigError(f"recipe {r.name}: grow.model must widen target_model: {e}") from None
-    for name, p in phases:
-        if p.steps < 1 or p.batch_size < 1 or p.checkpoint_every < 1 or p.keep_checkpoints < 1:
-            raise ConfigError(f"recipe {r.name}: {name}.steps/batch_size/checkpoint_every/keep_checkpoints "
-                              "must be >= 1")
-        if not p.lr > 0 or p.warmup_steps < 0 or not 0 <= p.final_lr_ratio <= 1 or p.grad_clip <= 0:
-            raise ConfigError(f"recipe {r.name}: {name} needs lr > 0, warmup_steps >= 0, "
-                              "0 <= final_lr_ratio <= 1, grad_clip > 0")
-    j = r.judge
-    if not 0 <= j.error_fraction <= 1 or not 0 <= j.real_fraction < 1 or j.weight < 0:
-        raise ConfigError(f"recipe {r.name}: judge.error_fraction must be in [0, 1], judge.real_fraction in "
-                          "[0, 1), judge.weight >= 0")
-    if j.draft_samples < 0 or j.sample_batch < 1 or j.draft_temperature < 0:
-        raise ConfigError(f"recipe {r.name}: judge.draft_samples >= 0, sample_batch >= 1, draft_temperature >= 0")
 
 
 def recipe_from_dict(d: Any, name: str = "custom") -> Recipe:

@@ -129,21 +129,35 @@ def _check_finite(name: str, step: int, metrics: dict[str, float], params: Any, 
                             "saved for this step; lower the learning rate (or raise warmup) and rerun")
 
 
-def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable[[int], dict[str, np.ndarray]],
-                folder: str | Path, fingerprint: dict[str, Any], *, judge_weight: float = 0.0,
-                mode: str = "auto", on_step: Callable[[int], None] | None = None,
-                progress: bool = True, init: dict[str, Any] | None = None,
-                loss: Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]] | None = None,
-                ) -> tuple[dict[str, Any], list[dict[str, float]]]:
-    """Train `cfg` for `spec.steps` steps on `batch_fn(step)`; returns (params, per-step metrics of this process).
+@dataclasses.dataclass(frozen=True)
+class PhaseOptions:
+    """How `train_phase` runs, beside what it trains. `mode`: "auto" resumes when checkpoints exist, "resume"
+    requires one, "fresh" deletes the run folder first. `judge_weight`: of the judge-token loss. `init`: params to
+    start from instead of a random init (fine-tuning; name its origin in the fingerprint). `loss`: see
+    `make_train_step`. `on_step(step)`: called after each finished step (tests use it to simulate a crash).
+    `progress`: a bar on stderr."""
 
-    mode: "auto" resumes when checkpoints exist, "resume" requires one, "fresh" deletes the run folder first.
-    `on_step(step)` is called after each finished step (tests use it to simulate a crash). `init`: params to start
-    from instead of a random init (fine-tuning; name its origin in `fingerprint`). `loss`: see `make_train_step`."""
+    mode: str = "auto"
+    judge_weight: float = 0.0
+    init: dict[str, Any] | None = None
+    loss: Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]] | None = None
+    on_step: Callable[[int], None] | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("mode", self.mode, ("auto", "resume", "fresh"))
+
+
+def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable[[int], dict[str, np.ndarray]],
+                folder: str | Path, fingerprint: dict[str, Any], options: PhaseOptions = PhaseOptions(),
+                ) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """Train `cfg` for `spec.steps` steps on `batch_fn(step)`, as `options` say; returns (params, per-step metrics
+    of this process)."""
+    mode, judge_weight, init, loss = options.mode, options.judge_weight, options.init, options.loss
+    on_step, progress = options.on_step, options.progress
     folder = Path(folder)
     fingerprint = {"phase": name, "model": cfg.to_dict(), "spec": dataclasses.asdict(spec), **fingerprint}
     fingerprint = json.loads(json.dumps(fingerprint))
-    check_choice("mode", mode, ("auto", "resume", "fresh"))
     if mode == "fresh" and folder.exists():
         shutil.rmtree(folder)
     opt = make_optimizer(spec)

@@ -11,7 +11,7 @@ import math
 import numbers
 from collections.abc import Iterable
 
-from parse_jax.errors import ConfigError, ParseJaxError
+from parse_jax.errors import ConfigError, InputError, ParseJaxError
 
 SEED_MAX = 2**63 - 1  # seeds of runs (bench, sweep, calibrate, eval, training): numpy takes them whole
 
@@ -61,3 +61,22 @@ def check_choice(name: str, value, choices: Iterable[str], error: type[ParseJaxE
     if not isinstance(value, str) or value not in choices:
         raise error(f"unknown {name} {value!r}; available: {', '.join(choices)}")
     return value
+
+
+def check_draft(draft_len: int) -> None:
+    """A draft to cut into prefixes has at least one token."""
+    if draft_len < 1:
+        raise InputError("the draft is empty: nothing to verify")
+
+
+def check_boundaries(boundaries: Iterable[int], draft_len: int) -> list[int]:
+    """Prefix ends of a draft (docs/design.md §2) as a validated list: strictly increasing, within (0, draft_len]."""
+    check_draft(draft_len)
+    b = [int(x) for x in boundaries]
+    if not b:
+        raise InputError("no boundaries given: need at least one prefix to verify")
+    if b[0] <= 0 or b[-1] > draft_len:
+        raise InputError(f"boundaries must lie in (0, {draft_len}] for a draft of {draft_len} tokens, got {b}")
+    if any(x >= y for x, y in zip(b, b[1:])):
+        raise InputError(f"boundaries must be strictly increasing, got {b}")
+    return b

@@ -1,5 +1,6 @@
-"""The packed verification block of docs/design.md §2 built on the device by index arithmetic: `layout.pack` plus
-`verify.verify_arrays` (their numpy reference) for a padded batch, inside a jitted program.
+"""The packed verification block of docs/design.md §2 built on the device by index arithmetic, for a padded batch,
+inside a jitted program: every verification pass (the modes' rounds, `scoring.score_prefixes`, the sharded scorer)
+packs with it. Its numpy reference is tests/verify/layout_reference.py (`pack`, `verify_arrays`).
 
 Row b's block is `seq[:seq_len]` (the tokens whose prefixes are judged: a prompt and its draft, or the target's
 last token and a draft) followed by one copy of the suffix per boundary `bounds[b, :count]`, padded to `length`.
@@ -13,7 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from parse_jax.verify.layout import PAD_GROUP
+PAD_GROUP = -1  # packed padding: no query may see it (group 0 is the draft, k >= 1 the copies)
+PAD_ID = 0  # the token id of packed padding (never attended to, so any id would do; 0 as in the padded batches)
 
 
 @struct.dataclass
@@ -29,9 +31,9 @@ class Block:
 
 
 def pack_block(ctx_len: jax.Array, seq: jax.Array, seq_len: jax.Array, bounds: jax.Array, count: jax.Array,
-               suffix: jax.Array, length: int, before: jax.Array | None = None, pad_id: int = 0) -> Block:
+               suffix: jax.Array, length: int, before: jax.Array | None = None) -> Block:
     """The verification block of every row (see the module docstring); `before[b]`: the block index whose logits
-    fill the last column of `boundary_index` (default 0)."""
+    fill the last column of `boundary_index` (default 0). Padding tokens are `PAD_ID`."""
     b, w = seq.shape
     k = bounds.shape[1]
     s = suffix.shape[0]
@@ -45,11 +47,11 @@ def pack_block(ctx_len: jax.Array, seq: jax.Array, seq_len: jax.Array, bounds: j
     b_k = jnp.take_along_axis(bounds, copy, axis=1)
     ctx = ctx_len[:, None]
     tokens = jnp.where(in_seq, jnp.take_along_axis(seq, jnp.minimum(i, w - 1), axis=1),
-                       jnp.where(in_copy, suffix[j], pad_id))
+                       jnp.where(in_copy, suffix[j], PAD_ID))
     positions = jnp.where(in_seq, ctx + i, ctx + b_k + j)
     limit = jnp.where(in_seq, i + 1, jnp.where(in_copy, b_k, 0))
     group = jnp.where(in_seq, 0, jnp.where(in_copy, copy + 1, PAD_GROUP))
-    # padding repeats the last real position (as `layout.pad_blocks` does): RoPE of padding is never read
+    # padding repeats the last real position: RoPE of padding is never read
     last = jnp.take_along_axis(positions, jnp.maximum(seq_len + count * s - 1, 0)[:, None], axis=1)
     real = in_seq | in_copy
     positions = jnp.where(real, positions, last)

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from parse_jax.models.cache import KVCache
-from parse_jax.models.config import ModelConfig
-from parse_jax.runtime.decode import is_eos, prefill_and_decode
+from parse_jax.runtime.decode import decode_loop, is_eos
 from parse_jax.runtime.programs import length_bucket
+from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.settings import Policy
 from parse_jax.verify.block import pack_block
 from parse_jax.verify.scoring import accept_on_device, verify_block
@@ -47,16 +47,34 @@ class Judge:
     table: jax.Array        # int32 [states, V]: segment.DelimiterTable
 
 
-def draft_answers(draft_forward, draft_cfg: ModelConfig, prompt, prompt_lens, budget, eos_ids, rng, num_new: int,
-                  cache_len: int, greedy: bool, temperature, top_k: int, top_p):
-    """(draft [B, num_new], its length [B]): the draft's whole answer to each prompt, without a closing EOS (the
-    judge was never shown one: the target decides to stop, from its next-token logits at the accepted boundary)."""
-    state = prefill_and_decode(draft_forward, draft_cfg, prompt, prompt_lens, budget, eos_ids, rng, num_new,
-                               cache_len, greedy, temperature, top_k, top_p)
+@struct.dataclass
+class Draft:
+    """The draft's answer per row, on the device: tokens [B, D] and how many of them count [B]."""
+
+    tokens: jax.Array
+    length: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class PassShape:
+    """The static shape of a verification pass: the block buckets it may take (`block_lengths`) and the target
+    layers whose hidden states it returns (EAGLE-3's taps; none by default)."""
+
+    lengths: tuple[int, ...]
+    taps: tuple[int, ...] = ()
+
+
+def draft_answers(draft_forward, cache: KVCache, first_logits: jax.Array, *, budget: jax.Array, eos_ids: jax.Array,
+                  sampler: Sampler, args: SamplingArgs, num_new: int) -> Draft:
+    """The draft's whole answer to each prompt (its `cache` holds the prompt, `first_logits` follow it), without a
+    closing EOS (the judge was never shown one: the target decides to stop, from its next-token logits at the
+    accepted boundary)."""
+    state = decode_loop(draft_forward, cache, first_logits, max_new=budget, eos_ids=eos_ids, sampler=sampler,
+                        args=args, num_new=num_new)
     n = state.num_new
     last = jnp.take_along_axis(state.tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
     n = jnp.where((n > 1) & is_eos(last, eos_ids), n - 1, n)
-    return state.tokens, n
+    return Draft(tokens=state.tokens, length=n)
 
 
 def join(a: jax.Array, a_len: jax.Array, b: jax.Array, width: int) -> jax.Array:
@@ -92,12 +110,14 @@ def block_lengths(longest: int, shortest: int = 8) -> tuple[int, ...]:
     return (*out, top)
 
 
-def verify_round(target_forward, cache: KVCache, spec: RoundSpec, judge: Judge, ctx_len, head, head_len, draft,
-                 draft_len, lengths: tuple[int, ...], taps: tuple[int, ...] = ()) -> Verified:
-    """Score every prefix of `head[:head_len] ++ draft[:draft_len]`'s draft part in ONE pass over `cache` (rows of
-    `ctx_len` committed tokens), accept, and commit `head` + the accepted prefix. `head`: the tokens before the draft
+def verify_round(target_forward, cache: KVCache, judge: Judge, *, head: jax.Array, head_len: jax.Array,
+                 draft: Draft, spec: RoundSpec, shape: PassShape) -> Verified:
+    """Score every prefix of `head[:head_len] ++ draft`'s draft part in ONE pass over `cache` (its rows' committed
+    tokens are the context), accept, and commit `head` + the accepted prefix. `head`: the tokens before the draft
     that the target has not seen yet (the whole prompt over an empty cache, or the target's last emitted token).
-    The block is padded to the shortest of `lengths` that holds every row's block."""
+    The block is padded to the shortest of `shape.lengths` that holds every row's block."""
+    ctx_len, lengths, taps = cache.lengths, shape.lengths, shape.taps
+    draft, draft_len = draft.tokens, draft.length
     b = draft.shape[0]
     bounds, count = segment(draft, draft_len, spec.segmenter, spec.max_prefixes, judge.table, spec.stride,
                             spec.min_segment, spec.max_segment)

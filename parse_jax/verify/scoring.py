@@ -3,11 +3,12 @@
 The pass writes the block's KV into the cache; the draft's slots come first, so committing `b` tokens
 keeps exactly the accepted prefix's KV (computed in that same pass) and drops every suffix copy.
 The target's next-token logits after each boundary come from the same pass too (draft token b - 1).
+Every pass packs its block on the device (`block.pack_block`) and scores it with `verify_block`: the modes' rounds
+and `score_prefixes` (`ParseEngine.prefix_scores`) alike.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 
@@ -15,14 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from parse_jax.errors import ConfigError, InputError
+from parse_jax.errors import ConfigError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder
-from parse_jax.runtime.programs import forward_fn, register_program, to_host
-from parse_jax.verify.layout import PackedBlock, pad_blocks
-
-POLICIES = ("earliest_error", "longest_valid")
+from parse_jax.runtime.programs import bucket, forward_fn, register_program, to_host
+from parse_jax.settings import POLICIES
+from parse_jax.verify.block import pack_block
 
 
 def judge_ids(tokenizer, yes: str, no: str) -> tuple[int, int, list[int]]:
@@ -109,84 +109,53 @@ def verify_block(forward, cache: KVCache, block, yes_id, no_id, taps: tuple[int,
     return scores, boundary_logits, cache, features
 
 
-@dataclasses.dataclass
-class VerifyOutput:
-    scores: np.ndarray        # [B, K] judge score of each prefix (NaN for padded prefixes)
-    boundary_logits: jax.Array  # [B, K + 1, V] next-token logits after each boundary; the last entry is at
-    #                             `before_index` (e.g. the context's last token, for "nothing accepted")
-    cache: KVCache            # block written, lengths unchanged: commit the accepted boundary
-    tokens: np.ndarray | None = None     # [B, L] the padded block (with `taps`)
-    features: jax.Array | None = None    # [B, L, len(taps) * d] the target's tapped hidden states (EAGLE-3)
+def prefix_rows(seqs: Sequence[Sequence[int]], ends: Sequence[Sequence[int]], suffix_len: int,
+                rows: int | None = None) -> dict[str, np.ndarray]:
+    """The host inputs of prefix scoring, padded to buckets so repeated calls reuse one program: `seq` [R, L]
+    (context + draft per request, L = the bucketed longest block, `seq_len` + K * S), `seq_len` [R], `ends` [R, K]
+    (prefix ends counted from the start of `seq`, K bucketed) and `count` [R]. Rows past `len(seqs)` (up to `rows`,
+    to fill a mesh's `data` axis) are a one-token request with one prefix."""
+    n = len(seqs)
+    rows = rows or n
+    seqs = [list(s) for s in seqs] + [[0]] * (rows - n)
+    ends = [list(e) for e in ends] + [[1]] * (rows - n)
+    length = bucket(max(len(s) + len(e) * suffix_len for s, e in zip(seqs, ends)))
+    k = bucket(max(len(e) for e in ends), 1)
+    out = {"seq": np.zeros((rows, length), np.int32), "seq_len": np.array([len(s) for s in seqs], np.int32),
+           "ends": np.zeros((rows, k), np.int32), "count": np.array([len(e) for e in ends], np.int32)}
+    for i, (s, e) in enumerate(zip(seqs, ends)):
+        out["seq"][i, : len(s)] = s
+        out["ends"][i, : len(e)] = e
+    return out
+
+
+def prefix_scores_fn(cfg: ModelConfig, attention_impl: str):
+    """The prefix-scoring pass, to be jitted (or run under `shard_map`): each row's `seq[:seq_len]` packed with one
+    suffix copy per prefix end by `block.pack_block`, one target pass over an empty cache by `verify_block` (the
+    code the modes' rounds run) -> scores [R, K] (NaN past each row's count)."""
+    module = Decoder(cfg, attention_impl)
+
+    def run(params, seq, seq_len, ends, count, suffix, yes_id, no_id):
+        rows, length = seq.shape
+        block = pack_block(jnp.zeros((rows,), jnp.int32), seq, seq_len, ends, count, suffix, length)
+        cache = KVCache.init(cfg, rows, length)
+        scores, _, _, _ = verify_block(forward_fn(module, params, return_hidden=True), cache, block, yes_id, no_id)
+        return scores
+
+    return run
 
 
 @functools.cache
-def verify_program(cfg: ModelConfig, attention_impl: str, taps: tuple[int, ...] = ()):
-    module = Decoder(cfg, attention_impl)
-
-    def run(params, cache, tokens, positions, limit, group, score_index, boundary_index, yes_id, no_id):
-        logits, cache, hiddens = forward_fn(module, params, return_hidden=True)(tokens, positions, cache, limit,
-                                                                                 group)
-        at_scores = jnp.take_along_axis(logits, score_index[..., None], axis=1)
-        scores = scores_from_logits(at_scores, yes_id, no_id)
-        boundary_logits = jnp.take_along_axis(logits, boundary_index[..., None], axis=1)
-        features = jnp.concatenate([hiddens[i] for i in taps], axis=-1) if taps else None
-        return scores, boundary_logits, cache, features
-
-    return register_program(jax.jit(run, donate_argnums=(1,)))
+def prefix_scores_program(cfg: ModelConfig, attention_impl: str):
+    return register_program(jax.jit(prefix_scores_fn(cfg, attention_impl)))
 
 
-def check_blocks(cache: KVCache, blocks: Sequence[PackedBlock], length: int | None,
-                 num_prefixes: int | None) -> tuple[int, int]:
-    """The padded block length and prefix count of a verification pass, after checking that each row's block fits
-    its cache row and has no more prefixes than that (clear errors instead of silently dropped slots)."""
-    if len(blocks) != cache.batch:
-        raise InputError(f"{len(blocks)} blocks for a cache of batch {cache.batch}")
-    length = length or max(b.length for b in blocks)
-    k_max = num_prefixes or max(len(b.score_index) for b in blocks)
-    lengths = to_host(cache.lengths)
-    for i, blk in enumerate(blocks):
-        if lengths[i] + length > cache.max_len:
-            raise InputError(f"row {i}: context of {lengths[i]} tokens plus a verification block of {length} "
-                             f"does not fit the cache ({cache.max_len} slots)")
-        if len(blk.score_index) > k_max:
-            raise InputError(f"row {i} has {len(blk.score_index)} prefixes, more than num_prefixes={k_max}")
-    return length, k_max
-
-
-def verify_arrays(blocks: Sequence[PackedBlock], length: int, k_max: int,
-                  before_index: Sequence[int] | None = None) -> dict[str, np.ndarray]:
-    """The host inputs of one verification pass: the padded blocks (`pad_blocks`), and per row the block index of
-    each prefix's score (`score_index`), of the logits after each boundary (`boundary_index`: draft token b - 1
-    predicts the token after a boundary b; copies sit at limit == b; the last column is `before_index`) and
-    which prefixes are real (`valid`)."""
-    arrays = pad_blocks(blocks, length)
-    b = len(blocks)
-    arrays["score_index"] = np.zeros((b, k_max), np.int32)
-    arrays["boundary_index"] = np.zeros((b, k_max + 1), np.int32)
-    if before_index is not None:
-        arrays["boundary_index"][: len(before_index), k_max] = np.asarray(before_index, np.int32)
-    arrays["valid"] = np.zeros((b, k_max), bool)
-    for i, blk in enumerate(blocks):
-        k = len(blk.score_index)
-        arrays["score_index"][i, :k] = blk.score_index
-        arrays["boundary_index"][i, :k] = blk.limit[blk.score_index] - 1
-        arrays["valid"][i, :k] = True
-    return arrays
-
-
-def verify_pass(model, cache: KVCache, blocks: Sequence[PackedBlock], yes_id: int, no_id: int,
-                length: int | None = None, num_prefixes: int | None = None,
-                before_index: Sequence[int] | None = None, taps: Sequence[int] = ()) -> VerifyOutput:
-    """One target pass over `cache` + each row's packed block (padded to `length`, K padded to
-    `num_prefixes` so shapes stay in buckets). Row i of `blocks` belongs to cache row i.
-    `before_index[i]` (block index, default 0) adds the logits of one more block token per row.
-    `taps`: also return those hidden states (indices into the decoder's `hiddens`) of every block token."""
-    length, k_max = check_blocks(cache, blocks, length, num_prefixes)
-    arrays = verify_arrays(blocks, length, k_max, before_index)
-    program = verify_program(model.config, model.attention_impl, tuple(int(t) for t in taps))
-    scores, boundary_logits, cache, features = program(model.params, cache, arrays["tokens"], arrays["positions"],
-                                                       arrays["limit"], arrays["group"], arrays["score_index"],
-                                                       arrays["boundary_index"], np.int32(yes_id), np.int32(no_id))
-    scores = np.where(arrays["valid"], to_host(scores), np.nan)
-    return VerifyOutput(scores=scores, boundary_logits=boundary_logits, cache=cache,
-                        tokens=arrays["tokens"] if taps else None, features=features)
+def score_prefixes(model, seqs: Sequence[Sequence[int]], ends: Sequence[Sequence[int]], *, suffix: Sequence[int],
+                   yes_id: int, no_id: int) -> list[np.ndarray]:
+    """Judge score of each prefix `seqs[i][:e]`, e in `ends[i]`, every request in ONE pass on one device (inputs
+    already validated; `ParseEngine.prefix_scores` checks them). Float64 [K_i] per request."""
+    arrays = prefix_rows(seqs, ends, len(suffix))
+    program = prefix_scores_program(model.config, model.attention_impl)
+    scores = to_host(program(model.params, arrays["seq"], arrays["seq_len"], arrays["ends"], arrays["count"],
+                             np.asarray(suffix, np.int32), np.int32(yes_id), np.int32(no_id)))
+    return [scores[i, : len(e)].astype(np.float64) for i, e in enumerate(ends)]

@@ -1,27 +1,24 @@
-"""Where to cut a draft into candidate prefixes, on the device: the same boundaries as `layout.py`'s numpy
+"""Where to cut a draft into candidate prefixes, on the device: the same boundaries as `host_segment.py`'s numpy
 segmenters (their reference), computed inside a jitted program from a padded draft [B, D] so that a PARSE round
 never leaves the device.
 
 Every segmenter first marks the boundary values it would emit (`marks[b, v]`: a prefix ends after v tokens,
-v in 1..D), then `select_boundaries` caps them at `max_prefixes` exactly as `layout.cap_boundaries` does.
+v in 1..D), then `select_boundaries` caps them at `max_prefixes` exactly as `host_segment.cap_boundaries` does.
 Delimiters are matched by a token automaton (`DelimiterTable`): a scan over the draft with one table lookup per
-token, leftmost non-overlapping occurrences like `layout.delimiter_boundaries`.
+token, leftmost non-overlapping occurrences like `host_segment.delimiter_boundaries`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from parse_jax.errors import ConfigError
-
-Segmenter = Literal["delimiter", "stride", "hybrid"]
-SEGMENTERS: tuple[str, ...] = ("delimiter", "stride", "hybrid")
+from parse_jax.settings import SEGMENTERS, Segmenter
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -59,8 +56,8 @@ class DelimiterTable:
 
     @classmethod
     def from_texts(cls, token_texts: Sequence[str], delimiters: Sequence[str], vocab_size: int) -> DelimiterTable:
-        """Delimiters matched in the decoded text (`layout.text_delimiter_boundaries`): a character automaton run
-        over each token's text from every state; `ends` when an occurrence ends inside the token, after which the
+        """Delimiters matched in the decoded text (`host_segment.text_delimiter_boundaries`): a character automaton
+        run over each token's text from every state; `ends` when an occurrence ends inside the token, after which the
         automaton restarts (occurrences never overlap). Tokens past `token_texts` (padded rows) are empty text."""
         delimiters = [str(d) for d in delimiters]
         if not delimiters or any(not d for d in delimiters):
@@ -157,7 +154,7 @@ def with_full_draft(marks: jax.Array, draft_len: jax.Array) -> jax.Array:
 
 
 def hybrid_marks(delim_marks: jax.Array, draft_len: jax.Array, min_len: int, max_len: int) -> jax.Array:
-    """`layout.hybrid_boundaries` on marks: delimiter segments shorter than `min_len` merged into the next, then
+    """`host_segment.hybrid_boundaries` on marks: delimiter segments shorter than `min_len` merged into the next, then
     segments longer than `max_len` split into equal pieces (piece i ends at start + i * length // pieces)."""
     b, width = delim_marks.shape
     cand = with_full_draft(delim_marks, draft_len)
@@ -183,8 +180,8 @@ def hybrid_marks(delim_marks: jax.Array, draft_len: jax.Array, min_len: int, max
 
 def select_boundaries(marks: jax.Array, max_prefixes: int) -> tuple[jax.Array, jax.Array]:
     """(boundaries [B, K] ascending, count [B]): the marked values capped at K = `max_prefixes` as
-    `layout.cap_boundaries` caps them (the last always kept, the rest spread by `layout.cap_picks`); entries past
-    `count` are 0."""
+    `host_segment.cap_boundaries` caps them (the last always kept, the rest spread by `host_segment.cap_picks`);
+    entries past `count` are 0."""
     b, width = marks.shape
     k = max_prefixes
     n = marks.sum(axis=1).astype(jnp.int32)

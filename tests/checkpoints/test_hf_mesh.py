@@ -15,6 +15,8 @@ import pytest
 
 from tests.models.hf_tiny import make_tiny_hf
 
+pytestmark = pytest.mark.subprocess  # its module fixture runs the checks in a subprocess
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -64,6 +64,7 @@ def _dead_pid() -> int:
     return proc.pid
 
 
+@pytest.mark.subprocess
 def test_stale_temporaries_of_killed_saves_are_cleaned(model, tmp_path) -> None:
     dead = tmp_path / f".ckpt.tmp-{_dead_pid()}-0123abcd"
     old_style = tmp_path / ".ckpt.tmp-89abcdef"  # written before names carried a pid: cleaned when older than us
@@ -78,6 +79,7 @@ def test_stale_temporaries_of_killed_saves_are_cleaned(model, tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ckpt", live.name, other.name])
 
 
+@pytest.mark.subprocess
 def test_damaged_orbax_data_names_the_tensor(model, tmp_path) -> None:
     path = save_model(model, tmp_path / "ckpt")
     data = [p for p in (path / PARAMS_DIR).rglob("*") if p.is_file() and p.parent.name == "d"]
@@ -93,7 +95,7 @@ def test_damaged_orbax_data_names_the_tensor(model, tmp_path) -> None:
     assert str(path / PARAMS_DIR) in message
     # and nothing else on stderr: Orbax's other failed reads are not left to print their dumps at exit
     root = Path(__file__).resolve().parents[2]
-    code = ("import sys\nfrom parse_jax.models import load_model\ntry:\n    load_model(sys.argv[1])\n"
+    code = ("import sys\nfrom parse_jax import load_model\ntry:\n    load_model(sys.argv[1])\n"
             "except Exception as e:\n    print(type(e).__name__, e, file=sys.stderr)\n")
     env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", code, str(path)], env=env, cwd=root, capture_output=True,
@@ -118,6 +120,7 @@ save_model(Model(cfg, init_params(cfg)), sys.argv[1])
 """
 
 
+@pytest.mark.subprocess
 def test_a_save_killed_mid_write_is_cleaned_by_the_next(model, tmp_path) -> None:
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -194,6 +194,7 @@ print(json.dumps({"devices": len(q.sharding.device_set), "shard": list(q.address
 """
 
 
+@pytest.mark.subprocess
 def test_restored_shard_by_shard_on_four_devices(run):
     """On a 2 x 2 mesh of fake CPU devices (a subprocess: the device count is fixed when jax starts), each q_proj
     shard holds half the heads, and the logits equal the single-device load."""
@@ -223,14 +224,14 @@ def test_this_projects_training_runs_load_with_config_and_tokenizer(tmp_path):
     from parse_jax.train.data import BatchStream, Encoder
     from parse_jax.train.pipeline import load_tokenizer, model_config
     from parse_jax.train.recipe import ModelSpec, PhaseSpec
-    from parse_jax.train.trainer import restore_params, train_phase
+    from parse_jax.train.trainer import PhaseOptions, restore_params, train_phase
 
     tok = load_tokenizer()
     cfg = model_config(ModelSpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
                                  max_position_embeddings=64), tok)
     spec = dataclasses.replace(PhaseSpec(), steps=4, batch_size=4, warmup_steps=1, checkpoint_every=2, seed=1)
     stream = BatchStream(load_task(), Encoder(tok, load_task()), 44, spec.batch_size, spec.seed, judge=False)
-    train_phase("draft", cfg, spec, stream.batch, tmp_path / "run", {}, progress=False)
+    train_phase("draft", cfg, spec, stream.batch, tmp_path / "run", {}, PhaseOptions(progress=False))
     for step in (2, 4):
         m = load_model(tmp_path / "run", step=step)
         assert m.config == cfg and params_equal(m.params, restore_params(tmp_path / "run", cfg, spec, step))

@@ -1,4 +1,4 @@
-"""Bad input on the command line (issue 17): every case exits 2 with exactly one line on stderr naming the problem
+"""Bad input on the command line: every case exits 2 with exactly one line on stderr naming the problem
 (the flag or field and the value), and every file present before the run is byte-identical after it (no
 placeholder over an old result, no header-only results file, no empty output folder, no temporary left).
 
@@ -199,7 +199,7 @@ def test_at_least_sixty_cases():
 
 
 def test_typo_then_corrected_eval_works(work, pair_dir, capsys, tmp_path):
-    """A start with a typo leaves no file, so the corrected rerun runs (issue 17: no "started with other
+    """A start with a typo leaves no file, so the corrected rerun runs (no "started with other
     settings")."""
     out = tmp_path / "r.jsonl"
     base = ["eval", "--pair", str(pair_dir), "--data", str(work / "data.jsonl"), "--out", str(out), "--mode",

@@ -22,6 +22,7 @@ def hf_dir(tmp_path_factory):
     return make_tiny_hf("qwen3", tmp_path_factory.mktemp("hf"), seed=3)
 
 
+@pytest.mark.subprocess
 def test_convert_then_generate_prints_the_models_text(hf_dir, tmp_path):
     out = tmp_path / "orbax"
     r = _cli("convert", "--hf", str(hf_dir), "--out", str(out))
@@ -38,6 +39,7 @@ def test_convert_then_generate_prints_the_models_text(hf_dir, tmp_path):
     assert r.stdout.rstrip("\n") == expect
 
 
+@pytest.mark.subprocess
 def test_cli_errors_are_one_line_messages(tmp_path, hf_dir):
     r = _cli("generate", "--model", str(tmp_path / "nowhere"), "hi")
     assert r.returncode == 2 and "nowhere" in r.stderr and "Traceback" not in r.stderr
@@ -45,6 +47,7 @@ def test_cli_errors_are_one_line_messages(tmp_path, hf_dir):
     assert r.returncode == 2 and "empty" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.subprocess
 def test_generate_modes_on_a_pair_print_what_the_engine_writes(pair_dir):
     from parse_jax import ParseConfig, ParseEngine, load_pair
 
@@ -59,6 +62,7 @@ def test_generate_modes_on_a_pair_print_what_the_engine_writes(pair_dir):
         assert r.stdout.rstrip("\n") == expect
 
 
+@pytest.mark.subprocess
 def test_bench_writes_the_design_schema(pair_dir, tmp_path):
     out = tmp_path / "res" / "bench.json"
     r = _cli("bench", "--pair", str(pair_dir), "--n", "4", "--modes", "target,parse,sd", "--max-new-tokens", "8",
@@ -74,6 +78,7 @@ def test_bench_writes_the_design_schema(pair_dir, tmp_path):
     assert res["command"].startswith("parse-jax bench") and res["n"] == 4
 
 
+@pytest.mark.subprocess
 def test_pair_and_mode_errors_are_one_line_messages(pair_dir, tmp_path, hf_dir):
     r = _cli("bench", "--pair", str(tmp_path), "--n", "2")
     assert r.returncode == 2 and "not a pair folder" in r.stderr and "Traceback" not in r.stderr
@@ -166,6 +171,7 @@ def test_eval_cli_bad_lines_resume_and_summary(pair_dir, tmp_path, capsys):
 
 # --- CLI habits: --version, defaults in --help, a parser built without jax, JSON output, -q
 
+@pytest.mark.subprocess
 def test_version_is_the_installed_one():
     from importlib.metadata import version
 
@@ -173,6 +179,7 @@ def test_version_is_the_installed_one():
     assert r.returncode == 0 and r.stdout.strip() == f"parse-jax {version('parse-jax')}"
 
 
+@pytest.mark.subprocess
 def test_help_is_built_without_jax_and_shows_defaults():
     code = """
 import sys
@@ -197,12 +204,15 @@ print("jax imported:", "jax" in sys.modules)
     assert "(default: 32)" in help_text and "(default: 0.5)" in help_text  # --max-new-tokens, --threshold
 
 
+@pytest.mark.subprocess
 def test_parse_defaults_in_help_are_the_engines():
-    from parse_jax.cli.parser import PARSE_DEFAULTS
+    from parse_jax.cli.parser import PARSE_FLAGS
     from parse_jax.engine import ParseConfig
 
     fields = ParseConfig.flat_fields()  # the flat names the CLI and config files use
-    assert PARSE_DEFAULTS == {k: fields[k] for k in PARSE_DEFAULTS}
+    help_text = " ".join(_cli("generate", "--help").stdout.split())
+    for key in PARSE_FLAGS:
+        assert f"(default: {fields[key]})" in help_text.split(f"--{key.replace('_', '-')} ")[-1].split(" --")[0]
 
 
 def test_generate_json_round_trip_and_stats_as_json(pair_dir, capsys):

@@ -1,4 +1,4 @@
-"""Issue 16's CLI parts: --parse-config / --set on every PARSE command, --data for bench / sweep / calibrate (graded as
+"""Settings sources: --parse-config / --set on every PARSE command, --data for bench / sweep / calibrate (graded as
 eval grades), --eos-ids, `generate --chat` in every mode with --no-thinking, and provenance from importlib.metadata.
 Through `main()` in this process."""
 

@@ -1,4 +1,4 @@
-"""Ctrl-C and kill -9 never destroy finished work (issue 17): a bench interrupted by SIGINT exits 130 with one line
+"""Ctrl-C and kill -9 never destroy finished work: a bench interrupted by SIGINT exits 130 with one line
 and no traceback, and a SIGKILL mid-run leaves the previous result byte-identical; the next run writes its result
 and removes the killed run's temporaries. An eval interrupted either way keeps every appended record valid and the
 rerun resumes without counting a record twice.
@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from parse_jax.cli import main
 
@@ -37,6 +39,7 @@ def _dead_pid() -> int:
     return p.pid
 
 
+@pytest.mark.subprocess
 def test_bench_interrupted_or_killed_keeps_the_previous_result(pair_dir, tmp_path, capsys):
     good = tmp_path / "good.json"
     good.write_bytes(b'{"previous": "result"}\n')
@@ -89,6 +92,7 @@ def _loaded(proc: subprocess.Popen) -> bool:
     return "loading the pair" in _STDERR.get(proc.pid, "")
 
 
+@pytest.mark.subprocess
 def test_eval_interrupted_or_killed_resumes_without_double_counting(pair_dir, tmp_path, capsys):
     from parse_jax.tasks import load_task
 

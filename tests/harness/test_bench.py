@@ -10,7 +10,7 @@ import pytest
 from parse_jax.engine import MODES, ParseConfig, ParseEngine
 from parse_jax.errors import InputError
 from parse_jax.harness.bench import run_bench, write_bench
-from parse_jax.harness.runs import BENCH_MODES, check_modes, mode_config, write_json
+from parse_jax.harness.runs import BENCH_MODES, RunSettings, check_modes, mode_config, write_json
 from parse_jax.tasks import load_task
 from parse_jax.utils.atomic import check_writable
 from tests.test_engine import DRAFT, TARGET
@@ -22,8 +22,8 @@ MODES_RUN = ["sd", "sequential", "parse", "parse-multi", "draft"]
 def bench():
     eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3))
     lines = []
-    res = run_bench(eng, load_task(), n=5, modes=MODES_RUN, max_new_tokens=10, batch_size=5, repeats=2,
-                    progress=False, log=lines.append)
+    res = run_bench(eng, load_task(), RunSettings(n=5, max_new_tokens=10, batch_size=5, repeats=2, progress=False),
+                    modes=MODES_RUN, log=lines.append)
     return res, lines
 
 
@@ -87,7 +87,7 @@ def test_bench_files_agree(bench, tmp_path):
 def test_unknown_mode_is_refused():
     eng = ParseEngine(TARGET, DRAFT)
     with pytest.raises(InputError, match="unknown mode"):
-        run_bench(eng, load_task(), n=2, modes=["warp"], progress=False)
+        run_bench(eng, load_task(), RunSettings(n=2, progress=False), modes=["warp"])
 
 
 def test_modes_follow_the_engine():
@@ -124,8 +124,8 @@ def test_warm_up_progress_reaches_stderr_before_each_compiling_call(capsys):
         return run
 
     task = load_task()
-    measure({"target": runner("target"), "parse": runner("parse")}, task, task.problems(3, 0), 4, batch_size=2,
-            repeats=1, seed=0, progress=True)
+    measure({"target": runner("target"), "parse": runner("parse")}, task, task.problems(3, 0),
+            RunSettings(n=3, max_new_tokens=4, batch_size=2, repeats=1, seed=0, progress=True))
     warm = seen[:4]  # 2 modes x batch shapes {1, 2}
     assert [(n, b) for n, b, _ in warm] == [("target", 1), ("target", 2), ("parse", 1), ("parse", 2)]
     for i, (name, batch, err) in enumerate(warm):
@@ -142,8 +142,8 @@ def test_skipped_modes_are_diagnostics_on_stderr(capsys):
     progress.configure(0)
     lines = []
     eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=4))
-    res = run_bench(eng, load_task(), n=1, modes=["target", "eagle3"], max_new_tokens=2, batch_size=1, repeats=1,
-                    progress=False, log=lines.append, skip_unavailable=True)
+    res = run_bench(eng, load_task(), RunSettings(n=1, max_new_tokens=2, batch_size=1, repeats=1, progress=False),
+                    modes=["target", "eagle3"], log=lines.append, skip_unavailable=True)
     assert set(res["modes"]) == {"target"} and "eagle3" in res["skipped_modes"]
     captured = capsys.readouterr()
     assert "skipping mode eagle3" in captured.err and "skipping" not in captured.out

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from parse_jax.engine import ParseConfig
+from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
+from parse_jax.harness.runs import RunSettings
 from parse_jax.harness.sweep import calibrate, parse_value, pick_threshold, run_sweep, sweep_configs, write_sweep
 from parse_jax.tasks import load_task
 from tests.test_engine import DRAFT, TARGET
@@ -56,8 +57,9 @@ def test_pick_threshold(points, tolerance, expect):
 
 def test_calibrate_on_dev_problems_picks_what_its_sweep_supports(tmp_path):
     task = load_task()
-    res = calibrate(TARGET, DRAFT, BASE, task, tolerance=0.0, thresholds=[0.0, 0.5, 1.0], n=5, max_new_tokens=10,
-                    batch_size=5, repeats=1, progress=False, log=lambda s: None)
+    res = calibrate(ParseEngine(TARGET, DRAFT, BASE), task,
+                    RunSettings(n=5, max_new_tokens=10, batch_size=5, repeats=1, progress=False), tolerance=0.0,
+                    thresholds=[0.0, 0.5, 1.0], log=lambda s: None)
     assert res["split"] == "train" and len(res["prompts"]) == 5
     assert not any(task.is_heldout(p) for p in res["prompts"])  # the dev split is never the test split
     pts = {p["value"]: p for p in res["points"]}
@@ -81,8 +83,8 @@ def test_calibrate_on_dev_problems_picks_what_its_sweep_supports(tmp_path):
 
 
 def test_sweep_runs_target_once_and_each_value():
-    res = run_sweep(TARGET, DRAFT, BASE, load_task(), "max_prefixes", ["1", "4"], n=5, max_new_tokens=10,
-                    batch_size=5, repeats=1, progress=False)
+    res = run_sweep(ParseEngine(TARGET, DRAFT, BASE), load_task(), "max_prefixes", ["1", "4"],
+                    RunSettings(n=5, max_new_tokens=10, batch_size=5, repeats=1, progress=False))
     assert res["split"] == "test" and all(load_task().is_heldout(p) for p in res["prompts"])
     assert [p["value"] for p in res["points"]] == ["1", "4"]
     assert res["baseline"]["speedup_vs_target"] == pytest.approx(1.0)

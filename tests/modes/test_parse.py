@@ -100,7 +100,7 @@ def test_the_host_read_watch_sees_every_kind_of_read():
 
 def test_parse_eagle3_program_equals_the_reference_path():
     """parse+eagle3: verification with feature taps, then the EAGLE-3 continuation, in the one program."""
-    from tests.test_eagle3 import ENGINE_PROMPTS, _engine_pair, random_head
+    from tests.speculation.test_eagle3 import ENGINE_PROMPTS, _engine_pair, random_head
 
     target, draft = _engine_pair()
     eng = ParseEngine(target, draft, ParseConfig(max_draft_tokens=10, segmenter="stride", stride=3, threshold=0.5),

@@ -1,6 +1,6 @@
 """Hypothesis strategies for attention metadata at a fixed shape (so a kernel compiles once per shape).
 
-Rows are packed verification blocks built with `parse_jax.verify.layout.pack` / `pad_blocks` (cache length, draft
+Rows are packed verification blocks built with `tests.verify.layout_reference.pack` / `pad_blocks` (cache length, draft
 length, K, suffix length, padding all drawn), plain causal prefills (K = 0), or, with `arbitrary=True`,
 metadata with no structure at all (the kernels and the block map must not rely on contiguous groups).
 Some draft rows may get `limit = 0` ("blind"): with an empty context they see nothing and must give zeros.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from parse_jax.verify.layout import pack, pad_blocks
+from tests.verify.layout_reference import pack, pad_blocks
 
 
 def rule_mask(ctx_len, limit, group, num_slots, padded_slots=None):

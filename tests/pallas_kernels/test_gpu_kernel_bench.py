@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parse_jax.verify.layout import pack
+from tests.verify.layout_reference import pack
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_kernel_bench.py"
 _spec = importlib.util.spec_from_file_location("gpu_kernel_bench", _PATH)

@@ -8,7 +8,7 @@ import pytest
 
 from pallas_kernels.reference import visibility
 from parse_jax.errors import ConfigError
-from parse_jax.train.data import BatchStream, prefixes
+from parse_jax.train.data import BatchStream, RowMix, prefixes
 
 
 def _decode(tok, ids):
@@ -72,7 +72,7 @@ def _check_row(tok, task, enc, b, r):
 
 
 def test_packed_rows_label_every_prefix_as_its_own_verification_prompt(tok, task, enc):
-    s = BatchStream(task, enc, 44, 32, 1, judge=True, error_fraction=0.5)
+    s = BatchStream(task, enc, 44, 32, 1, judge=True, mix=RowMix(error_fraction=0.5))
     b = s.batch(0)
     labels = [x for r in range(32) for x in _check_row(tok, task, enc, b, r)]
     assert len(labels) >= 32 * 3 and 0.25 < np.mean(labels) < 0.85
@@ -91,8 +91,8 @@ def test_a_corrupted_solution_is_clean_before_the_wrong_step_and_wrong_from_it(t
 
 
 def test_batches_depend_only_on_seed_and_step(task, enc):
-    a = BatchStream(task, enc, 44, 8, 4, judge=True, error_fraction=0.5)
-    b = BatchStream(task, enc, 44, 8, 4, judge=True, error_fraction=0.5)
+    a = BatchStream(task, enc, 44, 8, 4, judge=True, mix=RowMix(error_fraction=0.5))
+    b = BatchStream(task, enc, 44, 8, 4, judge=True, mix=RowMix(error_fraction=0.5))
     for k in a.batch(3):
         np.testing.assert_array_equal(a.batch(3)[k], b.batch(3)[k])
     assert not np.array_equal(a.batch(3)["tokens"], a.batch(4)["tokens"])
@@ -121,7 +121,7 @@ def test_real_draft_outputs_become_rows_with_their_graded_labels(tok, task, enc)
     samples = [(p, task.solve(p, rng)) for p in ps[:3]] + [(p, task.corrupt(p, task.solve(p), rng)[0]) for p in ps[3:]]
     samples.append((ps[0], "1 + 1 = 2 ; 3 3 = ; answer"))  # malformed steps
     samples.append((ps[1], " ".join(["1 + 1 = 2 ;"] * 12)))  # too long for a row: dropped
-    s = BatchStream(task, enc, 44, 16, 0, judge=True, real_fraction=0.99, samples=samples)
+    s = BatchStream(task, enc, 44, 16, 0, judge=True, mix=RowMix(real_fraction=0.99, samples=samples))
     assert len(s.samples) == 7
     b = s.batch(0)
     labels = [x for r in range(16) for x in _check_row(tok, task, enc, b, r)]
@@ -130,7 +130,7 @@ def test_real_draft_outputs_become_rows_with_their_graded_labels(tok, task, enc)
 
 def test_real_fraction_without_samples_is_an_error(task, enc):
     with pytest.raises(ConfigError, match="draft samples"):
-        BatchStream(task, enc, 44, 8, 0, judge=True, real_fraction=0.5)
+        BatchStream(task, enc, 44, 8, 0, judge=True, mix=RowMix(real_fraction=0.5))
 
 
 def test_a_seq_len_too_short_for_the_rows_is_an_error(task, enc):

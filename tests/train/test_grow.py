@@ -77,11 +77,13 @@ grow:
 
 def _loss(model, recipe_path, seed=11):
     from parse_jax.tasks import load_task
-    from parse_jax.train.data import BatchStream, Encoder
+    from parse_jax.train.data import BatchStream, Encoder, RowMix
     from parse_jax.train.trainer import loss_fn
 
     task = load_task()
-    batch = BatchStream(task, Encoder(model.tokenizer, task), 44, 64, seed, judge=True, error_fraction=0.5).batch(0)
+    stream = BatchStream(task, Encoder(model.tokenizer, task), 44, 64, seed, judge=True,
+                         mix=RowMix(error_fraction=0.5))
+    batch = stream.batch(0)
     return float(loss_fn(model.params, model.config, batch, 1.0)[0])
 
 

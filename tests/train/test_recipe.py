@@ -26,6 +26,13 @@ def test_unknown_recipe_name():
     ({"target_model": {"hidden_size": 30, "num_heads": 4}}, "hidden_size"),
     ({"judge": {"error_fraction": 1.5}}, "judge.error_fraction"),
     ({"draft": 3}, "must be a mapping"),
+    # the ranges of the fields' metadata, with the key's path in the recipe
+    ({"draft": {"lr": 0}}, r"recipe x.draft.lr must lie in \(0, inf\], got 0"),
+    ({"judge": {"real_fraction": 1.0}}, r"recipe x.judge.real_fraction must lie in \[0, 1\), got 1"),
+    ({"draft_model": {"num_layers": 0}}, "recipe x.draft_model.num_layers must be >= 1, got 0"),
+    ({"seq_len": 4}, "recipe x.seq_len must be >= 8, got 4"),
+    ({"grow": {"enabled": "yes"}}, "recipe x.grow.enabled must be true or false"),
+    ({"target": {"seed": -1}}, "recipe x.target.seed must be >= 0, got -1"),
 ])
 def test_bad_recipes_are_clear_errors(d, msg):
     with pytest.raises(ConfigError, match=msg):

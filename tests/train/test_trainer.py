@@ -12,11 +12,11 @@ from pallas_kernels.reference import visibility
 from parse_jax.checkpoints.orbax import params_equal
 from parse_jax.errors import CheckpointError
 from parse_jax.models.model import Model, init_params
-from parse_jax.train.data import BatchStream
+from parse_jax.train.data import BatchStream, RowMix
 from parse_jax.train.forward import train_logits
 from parse_jax.train.pipeline import model_config
 from parse_jax.train.recipe import ModelSpec, PhaseSpec
-from parse_jax.train.trainer import CKPT_DIR, latest_step, train_phase
+from parse_jax.train.trainer import CKPT_DIR, PhaseOptions, latest_step, train_phase
 
 
 class Crash(Exception):
@@ -24,7 +24,7 @@ class Crash(Exception):
 
 
 def _stream(task, enc, spec, judge=True):
-    return BatchStream(task, enc, 44, spec.batch_size, spec.seed, judge=judge, error_fraction=0.5)
+    return BatchStream(task, enc, 44, spec.batch_size, spec.seed, judge=judge, mix=RowMix(error_fraction=0.5))
 
 
 def _steps(folder):
@@ -64,7 +64,7 @@ def test_packed_rows_score_each_copy_like_its_standalone_verification_prompt(tok
 def test_a_short_run_lowers_the_loss(task, enc, tiny_cfg, tiny_spec, tmp_path):
     spec = dataclasses.replace(tiny_spec, steps=30, batch_size=16, lr=1e-2, checkpoint_every=30)
     _, hist = train_phase("t", tiny_cfg, spec, _stream(task, enc, spec, False).batch, tmp_path / "run", {},
-                          progress=False)
+                          PhaseOptions(progress=False))
     assert hist[0]["step"] == 1 and hist[-1]["step"] == 30
     first = float(np.mean([h["loss"] for h in hist[:1]]))
     assert np.isfinite(first) and hist[-1]["loss"] < 0.8 * first
@@ -72,7 +72,7 @@ def test_a_short_run_lowers_the_loss(task, enc, tiny_cfg, tiny_spec, tmp_path):
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(task, enc, tiny_cfg, tiny_spec, tmp_path):
     stream = _stream(task, enc, tiny_spec)
-    ref, _ = train_phase("t", tiny_cfg, tiny_spec, stream.batch, tmp_path / "ref", {}, progress=False)
+    ref, _ = train_phase("t", tiny_cfg, tiny_spec, stream.batch, tmp_path / "ref", {}, PhaseOptions(progress=False))
 
     def crash_at_6(step):
         if step == 6:
@@ -80,18 +80,21 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(task, enc, tiny_cfg, t
 
     run = tmp_path / "run"
     with pytest.raises(Crash):
-        train_phase("t", tiny_cfg, tiny_spec, stream.batch, run, {}, on_step=crash_at_6, progress=False)
+        train_phase("t", tiny_cfg, tiny_spec, stream.batch, run, {}, PhaseOptions(on_step=crash_at_6, progress=False))
     assert _steps(run) == [4]  # the finished checkpoint survives the crash
     seen = []
-    out, _ = train_phase("t", tiny_cfg, tiny_spec, stream.batch, run, {}, on_step=seen.append, progress=False)
+    out, _ = train_phase("t", tiny_cfg, tiny_spec, stream.batch, run, {},
+                         PhaseOptions(on_step=seen.append, progress=False))
     assert seen[0] == 5 and seen[-1] == 12 and latest_step(run) == 12
     assert _steps(run) == [8, 12]  # keep_checkpoints=2
     assert params_equal(out, ref)
     # A finished run restores and trains no further.
-    again, _ = train_phase("t", tiny_cfg, tiny_spec, stream.batch, run, {}, on_step=seen.append, progress=False)
+    again, _ = train_phase("t", tiny_cfg, tiny_spec, stream.batch, run, {},
+                           PhaseOptions(on_step=seen.append, progress=False))
     assert seen[-1] == 12 and params_equal(again, ref)
 
 
+@pytest.mark.subprocess
 def test_kill_9_mid_run_then_rerun_reaches_the_same_step(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, sys, dataclasses
@@ -99,7 +102,7 @@ def test_kill_9_mid_run_then_rerun_reaches_the_same_step(tmp_path):
         from parse_jax.train.data import BatchStream, Encoder
         from parse_jax.train.pipeline import load_tokenizer, model_config
         from parse_jax.train.recipe import ModelSpec, PhaseSpec, PhaseSpec
-        from parse_jax.train.trainer import train_phase
+        from parse_jax.train.trainer import PhaseOptions, train_phase
         tok, task = load_tokenizer(), load_task()
         cfg = model_config(ModelSpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2,
                                      intermediate_size=64, max_position_embeddings=64), tok)
@@ -110,8 +113,8 @@ def test_kill_9_mid_run_then_rerun_reaches_the_same_step(tmp_path):
         def on_step(s):
             if s == kill:
                 os.kill(os.getpid(), signal.SIGKILL)
-        train_phase("t", cfg, spec, stream.batch, {str(tmp_path / "run")!r}, {{}}, on_step=on_step,
-                    progress=False)
+        train_phase("t", cfg, spec, stream.batch, {str(tmp_path / "run")!r}, {{}},
+                    PhaseOptions(on_step=on_step, progress=False))
         print("finished")
     """)
     r = subprocess.run([sys.executable, "-c", script, "7"], capture_output=True, text=True, timeout=120)
@@ -124,30 +127,32 @@ def test_kill_9_mid_run_then_rerun_reaches_the_same_step(tmp_path):
 
 def test_resume_from_another_config_is_an_error(task, enc, tiny_cfg, tiny_spec, tmp_path):
     spec = dataclasses.replace(tiny_spec, steps=4)
-    train_phase("t", tiny_cfg, spec, _stream(task, enc, spec).batch, tmp_path / "run", {}, progress=False)
+    train_phase("t", tiny_cfg, spec, _stream(task, enc, spec).batch, tmp_path / "run", {}, PhaseOptions(progress=False))
     other = tiny_cfg.replace(hidden_size=64, head_dim=32)
     with pytest.raises(CheckpointError, match="another config.*hidden_size"):
-        train_phase("t", other, spec, _stream(task, enc, spec).batch, tmp_path / "run", {}, progress=False)
+        train_phase("t", other, spec, _stream(task, enc, spec).batch, tmp_path / "run", {},
+                    PhaseOptions(progress=False))
     with pytest.raises(CheckpointError, match="another config.*lr"):
         train_phase("t", tiny_cfg, dataclasses.replace(spec, lr=1.0), _stream(task, enc, spec).batch,
-                    tmp_path / "run", {}, progress=False)
+                    tmp_path / "run", {}, PhaseOptions(progress=False))
     with pytest.raises(CheckpointError, match="another config.*judge"):
         train_phase("t", tiny_cfg, spec, _stream(task, enc, spec).batch, tmp_path / "run", {"judge": 1},
-                    progress=False)
+                    PhaseOptions(progress=False))
 
 
 def test_missing_and_corrupt_checkpoints_are_errors(task, enc, tiny_cfg, tiny_spec, tmp_path):
     spec = dataclasses.replace(tiny_spec, steps=4)
     stream = _stream(task, enc, spec)
     with pytest.raises(CheckpointError, match="no checkpoint to resume"):
-        train_phase("t", tiny_cfg, spec, stream.batch, tmp_path / "none", {}, mode="resume", progress=False)
+        train_phase("t", tiny_cfg, spec, stream.batch, tmp_path / "none", {},
+                    PhaseOptions(mode="resume", progress=False))
     run = tmp_path / "run"
-    train_phase("t", tiny_cfg, spec, stream.batch, run, {}, progress=False)
+    train_phase("t", tiny_cfg, spec, stream.batch, run, {}, PhaseOptions(progress=False))
     for f in (run / CKPT_DIR / "4" / "state").rglob("*"):
         if f.is_file():
             f.write_bytes(b"\x00garbage")
     with pytest.raises(CheckpointError, match="missing or corrupt"):
-        train_phase("t", tiny_cfg, spec, stream.batch, run, {}, progress=False)
+        train_phase("t", tiny_cfg, spec, stream.batch, run, {}, PhaseOptions(progress=False))
     # --fresh starts over.
-    out, _ = train_phase("t", tiny_cfg, spec, stream.batch, run, {}, mode="fresh", progress=False)
+    out, _ = train_phase("t", tiny_cfg, spec, stream.batch, run, {}, PhaseOptions(mode="fresh", progress=False))
     assert latest_step(run) == 4

@@ -31,6 +31,7 @@ def test_a_failed_write_leaves_the_old_file_byte_identical(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
+@pytest.mark.subprocess
 def test_stale_temporaries_of_dead_runs_are_removed_and_live_ones_kept(tmp_path):
     dead = tmp_path / f".r.json.tmp-{_dead_pid()}-0123abcd"
     dead.write_text("killed mid-write")

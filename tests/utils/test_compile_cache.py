@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from parse_jax.utils import compile_cache
 
 
@@ -39,6 +41,7 @@ def _bench(pair_dir: Path, out: Path, cache: Path) -> tuple[subprocess.Completed
     return r, json.loads(out.read_text())
 
 
+@pytest.mark.subprocess
 def test_a_second_bench_in_a_fresh_process_compiles_nothing(pair_dir, tmp_path):
     cache = tmp_path / "cache"
     r1, first = _bench(pair_dir, tmp_path / "a.json", cache)
@@ -54,6 +57,7 @@ def test_a_second_bench_in_a_fresh_process_compiles_nothing(pair_dir, tmp_path):
     assert second["modes"]["parse"]["new_tokens"] == first["modes"]["parse"]["new_tokens"]
 
 
+@pytest.mark.subprocess
 def test_no_compile_cache_flag_and_env_leave_jax_alone(pair_dir, tmp_path):
     cache = tmp_path / "cache"
     env = {**os.environ, compile_cache.ENV_VAR: str(cache)}

@@ -1,4 +1,5 @@
-"""Segmentation and packing, property-tested against docs/design.md §2 written out by hand."""
+"""The host segmenters (parse_jax/verify/host_segment.py) and the tests' numpy packer (layout_reference.py, the
+reference of the device packer), property-tested against docs/design.md §2 written out by hand."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -8,16 +9,15 @@ from hypothesis import strategies as st
 
 from pallas_kernels import visibility
 from parse_jax.errors import InputError
-from parse_jax.verify.layout import (
-    PAD_GROUP,
+from parse_jax.utils.validation import check_boundaries
+from parse_jax.verify.block import PAD_GROUP
+from parse_jax.verify.host_segment import (
     cap_boundaries,
-    check_boundaries,
     delimiter_boundaries,
     hybrid_boundaries,
-    pack,
-    pad_blocks,
     stride_boundaries,
 )
+from tests.verify.layout_reference import pack, pad_blocks
 
 drafts = st.lists(st.integers(0, 5), min_size=1, max_size=40)
 DELIM = [5]

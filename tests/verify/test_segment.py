@@ -1,5 +1,6 @@
-"""The device segmenter and block packer against their numpy reference (layout.py, verify.verify_arrays), and the
-device acceptance against `verify.accept`: hypothesis over drafts, delimiters, segmenters and caps."""
+"""The device segmenter and block packer against their numpy reference (verify/host_segment.py, and
+tests/verify/layout_reference.py's `pack` + `verify_arrays`), and the device acceptance against `scoring.accept`:
+hypothesis over drafts, delimiters, segmenters and caps."""
 
 import functools
 
@@ -11,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parse_jax.verify.block import pack_block
-from parse_jax.verify.layout import cap_boundaries, delimiter_boundaries, hybrid_boundaries, pack, stride_boundaries
-from parse_jax.verify.scoring import accept, accept_on_device, verify_arrays
+from parse_jax.verify.host_segment import cap_boundaries, delimiter_boundaries, hybrid_boundaries, stride_boundaries
+from parse_jax.verify.scoring import accept, accept_on_device
 from parse_jax.verify.segment import DelimiterTable, segment
+from tests.verify.layout_reference import pack, verify_arrays
 
 V, D, ROWS = 7, 24, 6  # a small vocabulary makes delimiter occurrences (and overlaps) common
 
@@ -127,7 +129,7 @@ TEXT_VOCAB = ["", "a", ".", "\n", "\n\n", ".\n\n", ":\n\n", "\n\n\n", "a.", ".\n
 def test_text_delimiters_on_the_device_equal_the_decoded_text_scan(rows, delims):
     """Delimiters found in the decoded text: BPE merges "\\n\\n" with the character before it (".\\n\\n" is one token),
     so a step end is wherever a token's text completes an occurrence, as the numpy scan over the text finds it."""
-    from parse_jax.verify.layout import text_delimiter_boundaries
+    from parse_jax.verify.host_segment import text_delimiter_boundaries
 
     v = len(TEXT_VOCAB)
     table = DelimiterTable.from_texts(TEXT_VOCAB, delims, v).table
@@ -144,7 +146,7 @@ def test_text_delimiters_on_the_device_equal_the_decoded_text_scan(rows, delims)
 def test_text_boundaries_find_every_step_end_that_token_ids_miss():
     """"\\n\\n" after "." and ":" is merged into one token: matching the delimiter's token ids finds none of these
     step ends; matching the text finds all of them."""
-    from parse_jax.verify.layout import text_delimiter_boundaries
+    from parse_jax.verify.host_segment import text_delimiter_boundaries
 
     texts = ["a", ".\n\n", "b", ":\n\n", "1", "\n\n", "a", ".\n\n\n", "b"]
     assert text_delimiter_boundaries(texts, ["\n\n"]) == [2, 4, 6, 8, 9]

@@ -19,7 +19,7 @@ from typing import Any
 
 from parse_jax.errors import InputError
 from parse_jax.harness.eval.data import Record, load_records, parse_record
-from parse_jax.harness.eval.results import DEFAULT_INSTRUCTION, ResultsFile, run_eval
+from parse_jax.harness.eval.results import DEFAULT_INSTRUCTION, PromptFormat, ResultsFile, run_eval
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,18 +78,21 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
     memory. Batch b's seed is `seed + its first record's line`, so a resumed run draws what a whole one would.
     `eos_ids`: the stop ids (default: the models' own); `template_kwargs`: for the chat template (e.g.
     enable_thinking=False). Every setting is checked before the first record runs."""
-    from parse_jax.harness.runs import check_run_settings, mode_runner
+    from parse_jax.harness.runs import RunSettings, mode_runner
     from parse_jax.tasks import load_task
 
-    check_run_settings(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    settings = RunSettings(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, temperature=temperature,
+                           eos_ids=eos_ids, progress=progress)
     task = task if task is not None else load_task()
     records = as_records(records, task)
-    runner = mode_runner(target, draft, config, mode, temperature=temperature, eos_ids=eos_ids)
+    runner = mode_runner(target, draft, config, mode, temperature=settings.temperature, eos_ids=settings.eos_ids)
     results = results if results is not None else ResultsFile.in_memory()
-    summary = run_eval(records, lambda prompts, offset: runner(prompts, max_new_tokens, seed + offset), results,
-                       tokenizer=target.tokenizer, task=task, batch_size=batch_size, chat=chat,
-                       instruction=instruction, progress=progress, log=log or (lambda _: None),
-                       template_kwargs=template_kwargs)
+
+    def generate(prompts: list, offset: int):
+        return runner(prompts, settings.max_new_tokens, settings.seed + offset)
+
+    summary = run_eval(records, generate, results, settings, tokenizer=target.tokenizer, task=task,
+                       prompt_format=PromptFormat(chat, instruction, template_kwargs), log=log or (lambda _: None))
     return EvalResult(accuracy=summary["accuracy"], accuracy_ci95=tuple(summary["accuracy_ci95"]), n=summary["n"],
                       correct=summary["correct"], tokens_per_s=summary["tokens_per_s"],
                       accepted_per_pass=summary["accepted_per_pass"], new_tokens=summary["new_tokens"],

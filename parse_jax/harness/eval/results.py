@@ -9,6 +9,7 @@ error, not a silent mix; a torn last line (a write cut by a kill) is dropped and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -21,6 +22,7 @@ from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.eval.data import Record
 from parse_jax.harness.eval.extract import extract_answer, format_number
 from parse_jax.harness.eval.report import format_summary, summarize
+from parse_jax.harness.runs import RunSettings
 from parse_jax.runtime.requests import GenerateResult
 from parse_jax.utils.atomic import check_file_writable, write_text
 from parse_jax.utils.validation import check_int
@@ -29,6 +31,7 @@ RESULTS_VERSION = 1
 CHAT = ("auto", "on", "off")
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 PLAIN_FORMAT = "Question: {question}\nAnswer:"
+EVAL_SETTINGS = RunSettings(batch_size=8)  # run_eval's defaults (it reads batch_size and progress)
 
 
 def summary_path(out: str | Path) -> Path:
@@ -175,14 +178,27 @@ def grade(record: Record, text: str, task=None) -> tuple[bool, str | None]:
     return shown is not None and shown == record.reference, shown
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptFormat:
+    """How `build_prompt` turns a record into a model input: `chat` (auto, on, off) for the chat template, the
+    instruction after a GSM8K question, and keywords for the chat template (e.g. enable_thinking=False)."""
+
+    chat: str = "auto"
+    instruction: str = DEFAULT_INSTRUCTION
+    template_kwargs: dict | None = None
+
+    def build(self, record: Record, tokenizer):
+        return build_prompt(record, tokenizer, self.chat, self.instruction, self.template_kwargs)
+
+
 def run_eval(records: Sequence[Record], generate: Callable[[list, int], GenerateResult], results: ResultsFile,
-             tokenizer=None, task=None, batch_size: int = 8, chat: str = "auto",
-             instruction: str = DEFAULT_INSTRUCTION, progress: bool = True,
-             log: Callable[[str], None] = print, template_kwargs: dict | None = None) -> dict:
-    """Evaluate the records not yet in `results`, batch by batch; returns the summary over the whole file.
+             settings: RunSettings = EVAL_SETTINGS, *, tokenizer=None, task=None,
+             prompt_format: PromptFormat = PromptFormat(), log: Callable[[str], None] = print) -> dict:
+    """Evaluate the records not yet in `results`, `settings.batch_size` at a time (a bar when `settings.progress`);
+    returns the summary over the whole file.
 
     `generate(prompts, seed_offset)` runs one batch (texts + tokens + stats)."""
-    check_int("batch_size", batch_size, 1, error=InputError)
+    batch_size, progress = settings.batch_size, settings.progress
     todo = [r for r in records if r.key not in results.done]
     if len(todo) < len(records):
         log(f"resuming {results.path}: {len(records) - len(todo)} of {len(records)} records already done")
@@ -190,7 +206,7 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
     correct = sum(bool(r["correct"]) for r in results.results)
     for i in range(0, len(todo), batch_size):
         batch = todo[i: i + batch_size]
-        prompts = [build_prompt(r, tokenizer, chat, instruction, template_kwargs) for r in batch]
+        prompts = [prompt_format.build(r, tokenizer) for r in batch]
         t0 = time.perf_counter()
         res = generate(prompts, batch[0].line)
         seconds = time.perf_counter() - t0

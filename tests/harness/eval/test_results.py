@@ -8,7 +8,7 @@ import pytest
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.eval.data import file_sha256, load_records, write_task_jsonl
 from parse_jax.harness.eval.results import ResultsFile, build_prompt, make_header, run_eval, summary_path, write_summary
-from parse_jax.harness.runs import mode_runner
+from parse_jax.harness.runs import RunSettings, mode_runner
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.runtime.requests import GenerateResult
 from parse_jax.tasks import TOKENIZER_DIR, load_task
@@ -40,7 +40,7 @@ def data(tmp_path_factory):
 def uninterrupted(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("u") / "results.jsonl"
     records, _ = load_records(data, TASK)
-    summary = run_eval(records, _generate, _open(out, data), task=TASK, batch_size=2, progress=False,
+    summary = run_eval(records, _generate, _open(out, data), RunSettings(batch_size=2, progress=False), task=TASK,
                        log=lambda s: None)
     return summary, out
 
@@ -63,7 +63,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(data, uninterrupted, tmp_
         return _generate(prompts, offset)
 
     with pytest.raises(Interrupt):
-        run_eval(records, dies_on_third_batch, _open(out, data), task=TASK, batch_size=2, progress=False,
+        run_eval(records, dies_on_third_batch, _open(out, data), RunSettings(batch_size=2, progress=False), task=TASK,
                  log=lambda s: None)
     assert len(_results(out)) == 4  # the two finished batches are on disk
     logs, resumed_prompts = [], []
@@ -72,7 +72,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(data, uninterrupted, tmp_
         resumed_prompts.extend(prompts)
         return _generate(prompts, offset)
 
-    resumed = run_eval(records, counting, _open(out, data), task=TASK, batch_size=2, progress=False,
+    resumed = run_eval(records, counting, _open(out, data), RunSettings(batch_size=2, progress=False), task=TASK,
                        log=logs.append)
     assert "4 of 8 records already done" in logs[0]
     assert resumed_prompts == [r.prompt for r in records[4:]]  # only what was missing ran
@@ -82,7 +82,8 @@ def test_interrupted_then_resumed_equals_uninterrupted(data, uninterrupted, tmp_
         assert resumed[key] == full[key], key
     by_key = {r["key"]: r for r in _results(full_out)}
     assert all(r["output"] == by_key[r["key"]]["output"] for r in rows)  # greedy: the same texts
-    again = run_eval(records, dies_on_third_batch, _open(out, data), task=TASK, progress=False, log=lambda s: None)
+    again = run_eval(records, dies_on_third_batch, _open(out, data), RunSettings(batch_size=8, progress=False),
+                     task=TASK, log=lambda s: None)
     assert again["n"] == 8 and len(_results(out)) == 8  # a finished run reruns nothing
 
 
@@ -101,7 +102,7 @@ def test_torn_last_line_is_dropped_and_rerun(data, uninterrupted, tmp_path):
     rf = _open(out, data)
     assert len(rf.results) == 4 and out.read_text() == "".join(lines[:5])
     records, _ = load_records(data, TASK)
-    summary = run_eval(records, _generate, rf, task=TASK, batch_size=2, progress=False, log=lambda s: None)
+    summary = run_eval(records, _generate, rf, RunSettings(batch_size=2, progress=False), task=TASK, log=lambda s: None)
     assert summary["n"] == 8 and len(_results(out)) == 8
 
 
@@ -148,7 +149,8 @@ def test_gsm8k_records_through_the_harness(tmp_path):
         return GenerateResult(texts=texts, tokens=[[1] * len(t) for t in texts], stats={})
 
     records, _ = load_records(data, TASK)
-    s = run_eval(records, fixed, _open(tmp_path / "r.jsonl", data), batch_size=2, progress=False, log=lambda s: None)
+    s = run_eval(records, fixed, _open(tmp_path / "r.jsonl", data), RunSettings(batch_size=2, progress=False),
+                 log=lambda s: None)
     assert (s["n"], s["correct"], s["no_answer"]) == (3, 2, 1)
 
 

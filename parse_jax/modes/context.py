@@ -1,0 +1,55 @@
+"""What a mode reads: a typed, frozen `ModeContext` that `ParseEngine` builds once (the models, the settings, the
+judge and the verification suffix), and `parse_result`, the result of a PARSE-family mode from its device counters."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from parse_jax.runtime.requests import GenerateResult, GenerationStats, Request
+from parse_jax.settings import ParseConfig
+from parse_jax.verify.round import Judge, RoundSpec
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModeContext:
+    """Everything a mode's `run(ctx, request)` may read, fixed when the engine is built: the target, the draft (None
+    for the modes that need none), the target's EAGLE-3 head (None without one), the PARSE settings, the judge's
+    traced inputs, the round's static settings, the verification suffix as ids (the judge words' shared first
+    tokens included) and the ids that complete a step delimiter (where a multi-round target stops)."""
+
+    target: object
+    draft: object | None
+    head: object | None
+    config: ParseConfig
+    judge: Judge
+    round_spec: RoundSpec
+    suffix_ids: tuple[int, ...]
+    step_end_ids: np.ndarray
+
+
+def parse_result(ctx: ModeContext, req: Request, rows: dict, seconds: float, *, verify_passes: int,
+                 target_passes: int, continue_batch: int | None = None, rounds: int | None = None) -> GenerateResult:
+    """A PARSE-family mode's result: texts, tokens and `GenerationStats` from its fetched per-row counters (`rows`:
+    tokens, num_new, accepted, draft_len, prefixes, block_tokens; `continued` where a continuation ran)."""
+    n = len(req.ids)
+    tokens = [rows["tokens"][i, : rows["num_new"][i]].tolist() for i in range(n)]
+    accepted = [int(x) for x in rows["accepted"][:n]]
+    cont_passes = target_passes - verify_passes
+    continued_n = int(np.sum(rows["continued"][:n])) if "continued" in rows else None
+
+    def total(key: str) -> int | None:
+        return int(np.sum(rows[key][:n])) if key in rows else None
+
+    stats = GenerationStats(
+        new_tokens=sum(len(t) for t in tokens), seconds=seconds, target_passes=target_passes,
+        verify_passes=verify_passes, rounds=rounds,
+        request_passes=(verify_passes * n + cont_passes * continued_n if continued_n is not None
+                        else target_passes * n),
+        draft_tokens=total("draft_len"), accepted_tokens=sum(accepted),
+        accepted_per_request=accepted, prefixes_per_request=[int(x) for x in rows["prefixes"][:n]],
+        verify_tokens=total("block_tokens"), continued_requests=continued_n, continue_batch=continue_batch,
+        eagle3_accepted_tokens=total("eagle3_accepted_tokens"), eagle3_draft_tokens=total("eagle3_draft_tokens"))
+    texts = [ctx.target.tokenizer.decode(t) for t in tokens]
+    return GenerateResult(texts=texts, tokens=tokens, stats=stats.as_dict())

@@ -1,0 +1,168 @@
+"""Continuous batching of plain decoding: `max_batch` slots stay busy over any number of prompts.
+
+A request holds one slot (a row of one KV cache) from its prefill to its last token; when it finishes, the next
+prompt is prefilled into that row while the other slots keep their caches. Two programs, each compiled once for the
+run's shapes (slot count, cache length, prompt bucket), so no prompt compiles anything of its own:
+- `admit`: prefill up to k waiting prompts (k bucketed) in a small cache, draw each one's first token, and move
+  their rows into the slots the host names (the other rows are untouched);
+- `decode`: one-token steps over every slot in a `lax.while_loop` until enough slots are free for the next
+  admission (or every slot is done).
+Between the two the host reads one small result (which slots finished, their tokens): the only host sync, once per
+admission. A row's tokens depend only on its own cache row, so greedy outputs equal those of the prompt alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.runtime.decode import is_eos, prefill
+from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
+from parse_jax.runtime.requests import PAD_ID, GenerateResult, GenerationStats, Request, SamplingParams
+from parse_jax.runtime.sampling import Sampler, SamplingArgs
+
+
+@struct.dataclass
+class SlotState:
+    """Every slot's request in flight. An empty slot is `done`."""
+
+    cache: KVCache
+    tokens: jax.Array    # [B, N] the slot's generated ids (PAD_ID past num_new)
+    num_new: jax.Array   # [B]
+    done: jax.Array      # [B]
+    last: jax.Array      # [B] the next step's input
+    max_new: jax.Array   # [B] the slot's budget
+    steps: jax.Array     # scalar: decode passes run so far
+
+
+@struct.dataclass
+class Admission:
+    """Up to k prompts for the free slots named in `slots` (k bucketed; unused entries name slot B: dropped)."""
+
+    slots: jax.Array      # [k]
+    prompt: jax.Array     # [k, P]
+    lens: jax.Array       # [k]
+    max_new: jax.Array    # [k]
+    key_data: jax.Array   # scalar: which admission this is (its draws' key)
+
+
+@functools.cache
+def _programs(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: int, sampler: Sampler):
+    """(admit, decode) jitted for one run's shapes; the slot state is donated to both."""
+    module = Decoder(cfg, attention_impl)
+
+    def admit(params, state: SlotState, adm: Admission, eos_ids, args: SamplingArgs) -> SlotState:
+        forward = forward_fn(module, params)
+        cache, first_logits = prefill(forward, cfg, adm.prompt, adm.lens, cache_len)
+        tok = sampler.sample(first_logits, args.fold(adm.key_data))
+        put = lambda big, small: big.at[adm.slots].set(small, mode="drop")  # noqa: E731
+        cache = KVCache(k=tuple(map(put, state.cache.k, cache.k)), v=tuple(map(put, state.cache.v, cache.v)),
+                        lengths=put(state.cache.lengths, cache.lengths))
+        first = jnp.full((tok.shape[0], num_new), PAD_ID, jnp.int32).at[:, 0].set(tok)
+        done = is_eos(tok, eos_ids) | (adm.max_new <= 1)
+        return state.replace(cache=cache, tokens=put(state.tokens, first),
+                             num_new=put(state.num_new, jnp.ones_like(tok)), done=put(state.done, done),
+                             last=put(state.last, tok), max_new=put(state.max_new, adm.max_new))
+
+    def decode(params, state: SlotState, free_target, eos_ids, args: SamplingArgs) -> SlotState:
+        forward = forward_fn(module, params)
+        b = state.done.shape[0]
+        rows = jnp.arange(b)
+
+        def cond(s: SlotState) -> jax.Array:
+            return ~jnp.all(s.done) & (jnp.sum(s.done) < free_target)
+
+        def body(s: SlotState) -> SlotState:
+            limit, group = causal_metadata(b, 1)
+            logits, cache = forward(s.last[:, None], s.cache.lengths[:, None], s.cache, limit, group)
+            cache = cache.commit((~s.done).astype(jnp.int32))
+            tok = sampler.sample(logits[:, 0], args.fold(s.steps))
+            tok = jnp.where(s.done, PAD_ID, tok)
+            at = jnp.minimum(s.num_new, num_new - 1)
+            tokens = s.tokens.at[rows, at].set(jnp.where(s.done, s.tokens[rows, at], tok))
+            num = s.num_new + (~s.done).astype(jnp.int32)
+            done = s.done | is_eos(tok, eos_ids) | (num >= s.max_new)
+            return s.replace(cache=cache, tokens=tokens, num_new=num, done=done, last=jnp.where(s.done, s.last, tok),
+                             steps=s.steps + 1)
+
+        return jax.lax.while_loop(cond, body, state)
+
+    return (register_program(jax.jit(admit, donate_argnums=(1,))),
+            register_program(jax.jit(decode, donate_argnums=(1,))))
+
+
+def empty_state(cfg: ModelConfig, slots: int, num_new: int, cache_len: int) -> SlotState:
+    return SlotState(cache=KVCache.init(cfg, slots, cache_len), tokens=jnp.full((slots, num_new), PAD_ID, jnp.int32),
+                     num_new=jnp.zeros((slots,), jnp.int32), done=jnp.ones((slots,), bool),
+                     last=jnp.zeros((slots,), jnp.int32), max_new=jnp.zeros((slots,), jnp.int32),
+                     steps=jnp.int32(0))
+
+
+def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: SamplingParams, eos: np.ndarray,
+          max_batch: int) -> tuple[list[list[int]], dict]:
+    """Every prompt's generated ids, in prompt order, with at most `max_batch` in flight (slots refilled as rows
+    finish), and counts {"target_passes", "admissions", "seconds"}. `ids` must fit the model's positions."""
+    cfg: ModelConfig = model.config
+    slots = min(bucket(max_batch, 1), bucket(len(ids), 1))
+    p = bucket(max(len(x) for x in ids))
+    n = bucket(max(max_new), 16)
+    cache_len = min(length_bucket(p + n), cfg.max_position_embeddings)
+    admit, decode = _programs(cfg, model.attention_impl, n, cache_len, sampling.sampler)
+    args = sampling.args()
+    state = empty_state(cfg, slots, n, cache_len)
+    waiting = collections.deque(range(len(ids)))
+    holder = [-1] * slots  # request index in each slot (-1: free)
+    out: list[list[int] | None] = [None] * len(ids)
+    admissions = 0
+    t0 = time.perf_counter()
+    while True:
+        free = [s for s in range(slots) if holder[s] < 0]
+        take = min(len(free), len(waiting))
+        if take:
+            k = bucket(take, 1)
+            batch = [waiting.popleft() for _ in range(take)]
+            adm = Admission(
+                slots=np.array([free[i] if i < take else slots for i in range(k)], np.int32),
+                prompt=np.array([ids[r] + [PAD_ID] * (p - len(ids[r])) for r in batch] + [[PAD_ID] * p] * (k - take),
+                                np.int32),
+                lens=np.array([len(ids[r]) for r in batch] + [1] * (k - take), np.int32),
+                max_new=np.array([max_new[r] for r in batch] + [0] * (k - take), np.int32),
+                key_data=np.int32(admissions))
+            for s, r in zip(free, batch):
+                holder[s] = r
+            state = admit(model.params, state, adm, eos, args)
+            admissions += 1
+        # with prompts waiting, stop at the first slot that frees up; with none, run every slot to its end
+        busy = sum(h >= 0 for h in holder)
+        free_target = slots - busy + 1 if waiting else slots
+        state = decode(model.params, state, np.int32(free_target), eos, args)
+        done, num, tokens, steps = fetch((state.done, state.num_new, state.tokens, state.steps))
+        for s in range(slots):
+            if holder[s] >= 0 and done[s]:
+                out[holder[s]] = tokens[s, : num[s]].tolist()
+                holder[s] = -1
+        if not waiting and all(h < 0 for h in holder):
+            break
+    seconds = time.perf_counter() - t0
+    stats = {"target_passes": int(steps) + admissions, "admissions": admissions, "seconds": seconds, "slots": slots}
+    return [o if o is not None else [] for o in out], stats
+
+
+def serve_request(model, req: Request, *, max_batch: int) -> GenerateResult:
+    """A validated request (`ParseEngine.request`) by continuous batching through `max_batch` slots."""
+    tokens, counts = serve(model, req.ids, max_new=[req.max_new] * len(req.ids), sampling=req.sampling, eos=req.eos,
+                           max_batch=max_batch)
+    stats = GenerationStats(new_tokens=sum(len(t) for t in tokens), seconds=counts["seconds"],
+                            target_passes=counts["target_passes"])
+    texts = [model.tokenizer.decode(t) if model.tokenizer is not None else "" for t in tokens]
+    return GenerateResult(texts=texts, tokens=tokens, stats={**stats.as_dict(), "slots": counts["slots"],
+                                                             "admissions": counts["admissions"]})

@@ -1,0 +1,174 @@
+"""A short profile of what forward passes cost on this device, cached on disk beside the compile cache.
+
+`profile_model` times jitted passes of a `Model` (the same decoder call every mode runs) on a grid of (batch,
+tokens per pass, cache length): compile excluded, a warm-up pass, then the median of `repeats`. Passes of more than
+`max_block_tokens` rows x tokens are not timed (on a CPU they are compute-bound: seconds each); `CostTable` fills
+them in proportion to tokens. The embedded pair's whole profile (`Grid()` for the target, `DRAFTER_GRID` for
+the draft and the head: 52 shapes) is mostly compilation, about a second per shape of the 8-layer target on an idle
+2-core CPU; `pass_costs(measure=True)` runs it once and caches it.
+
+Tables are JSON files in `profiles/` next to the persistent compile cache (`profiles_dir`), named by a fingerprint
+of the model (config and param shapes/dtypes), the device kind and count, the jax/jaxlib/parse-jax versions and the
+grid; a file whose stored fingerprint differs is never used. A profile is never required: `load_or_profile` returns
+None when there is none (and `measure` is off), and `pass_costs` then falls back to the roofline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import causal_metadata
+from parse_jax.models.model import Model, decoder_fn, init_params
+from parse_jax.schedule.costs import CostTable, PassCosts, check_axes, current_device_kind, roofline
+from parse_jax.utils import atomic, compile_cache
+from parse_jax.utils.progress import logger
+from parse_jax.utils.validation import check_int
+from parse_jax.utils.version import package_version
+
+FORMAT = 1  # bump when the file layout or what is measured changes
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """Where to measure: every (batch, tokens, cache) with batch x tokens <= `max_block_tokens` (tokens 1 always)."""
+
+    batches: tuple[int, ...] = (1, 4, 16, 64)
+    tokens: tuple[int, ...] = (1, 8, 32, 128)
+    caches: tuple[int, ...] = (128, 512)
+    max_block_tokens: int = 512
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        check_axes(self, "profile grid")
+        object.__setattr__(self, "max_block_tokens", check_int("max_block_tokens", self.max_block_tokens, 1))
+        object.__setattr__(self, "repeats", check_int("repeats", self.repeats, 1, 100))
+
+    def timed(self, batch: int, tokens: int) -> bool:
+        return tokens == 1 or batch * tokens <= self.max_block_tokens
+
+
+# Drafters (a draft model, an EAGLE-3 head) are small: one cache length is enough (their cost barely moves with it),
+# and halves the compilations of a profile.
+DRAFTER_GRID = Grid(caches=(256,))
+
+
+def profiles_dir() -> Path:
+    """`profiles/` beside the persistent compile cache's default folder (~/.cache/parse-jax/profiles)."""
+    return compile_cache.default_dir().parent / "profiles"
+
+
+def fingerprint(model: Model, grid: Grid) -> dict[str, Any]:
+    """Everything a table depends on: a different model, device, library version or grid measures anew."""
+    import jaxlib
+
+    leaves = jax.tree_util.tree_flatten_with_path(model.params)[0]
+    params = sorted([jax.tree_util.keystr(path), list(np.shape(x)), str(np.dtype(x.dtype))] for path, x in leaves)
+    key = {"format": FORMAT, "config": model.config.to_dict(), "attention_impl": model.attention_impl,
+           "params": params, "device_kind": current_device_kind(), "device_count": jax.device_count(),
+           "jax": jax.__version__, "jaxlib": jaxlib.__version__, "parse_jax": package_version(),
+           "grid": dataclasses.asdict(grid)}
+    return json.loads(json.dumps(key))  # as it reads back from its file (lists, not tuples)
+
+
+def profile_path(key: dict[str, Any], folder: Path | None = None) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return (profiles_dir() if folder is None else Path(folder)) / f"{digest}.json"
+
+
+def _time_pass(model: Model, batch: int, tokens: int, cache_len: int, repeats: int) -> float:
+    """Median seconds of one pass of `tokens` new tokens per row over a cache of `cache_len` slots, the block
+    written at its end; the compiled program is built first so compilation is never timed."""
+    fn = decoder_fn(model.config, model.attention_impl, False)
+    lengths = jnp.full((batch,), cache_len - tokens, jnp.int32)
+    positions = lengths[:, None] + jnp.arange(tokens, dtype=jnp.int32)[None, :]
+    ids = jnp.zeros((batch, tokens), jnp.int32)
+    limit, group = causal_metadata(batch, tokens)
+    cache = model.init_cache(batch, cache_len).set_lengths(lengths)
+    compiled = fn.lower(model.params, ids, positions, cache, limit, group).compile()
+    times = []
+    for i in range(repeats + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        logits, cache, _ = compiled(model.params, ids, positions, cache, limit, group)
+        logits.block_until_ready()
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def profile_model(model: Model, grid: Grid = Grid()) -> CostTable:
+    """Time `model`'s passes on `grid` (see the module docstring)."""
+    seconds, measured = [], []
+    for b in grid.batches:
+        plane, mask = [], []
+        for t in grid.tokens:
+            row = [_time_pass(model, b, t, max(c, t), grid.repeats) if grid.timed(b, t) else None
+                   for c in grid.caches]
+            plane.append(row)
+            mask.append([x is not None for x in row])
+        last = 0
+        for j, t in enumerate(grid.tokens):  # untimed passes: in proportion to tokens from the last timed one
+            if mask[j][0]:
+                last = j
+            else:
+                plane[j] = [x * t / grid.tokens[last] for x in plane[last]]
+        seconds.append(plane)
+        measured.append(mask)
+    meta = {"device_kind": current_device_kind(), "model": repr(model), "repeats": grid.repeats}
+    return CostTable(grid.batches, grid.tokens, grid.caches, seconds, measured, meta)
+
+
+def head_model(layer: ModelConfig) -> Model:
+    """A one-layer decoder of an EAGLE-3 head's layer config with random params: what `profile_model` times for the
+    head (the head's fusion and 2d-wide q/k/v add a few percent that the timing leaves out)."""
+    layer = layer.replace(num_layers=1)
+    return Model(layer, init_params(layer))
+
+
+def load_or_profile(model: Model, *, measure: bool = False, grid: Grid = Grid(),
+                    folder: str | Path | None = None) -> CostTable | None:
+    """The cached table of `model` on this device; with `measure`, profile and cache it when there is none;
+    otherwise None. A file that cannot be read or whose fingerprint differs counts as none."""
+    key = fingerprint(model, grid)
+    path = profile_path(key, None if folder is None else Path(folder))
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("fingerprint") == key:
+            return CostTable.from_dict(stored["table"])
+        logger.debug(f"profile {path}: stale fingerprint, ignored")
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # a corrupt file is no profile
+        logger.warning(f"profile {path} ignored: {type(e).__name__}: {e}")
+    if not measure:
+        return None
+    start = time.perf_counter()
+    table = profile_model(model, grid)
+    logger.info(f"profiled {model!r} in {time.perf_counter() - start:.1f} s -> {path}")
+    atomic.write_json(path, {"fingerprint": key, "table": table.to_dict()})
+    return table
+
+
+def pass_costs(target: Model, draft: Model | None = None, *, measure: bool = False,
+               folder: str | Path | None = None, grid: Grid = Grid(),
+               drafter_grid: Grid = DRAFTER_GRID) -> PassCosts:
+    """The cost model of a generation with `target` (its attached EAGLE-3 head, if any) and `draft`: each from its
+    cached profile when there is one (or `measure`), else its roofline on this device."""
+    def cost(model: Model, eagle3: bool = False):
+        table = load_or_profile(model, measure=measure, grid=grid if model is target else drafter_grid,
+                                folder=folder)
+        return table if table is not None else roofline(model.config, eagle3=eagle3)
+
+    head = getattr(target, "eagle3", None)
+    return PassCosts(target=cost(target), draft=None if draft is None else cost(draft),
+                     eagle3=None if head is None else cost(head_model(head.config.layer), eagle3=True))

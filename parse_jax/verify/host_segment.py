@@ -1,0 +1,108 @@
+"""Where to cut a draft into candidate prefixes, on the host in numpy: `ParseEngine.boundaries`, and the reference
+the device segmenter (`segment.py`, which a PARSE round runs) is property-tested against (tests/verify/test_segment.py).
+
+Boundaries are token counts: prefix k is `draft[:b_k]`, 0 < b_1 < ... < b_K <= D, and the full draft is always the
+last prefix (the whole-draft check). The packed block itself is built on the device (`block.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from parse_jax.errors import InputError
+from parse_jax.utils.validation import check_draft
+
+
+def delimiter_boundaries(draft: Sequence[int], delimiter: Sequence[int]) -> list[int]:
+    """Ends of the delimiter occurrences (each prefix keeps its delimiter), then the full draft."""
+    draft = list(draft)
+    check_draft(len(draft))
+    delimiter = list(delimiter)
+    if not delimiter:
+        raise InputError("the delimiter is empty")
+    n, out, i = len(delimiter), [], 0
+    while i + n <= len(draft):
+        if draft[i:i + n] == delimiter:
+            out.append(i + n)
+            i += n
+        else:
+            i += 1
+    if not out or out[-1] != len(draft):
+        out.append(len(draft))
+    return out
+
+
+def text_delimiter_boundaries(token_texts: Sequence[str], delimiters: Sequence[str]) -> list[int]:
+    """Boundaries from the decoded text: after every token whose text completes a delimiter occurrence (the
+    earliest-ending occurrence of any delimiter after the previous one ends; occurrences never overlap), then the
+    full draft. `token_texts`: the draft's tokens' texts, in order."""
+    check_draft(len(token_texts))
+    delimiters = [d for d in delimiters]
+    if not delimiters or any(not d for d in delimiters):
+        raise InputError(f"delimiters must be non-empty strings, got {delimiters!r}")
+    out, text, start = [], "", 0
+    for t, piece in enumerate(token_texts):
+        for ch in piece:
+            text += ch
+            if any(text.endswith(d) and len(text) - len(d) >= start for d in delimiters):
+                start = len(text)
+                if not out or out[-1] != t + 1:
+                    out.append(t + 1)
+    if not out or out[-1] != len(token_texts):
+        out.append(len(token_texts))
+    return out
+
+
+def stride_boundaries(draft_len: int, stride: int) -> list[int]:
+    """Every `stride` tokens, then the full draft."""
+    check_draft(draft_len)
+    if stride < 1:
+        raise InputError(f"stride must be >= 1, got {stride}")
+    out = list(range(stride, draft_len, stride))
+    return out + [draft_len]
+
+
+def hybrid_boundaries(draft: Sequence[int], delimiter: Sequence[int], min_len: int, max_len: int) -> list[int]:
+    """Delimiter boundaries, with segments shorter than `min_len` merged into the next and segments
+    longer than `max_len` split into equal pieces (so a split never leaves a sliver)."""
+    return hybrid_from_boundaries(delimiter_boundaries(draft, delimiter), len(draft), min_len, max_len)
+
+
+def hybrid_from_boundaries(delimited: Sequence[int], draft_len: int, min_len: int, max_len: int) -> list[int]:
+    """`hybrid_boundaries` from delimiter boundaries found any way (token ids or decoded text)."""
+    if not 1 <= min_len <= max_len:
+        raise InputError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
+    merged, start = [], 0
+    for b in delimited:
+        if b - start >= min_len or b == draft_len:
+            merged.append(b)
+            start = b
+    out, start = [], 0
+    for b in merged:
+        pieces = -(-(b - start) // max_len)
+        out.extend(start + (i * (b - start)) // pieces for i in range(1, pieces))
+        out.append(b)
+        start = b
+    return out
+
+
+def cap_boundaries(boundaries: Sequence[int], max_prefixes: int) -> list[int]:
+    """At most `max_prefixes`, spread evenly over the candidates; the last (full draft) is always kept."""
+    if max_prefixes < 1:
+        raise InputError(f"max_prefixes must be >= 1, got {max_prefixes}")
+    b = list(boundaries)
+    if len(b) <= max_prefixes:
+        return b
+    head = b[:-1]
+    return [head[i] for i in cap_picks(len(head), max_prefixes)] + [b[-1]]
+
+
+def cap_picks(num_head: int, max_prefixes: int) -> list[int]:
+    """Indices of the `max_prefixes - 1` head candidates kept out of `num_head` (> that many): evenly spread from the
+    first to the last, rounded half up, in integers so that the device segmenter (`segment.py`) picks the same."""
+    k = max_prefixes - 1
+    if k <= 0:
+        return []
+    if k == 1:
+        return [0]
+    return [(2 * i * (num_head - 1) + (k - 1)) // (2 * (k - 1)) for i in range(k)]

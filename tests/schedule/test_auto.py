@@ -1,0 +1,58 @@
+"""`schedule="auto"` on synthetic cost tables: plain decoding where speculation is predicted (or measured) to lose,
+the requested mode where it wins, calibration by the other choice's measurement, one exploration, fixed knobs kept."""
+
+import pytest
+
+from parse_jax.schedule.auto import ScheduleState, choose
+from parse_jax.schedule.policy import Knobs, Workload
+from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
+
+KNOBS = Knobs(draft_tokens=64, prefixes=8, rounds="multi", gamma=4, eagle3_gamma=5)
+
+
+def _choose(state, table, batch, **kw):
+    workload = Workload(batch=batch, cache_len=256, suffix_tokens=4, remaining_tokens=64)
+    return choose(state, costs(table), mode=kw.pop("mode", "parse"), knobs=KNOBS, workload=workload, **kw)
+
+
+def test_speculates_where_blocks_are_cheap_and_decodes_plainly_where_they_cost_their_tokens():
+    fresh = ScheduleState()
+    assert _choose(fresh, MEMORY_BOUND, 1).run == "parse"
+    plain = _choose(fresh, COMPUTE_BOUND, 16)
+    assert plain.run == "target" and not plain.speculate
+    assert plain.as_dict()["why"] == "prediction" and plain.estimate["target"] < plain.estimate["parse"]
+    for mode in ("sd", "eagle3", "parse+eagle3", "sequential"):
+        assert _choose(fresh, COMPUTE_BOUND, 16, mode=mode).run == "target"
+        assert _choose(fresh, MEMORY_BOUND, 1, mode=mode).run == mode
+
+
+def test_a_measured_loss_overrides_the_prediction():
+    state = ScheduleState()
+    assert _choose(state, MEMORY_BOUND, 4).run == "parse"  # predicted to win
+    # it ran and was slow (measured 3x the target's predicted cost), and the target was measured too
+    state = state.record("parse", 4, {"new_tokens": 100, "seconds": 0.3})
+    state = state.record("target", 4, {"new_tokens": 100, "seconds": 0.1})
+    after = _choose(state, MEMORY_BOUND, 4)
+    assert after.run == "target" and after.as_dict()["why"] == "measured"
+    assert after.estimate == {"parse": pytest.approx(0.012), "target": pytest.approx(0.004)}
+    assert _choose(state, MEMORY_BOUND, 1).run == "parse"  # other batch sizes keep their own figures
+
+
+def test_one_measurement_calibrates_the_other_and_exploration_measures_it():
+    state = ScheduleState().record("parse", 8, {"new_tokens": 80, "seconds": 0.2})
+    c = _choose(state, MEMORY_BOUND, 8)
+    assert c.as_dict()["why"] == "calibrated prediction"
+    scale = c.measured["parse"] / c.predicted["parse"]
+    assert c.estimate["target"] == pytest.approx(c.predicted["target"] * scale)
+    assert not c.explored
+    explored = _choose(state, MEMORY_BOUND, 8, explore=True)
+    assert explored.explored and explored.run == "target"  # within EXPLORE_RATIO: measure plain decoding once
+
+
+def test_plain_decoding_is_never_second_guessed_and_counts_acceptance():
+    assert _choose(ScheduleState(), MEMORY_BOUND, 1, mode="target").run == "target"
+    state = ScheduleState().record("parse", 1, {"new_tokens": 50, "seconds": 0.1, "draft_tokens": 60,
+                                                "accepted_tokens": 48, "prefixes_per_request": [5],
+                                                "verify_passes": 2})
+    assert state.step_tokens == pytest.approx(12.0)
+    assert state.acceptance.steps_accepted == 4 and state.acceptance.steps_verified == 5

@@ -1,0 +1,72 @@
+"""The profile: measured tables cached on disk, keyed by the model's fingerprint, never required."""
+
+import json
+
+import pytest
+
+import parse_jax
+from parse_jax.schedule import profile
+from parse_jax.schedule.costs import CostTable, Roofline
+from parse_jax.schedule.profile import Grid, load_or_profile, pass_costs
+from tests.random_models import random_model
+
+TINY = Grid(batches=(1, 2), tokens=(1, 4), caches=(16,), max_block_tokens=4, repeats=1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model("llama3")
+
+
+def test_profile_round_trips_through_the_cache(model, tmp_path):
+    assert load_or_profile(model, grid=TINY, folder=tmp_path) is None  # none yet, and none measured
+    assert list(tmp_path.iterdir()) == []
+    table = load_or_profile(model, measure=True, grid=TINY, folder=tmp_path)
+    assert isinstance(table, CostTable) and (table.batches, table.tokens, table.caches) == ((1, 2), (1, 4), (16,))
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+    assert json.loads(files[0].read_text())["fingerprint"]["config"] == model.config.to_dict()
+    assert load_or_profile(model, grid=TINY, folder=tmp_path) == table  # read back, not measured again
+    # batch 2 x 4 tokens is past max_block_tokens: filled in proportion to tokens, and marked as not timed
+    assert table.measured[1][1] == (False,) and table.measured[0][1] == (True,)
+    assert table.seconds(2, 4, 16) == pytest.approx(4 * table.seconds(2, 1, 16))
+    assert all(x > 0 for p in table.seconds_grid for r in p for x in r)
+
+
+def test_profile_is_invalidated_when_the_fingerprint_changes(model, tmp_path, monkeypatch):
+    load_or_profile(model, measure=True, grid=TINY, folder=tmp_path)
+    other = random_model("llama3", intermediate_size=64)
+    assert load_or_profile(other, grid=TINY, folder=tmp_path) is None  # another model
+    assert load_or_profile(model, grid=Grid(batches=(1,), tokens=(1,), caches=(16,), repeats=1),
+                           folder=tmp_path) is None  # another grid
+    path = profile.profile_path(profile.fingerprint(model, TINY), tmp_path)
+    stored = json.loads(path.read_text())
+    monkeypatch.setattr(parse_jax, "__version__", "999.0")  # a new release of the library
+    assert load_or_profile(model, grid=TINY, folder=tmp_path) is None
+    monkeypatch.undo()
+    stored["fingerprint"]["device_count"] += 1  # a file whose stored fingerprint differs is never used
+    path.write_text(json.dumps(stored))
+    assert load_or_profile(model, grid=TINY, folder=tmp_path) is None
+    path.write_text("{not json")
+    assert load_or_profile(model, grid=TINY, folder=tmp_path) is None
+
+
+def test_pass_costs_fall_back_to_the_roofline(model, tmp_path):
+    draft = random_model("qwen3")
+    costs = pass_costs(model, draft, folder=tmp_path, grid=TINY, drafter_grid=TINY)
+    assert costs.sources == {"target": "roofline", "draft": "roofline"} and isinstance(costs.target, Roofline)
+    load_or_profile(draft, measure=True, grid=TINY, folder=tmp_path)
+    again = pass_costs(model, draft, folder=tmp_path, grid=TINY, drafter_grid=TINY)
+    assert again.sources == {"target": "roofline", "draft": "profile"}
+
+
+def test_profiles_live_beside_the_compile_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert profile.profiles_dir() == tmp_path / "parse-jax" / "profiles"
+
+
+def test_grid_refuses_bad_axes():
+    with pytest.raises(parse_jax.ConfigError, match="profile grid batches must be strictly increasing"):
+        Grid(batches=(4, 1))
+    with pytest.raises(parse_jax.ConfigError, match="repeats must be >= 1"):
+        Grid(repeats=0)

@@ -1,0 +1,68 @@
+"""`ParseEngine.generate(max_batch=, schedule=)`: batches in prompt order, continuous batching for plain decoding,
+and `schedule="auto"` choosing plain decoding exactly where the cost model says speculation loses (synthetic cost
+tables, so the test does not depend on this machine), with explicit settings kept as given."""
+
+import pytest
+
+from parse_jax.engine import ParseConfig, ParseEngine
+from parse_jax.errors import InputError
+from parse_jax.runtime.decode import generate
+from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
+from tests.test_engine import DRAFT, TARGET
+
+PROMPTS = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :", "( 5 - 5 ) + ( 6 * 2 ) :", "( 2 + 2 ) :",
+           "( 9 - 1 ) * ( 3 + 3 ) :", "( 4 * 4 ) - ( 1 + 0 ) :", "( 8 + 1 ) :"]
+
+
+def _engine(**kw):
+    return ParseEngine(TARGET, DRAFT, ParseConfig(**{"max_draft_tokens": 12, "rounds": "multi", **kw}))
+
+
+def test_plain_decoding_in_slots_equals_each_prompt_alone_in_prompt_order():
+    eng = _engine()
+    alone = [generate(TARGET, [p], max_new_tokens=14).tokens[0] for p in PROMPTS]
+    res = eng.generate(PROMPTS, mode="target", max_new_tokens=14, max_batch=3)
+    assert res.tokens == alone and res.stats["slots"] == 4 and res.stats["new_tokens"] == sum(map(len, alone))
+    assert "schedule" not in res.stats
+
+
+def test_speculative_batches_equal_one_call_per_batch():
+    eng = _engine()
+    batched = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=3)
+    per_call = [eng.generate(PROMPTS[i:i + 3], mode="parse", max_new_tokens=14) for i in range(0, len(PROMPTS), 3)]
+    assert batched.tokens == [t for r in per_call for t in r.tokens]
+    assert batched.stats["batches"] == 3
+    assert batched.stats["new_tokens"] == sum(r.stats["new_tokens"] for r in per_call)
+    assert batched.stats["accepted_per_request"] == [a for r in per_call for a in r.stats["accepted_per_request"]]
+
+
+@pytest.mark.parametrize("mode", ["parse", "sd", "sequential"])
+def test_auto_decodes_plainly_where_speculation_loses_and_speculates_where_it_wins(mode):
+    eng = _engine(schedule="auto")
+    eng._costs = costs(COMPUTE_BOUND, eagle3=False)  # a block costs its tokens in target steps
+    plain = eng.generate(PROMPTS, mode=mode, max_new_tokens=14)
+    assert [c["ran"] for c in plain.stats["schedule"]] == ["target"]
+    assert plain.tokens == generate(TARGET, PROMPTS, max_new_tokens=14).tokens
+    assert "verify_passes" not in plain.stats and plain.stats["mode"] == mode
+    fixed = _engine().generate(PROMPTS[:1], mode=mode, max_new_tokens=14)
+    eng = _engine(schedule="auto")
+    eng._costs = costs(MEMORY_BOUND, eagle3=False)  # a 48-token block costs 2.4 steps
+    spec = eng.generate(PROMPTS[:1], mode=mode, max_new_tokens=14)
+    assert [c["ran"] for c in spec.stats["schedule"]] == [mode]
+    assert spec.tokens == fixed.tokens  # the mode as configured, nothing else changed
+
+
+def test_auto_keeps_explicit_settings_and_records_what_it_measured():
+    eng = _engine(schedule="auto", max_prefixes=3, rounds="single")
+    eng._costs = costs(MEMORY_BOUND, eagle3=False)
+    res = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=4)
+    assert all(c["ran"] == "parse" for c in res.stats["schedule"])
+    assert max(res.stats["prefixes_per_request"]) <= 3  # the user's max_prefixes, not the policy's search
+    assert ("parse", 4) in eng.schedule_state.measured  # the measured cost replaces the prediction next time
+    assert res.stats["schedule"][-1]["why"] in ("calibrated prediction", "measured")
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "4"])
+def test_max_batch_must_be_a_positive_integer(bad):
+    with pytest.raises(InputError, match="max_batch"):
+        _engine().generate(PROMPTS, mode="target", max_new_tokens=4, max_batch=bad)

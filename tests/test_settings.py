@@ -1,0 +1,140 @@
+"""Settings are a jax-free leaf whose fields carry their help text and range, and the CLI's flags are built from them:
+the same default, the same choices, the same range (a value out of it refused by the flag exactly as by the field)."""
+
+import dataclasses
+import subprocess
+import sys
+import typing
+
+import pytest
+
+from parse_jax import settings
+from parse_jax.cli import main
+from parse_jax.cli.parser import PARSE_FLAGS, build_parser
+from parse_jax.errors import ConfigError
+from parse_jax.settings import Eagle3Settings, ParseConfig, SpecSettings, about, default_of
+from parse_jax.train.recipe import Eagle3Spec, JudgeSpec, ModelSpec, PhaseSpec, Recipe
+
+
+@pytest.mark.subprocess
+def test_settings_import_no_jax_nor_anything_above_them():
+    code = "import sys, parse_jax.settings; print(sorted(m for m in sys.modules if m.split('.')[0] in " \
+           "('jax', 'jaxlib', 'numpy', 'parse_jax')))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    loaded = eval(r.stdout)
+    assert loaded == ["parse_jax", "parse_jax.errors", "parse_jax.settings", "parse_jax.utils",
+                      "parse_jax.utils.validation"]
+
+
+@pytest.mark.subprocess
+def test_the_cli_parser_and_recipes_import_no_jax():
+    code = "import sys; from parse_jax.cli import build_parser; import parse_jax.train.recipe; build_parser(); " \
+           "print([m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_choices_are_the_literal_types_and_verification_uses_them():
+    from parse_jax.verify.scoring import POLICIES
+    from parse_jax.verify.segment import SEGMENTERS
+
+    assert settings.POLICIES == typing.get_args(settings.Policy) == ("earliest_error", "longest_valid")
+    assert settings.SEGMENTERS == typing.get_args(settings.Segmenter) == ("delimiter", "stride", "hybrid")
+    assert settings.ROUNDS == ("single", "multi") and settings.SUFFIX_FORMATS == ("plain", "chat")
+    assert settings.MODES == typing.get_args(settings.Mode) and "parse+eagle3" in settings.MODES
+    assert POLICIES is settings.POLICIES and SEGMENTERS is settings.SEGMENTERS
+
+
+def test_the_embedded_tasks_format_is_the_settings_one():
+    from parse_jax.tasks import DELIMITER, JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX, load_task
+
+    cfg = ParseConfig()
+    assert (cfg.delimiter, cfg.judge_yes, cfg.judge_no, cfg.verify_suffix) == (DELIMITER, JUDGE_YES, JUDGE_NO,
+                                                                               VERIFY_SUFFIX)
+    assert load_task().VERIFY_SUFFIX == VERIFY_SUFFIX
+
+
+@pytest.mark.parametrize("cls", [ParseConfig, SpecSettings, Eagle3Settings, ModelSpec, PhaseSpec, JudgeSpec,
+                                 Eagle3Spec, Recipe])
+def test_every_plain_field_says_why_it_exists(cls):
+    for f in dataclasses.fields(cls):
+        if not dataclasses.is_dataclass(f.default):  # a group of settings says it in its own fields
+            assert about(cls, f.name).help, (cls.__name__, f.name)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: ParseConfig(stride=4097), "stride must be <= 4096, got 4097"),
+    (lambda: ParseConfig(max_prefixes=0), "max_prefixes must be >= 1, got 0"),
+    (lambda: ParseConfig(threshold=1.5), "threshold must lie in [0, 1], got 1.5"),
+    (lambda: ParseConfig(policy="first"), "unknown policy 'first'; available: earliest_error, longest_valid"),
+    (lambda: ParseConfig(judge_yes=1), "judge_yes must be a string, got 1"),
+    (lambda: ParseConfig.from_flat(gamma=65), "gamma must be <= 64, got 65"),
+    (lambda: ParseConfig.from_flat(eagle3_tree=-1), "eagle3_tree must be >= 0, got -1"),
+    (lambda: Eagle3Spec(step_decay=0.0), "EAGLE-3 training: step_decay must lie in (0, 1], got 0"),
+    (lambda: JudgeSpec(real_fraction=1.0), "judge: real_fraction must lie in [0, 1), got 1"),
+    (lambda: ModelSpec(num_layers=0), "model: num_layers must be >= 1, got 0"),
+])
+def test_fields_are_checked_against_their_metadata(make, message):
+    with pytest.raises(ConfigError) as e:
+        make()
+    assert message in str(e.value)
+
+
+def _command(name: str):
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return {a.dest: a for a in sub.choices[name]._actions}
+
+
+def _refusal(make, **kwargs) -> str:
+    with pytest.raises(ConfigError) as e:
+        make(**kwargs)
+    return str(e.value)
+
+
+def _out_of_range(cls, name):
+    """Values just outside field `name`'s range (none for a choice or an unbounded side)."""
+    meta, kind = about(cls, name), settings.setting_type(cls, name)
+    step = 1 if kind is int else 0.5
+    return [v for v in ((meta.lo - step) if meta.lo is not None else None,
+                        (meta.hi + step) if meta.hi is not None else None) if v is not None]
+
+
+@pytest.mark.parametrize("key", PARSE_FLAGS)
+def test_each_parse_flag_has_the_fields_default_choices_and_range(key, capsys):
+    cls, name = ParseConfig.flat_setting(key)
+    action = _command("generate")[key]
+    assert action.default is None  # unset: a --parse-config file or ParseConfig's default decides
+    assert f"(default: {default_of(cls, name)})" in action.help and about(cls, name).help in action.help
+    assert action.choices == settings.choices_of(cls, name)
+    for bad in _out_of_range(cls, name):
+        flag = "--" + key.replace("_", "-")
+        expected = _refusal(ParseConfig.from_flat, **{key: bad}).replace(key, flag, 1)
+        assert main(["generate", "--pair", "/nowhere", flag, str(bad), "( 1 + 2 ) :"]) == 2
+        assert capsys.readouterr().err.strip() == f"parse-jax generate: error: {expected}"
+
+
+def test_the_gamma_bound_of_the_cli_is_the_settings(capsys):
+    assert main(["generate", "--pair", "/nowhere", "--gamma", "65", "( 1 + 2 ) :"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "parse-jax generate: error: --gamma must be <= 64, got 65 (allowed: 1..64)"
+
+
+@pytest.mark.parametrize("name", ["steps", "batch_size", "lr", "unroll", "samples", "seed"])
+def test_train_eagle3_flags_are_the_specs(name, tmp_path, capsys):
+    action = _command("train-eagle3")[name]
+    assert action.default == getattr(Eagle3Spec(), name) and action.help == about(Eagle3Spec, name).help
+    for bad in _out_of_range(Eagle3Spec, name):
+        flag = "--" + name.replace("_", "-")
+        expected = _refusal(Eagle3Spec, **{name: bad}).replace(f"EAGLE-3 training: {name}", flag, 1)
+        assert main(["train-eagle3", "--pair", "/nowhere", "--out", str(tmp_path / "h"), flag, str(bad)]) == 2
+        assert capsys.readouterr().err.strip() == f"parse-jax train-eagle3: error: {expected}"
+    assert not (tmp_path / "h").exists()
+
+
+def test_train_steps_flag_has_the_phase_range(capsys):
+    action = _command("train")["steps"]
+    assert action.default is None and about(PhaseSpec, "steps").help in action.help
+    assert main(["train", "--recipe", "pair_default", "--steps", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "parse-jax train: error: --steps must be >= 1, got 0"
