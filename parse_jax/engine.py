@@ -216,19 +216,23 @@ class ParseEngine:
         size = n if max_batch is None else min(max_batch, n)
         parts, choices, start = [], [], 0
         while start < n:
-            batch = dataclasses.replace(req, ids=req.ids[start:start + size])
+            sampling = req.sampling
+            if start:  # each batch draws from its own keys (greedy runs are unaffected)
+                sampling = dataclasses.replace(sampling, seed=(sampling.seed + start) % 2**31)
+            batch = dataclasses.replace(req, ids=req.ids[start:start + size], sampling=sampling)
             choice = None
             if self.config.schedule == "auto" and mode != "target":
                 choice = self._choose(mode, batch, explore=start + size < n)
                 choices.append(choice.as_dict())
             run = mode if choice is None else choice.run
-            if run == "target" and start + size < n:  # plain decoding: the remaining prompts through `size` slots
-                batch = dataclasses.replace(req, ids=req.ids[start:])
+            compiled = compiled_programs()
+            if run == "target" and start + size < n and not (choice is not None and choice.explored):
+                batch = dataclasses.replace(batch, ids=req.ids[start:])  # the rest through `size` slots
                 res = serve_request(self.target, batch, max_batch=size)
             else:
                 res = MODE_TABLE[run].runner(self.context, batch)
-            if choice is not None:
-                self.schedule_state = self.schedule_state.record(run, len(batch.ids), res.stats)
+            if choice is not None and compiled_programs() == compiled:  # a batch that compiled is no measurement
+                self.schedule_state = self.schedule_state.record(run, min(size, len(batch.ids)), res.stats)
             parts.append(res)
             start += len(batch.ids)
         res = parts[0] if len(parts) == 1 else merge_results(parts)
@@ -239,7 +243,7 @@ class ParseEngine:
     def _choose(self, mode: str, req: Request, explore: bool) -> ScheduleChoice:
         """Plain decoding or `mode` for this batch, from the cost model and what earlier batches measured."""
         if self._costs is None:
-            self._costs = pass_costs(self.target, self.draft)  # a cached profile where one exists, else the roofline
+            self._costs = pass_costs(self.target, self.draft, head=self.eagle3)  # a cached profile, else the roofline
         cfg = self.config
         knobs = Knobs(draft_tokens=cfg.max_draft_tokens, prefixes=cfg.max_prefixes, rounds=cfg.rounds,
                       gamma=cfg.speculation.gamma, eagle3_gamma=cfg.eagle3.gamma)  # settings are kept as given

@@ -24,7 +24,7 @@ def test_settings_import_no_jax_nor_anything_above_them():
     assert r.returncode == 0, r.stderr
     loaded = eval(r.stdout)
     assert loaded == ["parse_jax", "parse_jax.errors", "parse_jax.settings", "parse_jax.utils",
-                      "parse_jax.utils.validation"]
+                      "parse_jax.utils.validation", "parse_jax.utils.version"]  # the package root's __version__
 
 
 @pytest.mark.subprocess

@@ -35,7 +35,7 @@ def load_model(path: str | Path, step: int | None = None, params_path: str | Non
     (default: found from the tree metadata) and where the config + tokenizer come from (a HF or parse-jax folder,
     a `ModelConfig`, or a `Model` whose config and tokenizer to take; default: the run folder);
     see `parse_jax.checkpoints.runs`. `mesh`: restore straight into the sharded layout
-    (`parse_jax.distributed.load_sharded`); `fallback_replicated` then replicates a model the mesh cannot split."""
+    (`parse_jax.checkpoints.load.load_sharded`); `fallback_replicated` then replicates a model the mesh cannot split."""
     from parse_jax.checkpoints import runs as checkpoint_manager
 
     path = Path(path).absolute()  # Orbax reads metadata only through absolute paths
@@ -89,9 +89,9 @@ def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = Non
                  fallback_replicated: bool = False, step: int | None = None, params_path: str | None = None,
                  config_from: Any = None) -> ShardedModel:
     """`pj.load_model` onto a mesh. A parse-jax (Orbax) checkpoint, or a step of an Orbax CheckpointManager folder
-    (`step`, `params_path`, `config_from`: see `checkpoint_manager.load_run`), is restored shard by shard, never
+    (`step`, `params_path`, `config_from`: see `checkpoints.runs.load_run`), is restored shard by shard, never
     whole on one device; so is a Hugging Face folder (each device reads its slices of the safetensors files,
-    `hf_import.load_hf_sharded`). `rules` default: `fitting_rules(config, mesh, fallback_replicated)`."""
+    `checkpoints.hf.load_hf_sharded`). `rules` default: `fitting_rules(config, mesh, fallback_replicated)`."""
     path = Path(path).absolute()
     if checkpoint_manager.locate(path, step) is not None:
         return checkpoint_manager.load_run(path, checkpoint_manager.RunStep(step, params_path, config_from),

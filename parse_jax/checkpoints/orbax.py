@@ -201,13 +201,30 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
 
 def _drop_failed_reads() -> None:
     """Orbax leaves the other reads of a failed restore as coroutines that raise when collected, each printing
-    a 60-line TensorStore dump ("Exception ignored in ..."): collect them now, silently, so the user sees one line."""
+    a 60-line TensorStore dump ("Exception ignored in ..."): collect them now, silently, so the user sees one line.
+    Reads still in flight may complete after Orbax closed their event loop, and their callbacks then print
+    `RuntimeError: Event loop is closed` at some later moment (seen under load): that one error is dropped from then
+    on, every other error is printed as before."""
     hook = sys.unraisablehook
     sys.unraisablehook = lambda unraisable: None
     try:
         gc.collect()
     finally:
         sys.unraisablehook = hook
+    _quiet_closed_loop_errors()
+
+
+def _quiet_closed_loop_errors() -> None:
+    previous = sys.excepthook
+    if getattr(previous, "drops_closed_loop_errors", False):
+        return
+
+    def excepthook(kind, value, tb):
+        if not (kind is RuntimeError and str(value) == "Event loop is closed"):
+            previous(kind, value, tb)
+
+    excepthook.drops_closed_loop_errors = True
+    sys.excepthook = excepthook
 
 
 

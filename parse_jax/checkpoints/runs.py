@@ -14,7 +14,7 @@ The params are one sub-tree of one item (`state/params`, beside the optimizer st
 tree metadata (no array is read for that): every dict holding `embed_tokens` is a candidate, and those named
 `params` (or an item that is the tree itself) win, so optax's `mu`/`nu` copies of the params do not compete.
 Then that sub-tree alone is restored with Orbax's partial restore, so the optimizer state is never read into
-memory; with a mesh, the restore target carries `parse_jax.distributed.abstract_params`' NamedShardings and
+memory; with a mesh, the restore target carries `parse_jax.models.sharding.abstract_params`' NamedShardings and
 each device reads only its own slices (as `load_sharded` does for a parse-jax checkpoint).
 """
 

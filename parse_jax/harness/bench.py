@@ -49,7 +49,7 @@ def run_bench(eng: ParseEngine, task, settings: RunSettings = BENCH_SETTINGS, *,
 
     `skip_unavailable`: drop (and say so) a mode this pair cannot run (a ConfigError on a first call, e.g. a mode
     that needs a head the pair lacks) instead of failing: what `--modes all` wants. `task` may be the embedded task
-    or a `parse_jax.harness.eval.data.DataTask` (--data)."""
+    or a `parse_jax.harness.eval.results.DataTask` (--data)."""
     modes = check_modes(modes)
     if "target" not in modes:
         modes = ["target", *modes]  # the baseline every speed-up is measured against

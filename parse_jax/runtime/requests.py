@@ -187,6 +187,10 @@ def merge_results(parts: Sequence[GenerateResult]) -> GenerateResult:
     if "accepted_tokens" in stats:
         stats["accepted_per_pass"] = stats["accepted_tokens"] / max(stats.get("verify_passes")
                                                                     or stats["target_passes"], 1)
+    if "acceptance_rate" in stats and stats.get("draft_tokens"):  # accepted of proposed, over every batch
+        stats["acceptance_rate"] = stats["accepted_tokens"] / stats["draft_tokens"]
+    if "continue_batch" in stats:  # the largest batch a continuation ran at
+        stats["continue_batch"] = max(part.stats.get("continue_batch") or 0 for part in parts)
     stats["batches"] = sum(part.stats.get("batches", 1) for part in parts)
     return GenerateResult(texts=[t for p in parts for t in p.texts], tokens=[t for p in parts for t in p.tokens],
                           stats=stats)

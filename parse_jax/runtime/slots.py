@@ -63,7 +63,7 @@ def _programs(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: in
     def admit(params, state: SlotState, adm: Admission, eos_ids, args: SamplingArgs) -> SlotState:
         forward = forward_fn(module, params)
         cache, first_logits = prefill(forward, cfg, adm.prompt, adm.lens, cache_len)
-        tok = sampler.sample(first_logits, args.fold(adm.key_data))
+        tok = sampler.sample(first_logits, args.fold(0).fold(adm.key_data))  # first tokens: their own key stream
         put = lambda big, small: big.at[adm.slots].set(small, mode="drop")  # noqa: E731
         cache = KVCache(k=tuple(map(put, state.cache.k, cache.k)), v=tuple(map(put, state.cache.v, cache.v)),
                         lengths=put(state.cache.lengths, cache.lengths))
@@ -85,7 +85,7 @@ def _programs(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: in
             limit, group = causal_metadata(b, 1)
             logits, cache = forward(s.last[:, None], s.cache.lengths[:, None], s.cache, limit, group)
             cache = cache.commit((~s.done).astype(jnp.int32))
-            tok = sampler.sample(logits[:, 0], args.fold(s.steps))
+            tok = sampler.sample(logits[:, 0], args.fold(1).fold(s.steps))
             tok = jnp.where(s.done, PAD_ID, tok)
             at = jnp.minimum(s.num_new, num_new - 1)
             tokens = s.tokens.at[rows, at].set(jnp.where(s.done, s.tokens[rows, at], tok))
@@ -112,7 +112,8 @@ def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: Sampling
     """Every prompt's generated ids, in prompt order, with at most `max_batch` in flight (slots refilled as rows
     finish), and counts {"target_passes", "admissions", "seconds"}. `ids` must fit the model's positions."""
     cfg: ModelConfig = model.config
-    slots = min(bucket(max_batch, 1), bucket(len(ids), 1))
+    capacity = min(max_batch, len(ids))  # slots handed out; the program's batch is its bucket (the rest stay empty)
+    slots = bucket(capacity, 1)
     p = bucket(max(len(x) for x in ids))
     n = bucket(max(max_new), 16)
     cache_len = min(length_bucket(p + n), cfg.max_position_embeddings)
@@ -125,7 +126,7 @@ def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: Sampling
     admissions = 0
     t0 = time.perf_counter()
     while True:
-        free = [s for s in range(slots) if holder[s] < 0]
+        free = [s for s in range(capacity) if holder[s] < 0]
         take = min(len(free), len(waiting))
         if take:
             k = bucket(take, 1)
@@ -143,7 +144,7 @@ def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: Sampling
             admissions += 1
         # with prompts waiting, stop at the first slot that frees up; with none, run every slot to its end
         busy = sum(h >= 0 for h in holder)
-        free_target = slots - busy + 1 if waiting else slots
+        free_target = slots - busy + 1 if waiting else slots  # empty slots are done: they count as free
         state = decode(model.params, state, np.int32(free_target), eos, args)
         done, num, tokens, steps = fetch((state.done, state.num_new, state.tokens, state.steps))
         for s in range(slots):
@@ -153,7 +154,8 @@ def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: Sampling
         if not waiting and all(h < 0 for h in holder):
             break
     seconds = time.perf_counter() - t0
-    stats = {"target_passes": int(steps) + admissions, "admissions": admissions, "seconds": seconds, "slots": slots}
+    stats = {"target_passes": int(steps) + admissions, "admissions": admissions, "seconds": seconds,
+             "slots": capacity}
     return [o if o is not None else [] for o in out], stats
 
 

@@ -159,16 +159,16 @@ def load_or_profile(model: Model, *, measure: bool = False, grid: Grid = Grid(),
     return table
 
 
-def pass_costs(target: Model, draft: Model | None = None, *, measure: bool = False,
+def pass_costs(target: Model, draft: Model | None = None, *, head=None, measure: bool = False,
                folder: str | Path | None = None, grid: Grid = Grid(),
                drafter_grid: Grid = DRAFTER_GRID) -> PassCosts:
-    """The cost model of a generation with `target` (its attached EAGLE-3 head, if any) and `draft`: each from its
-    cached profile when there is one (or `measure`), else its roofline on this device."""
+    """The cost model of a generation with `target`, `draft` and an EAGLE-3 `head` (default: the one attached to the
+    target, if any): each from its cached profile when there is one (or `measure`), else its roofline here."""
     def cost(model: Model, eagle3: bool = False):
         table = load_or_profile(model, measure=measure, grid=grid if model is target else drafter_grid,
                                 folder=folder)
         return table if table is not None else roofline(model.config, eagle3=eagle3)
 
-    head = getattr(target, "eagle3", None)
+    head = head if head is not None else getattr(target, "eagle3", None)
     return PassCosts(target=cost(target), draft=None if draft is None else cost(draft),
                      eagle3=None if head is None else cost(head_model(head.config.layer), eagle3=True))

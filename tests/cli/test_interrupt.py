@@ -20,7 +20,8 @@ from parse_jax.cli import main
 
 
 def _start(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # compiling afresh (no persistent cache) keeps the runs long enough to be interrupted mid-way
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PARSE_JAX_COMPILE_CACHE": "0"}
     return subprocess.Popen([sys.executable, "-m", "parse_jax.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=Path(__file__).parents[2])
 
@@ -46,7 +47,7 @@ def test_bench_interrupted_or_killed_keeps_the_previous_result(pair_dir, tmp_pat
     stale = tmp_path / f".good.json.tmp-{_dead_pid()}-0badc0de"  # a run killed while writing, long ago
     stale.write_text('{"half')
     args = ["bench", "--pair", str(pair_dir), "--n", "2", "--modes", "target,parse", "--max-new-tokens", "8",
-            "--batch-size", "1", "--repeats", "200", "--json", str(good), "--no-progress"]
+            "--batch-size", "1", "--repeats", "2000", "--json", str(good), "--no-progress"]
     marker = tmp_path / "started"
     for sig in (signal.SIGINT, signal.SIGKILL):
         proc = _start(*args, "--out", str(marker))  # --out folder: created only when results are written

@@ -41,7 +41,7 @@ def test_profile_is_invalidated_when_the_fingerprint_changes(model, tmp_path, mo
                            folder=tmp_path) is None  # another grid
     path = profile.profile_path(profile.fingerprint(model, TINY), tmp_path)
     stored = json.loads(path.read_text())
-    monkeypatch.setattr(parse_jax, "__version__", "999.0")  # a new release of the library
+    monkeypatch.setattr(profile, "package_version", lambda: "999.0")  # a new release of the library
     assert load_or_profile(model, grid=TINY, folder=tmp_path) is None
     monkeypatch.undo()
     stored["fingerprint"]["device_count"] += 1  # a file whose stored fingerprint differs is never used
