@@ -22,8 +22,10 @@ from parse_jax.cli import main
 def _start(*args: str) -> subprocess.Popen:
     # compiling afresh (no persistent cache) keeps the runs long enough to be interrupted mid-way
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PARSE_JAX_COMPILE_CACHE": "0"}
+    # a pytest-xdist worker ignores SIGINT and its children inherit that: give the run the default a shell gives it
     return subprocess.Popen([sys.executable, "-m", "parse_jax.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=Path(__file__).parents[2])
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=Path(__file__).parents[2],
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for(cond, proc: subprocess.Popen, timeout: float = 120.0, poll: float = 0.1) -> None:
