@@ -28,8 +28,8 @@ def test_plain_decoding_in_slots_equals_each_prompt_alone_in_prompt_order():
 
 def test_speculative_batches_equal_one_call_per_batch():
     eng = _engine()
-    batched = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=3)
-    per_call = [eng.generate(PROMPTS[i:i + 3], mode="parse", max_new_tokens=14) for i in range(0, len(PROMPTS), 3)]
+    batched = eng.generate(PROMPTS[:5], mode="parse", max_new_tokens=10, max_batch=2)
+    per_call = [eng.generate(PROMPTS[:5][i:i + 2], mode="parse", max_new_tokens=10) for i in range(0, 5, 2)]
     assert batched.tokens == [t for r in per_call for t in r.tokens]
     assert batched.stats["batches"] == 3
     assert batched.stats["new_tokens"] == sum(r.stats["new_tokens"] for r in per_call)
@@ -40,14 +40,14 @@ def test_speculative_batches_equal_one_call_per_batch():
 def test_auto_decodes_plainly_where_speculation_loses_and_speculates_where_it_wins(mode):
     eng = _engine(schedule="auto")
     eng._costs = costs(COMPUTE_BOUND, eagle3=False)  # a block costs its tokens in target steps
-    plain = eng.generate(PROMPTS, mode=mode, max_new_tokens=14)
+    plain = eng.generate(PROMPTS[:4], mode=mode, max_new_tokens=10)
     assert [c["ran"] for c in plain.stats["schedule"]] == ["target"]
-    assert plain.tokens == generate(TARGET, PROMPTS, max_new_tokens=14).tokens
+    assert plain.tokens == generate(TARGET, PROMPTS[:4], max_new_tokens=10).tokens
     assert "verify_passes" not in plain.stats and plain.stats["mode"] == mode
-    fixed = _engine().generate(PROMPTS[:1], mode=mode, max_new_tokens=14)
+    fixed = _engine().generate(PROMPTS[:1], mode=mode, max_new_tokens=10)
     eng = _engine(schedule="auto")
     eng._costs = costs(MEMORY_BOUND, eagle3=False)  # a 48-token block costs 2.4 steps
-    spec = eng.generate(PROMPTS[:1], mode=mode, max_new_tokens=14)
+    spec = eng.generate(PROMPTS[:1], mode=mode, max_new_tokens=10)
     assert [c["ran"] for c in spec.stats["schedule"]] == [mode]
     assert spec.tokens == fixed.tokens  # the mode as configured, nothing else changed
 
@@ -60,9 +60,10 @@ def test_auto_keeps_explicit_settings_and_records_what_it_measured():
     res = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=4)
     ran = first.stats["schedule"] + res.stats["schedule"]
     assert ran[0]["ran"] == "parse"  # predicted to win
-    # plain decoding only to measure it once (more batches follow), never as the pick of a prediction
-    assert all(c["ran"] == "parse" or c["why"].startswith("exploring") for c in ran)
-    assert max(res.stats["prefixes_per_request"]) <= 3  # the user's max_prefixes, not the policy's search
+    # plain decoding only to measure it (more batches follow) or once both were measured, never from the prediction
+    # alone, which favours PARSE on this table
+    assert all(c["ran"] == "parse" or c["why"].startswith("exploring") or c["why"] == "measured" for c in ran)
+    assert max(first.stats["prefixes_per_request"]) <= 3  # the user's max_prefixes, not the policy's search
     assert ("parse", 4) in eng.schedule_state.measured  # batches that compiled nothing are measurements
     assert res.stats["schedule"][0]["why"] in ("calibrated prediction", "measured", "exploring (not measured at this "
                                                "batch yet)")  # what earlier batches measured is used
