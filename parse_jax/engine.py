@@ -225,7 +225,7 @@ class ParseEngine:
                 choice = self._choose(mode, batch, explore=start + size < n)
                 choices.append(choice.as_dict())
             run = mode if choice is None else choice.run
-            compiled = compiled_programs()
+            compiled = compiled_programs() if choice is not None else None
             if run == "target" and start + size < n and not (choice is not None and choice.explored):
                 batch = dataclasses.replace(batch, ids=req.ids[start:])  # the rest through `size` slots
                 res = serve_request(self.target, batch, max_batch=size)

@@ -17,6 +17,7 @@ from parse_jax.cli.setup import (
     models_from_args,
     no_rounds,
     parse_config,
+    run_settings,
     run_task,
     template_kwargs,
     writes_results,
@@ -80,7 +81,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from parse_jax.engine import ParseEngine
     from parse_jax.harness.bench import run_bench, write_bench
-    from parse_jax.harness.runs import RunSettings, check_modes, write_json
+    from parse_jax.harness.runs import check_modes, write_json
     from parse_jax.utils.atomic import check_file_writable, check_writable
 
     no_rounds(args)
@@ -96,9 +97,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target, draft = models_from_args(args, need_draft=True)
     task = run_task(args, target)
     eng = ParseEngine(target, draft, cfg)
-    settings = RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                           repeats=args.repeats, seed=args.seed, eos_ids=eos_ids_from_args(args, target),
-                           progress=not args.no_progress)
+    settings = run_settings(args, eos_ids=eos_ids_from_args(args, target))
     res = run_bench(eng, task, settings, modes=modes, models=model_desc(args), skip_unavailable="all" in names)
     res["command"] = command_line(args)
     from parse_jax.utils import compile_cache
@@ -117,7 +116,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from parse_jax.engine import ParseEngine
-    from parse_jax.harness.runs import RunSettings
     from parse_jax.harness.sweep import run_sweep, sweep_configs, sweep_table, write_sweep
     from parse_jax.utils.atomic import check_writable
 
@@ -129,8 +127,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     run_task(args)
     target, draft = models_from_args(args, need_draft=True)
     task = run_task(args, target)
-    settings = RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                           repeats=args.repeats, seed=args.seed, progress=not args.no_progress)
+    settings = run_settings(args)
     res = run_sweep(ParseEngine(target, draft, base), task, args.param, values, settings, mode=args.mode,
                     models=model_desc(args))
     res["command"] = command_line(args)
@@ -145,7 +142,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from parse_jax.engine import ParseEngine
-    from parse_jax.harness.runs import RunSettings
     from parse_jax.harness.sweep import calibrate, write_sweep
     from parse_jax.utils.atomic import check_writable
 
@@ -166,8 +162,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     run_task(args)
     target, draft = models_from_args(args, need_draft=True)
     task = run_task(args, target)
-    settings = RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                           repeats=args.repeats, seed=args.seed, progress=not args.no_progress)
+    settings = run_settings(args)
     res = calibrate(ParseEngine(target, draft, cfg), task, settings, tolerance=args.tolerance,
                     thresholds=thresholds, mode=args.mode, models=model_desc(args))
     res["command"] = command_line(args)

@@ -19,7 +19,7 @@ from parse_jax.cli.commands import (
     cmd_train_eagle3,
 )
 from parse_jax.cli.profile import add_profile_command
-from parse_jax.cli.setup import DEFAULT_INSTRUCTION
+from parse_jax.harness.eval.extract import DEFAULT_INSTRUCTION
 from parse_jax.settings import MODES, ParseConfig, about, check_setting, choices_of, default_of, setting_type
 from parse_jax.train.recipe import Eagle3Spec, PhaseSpec
 from parse_jax.utils.validation import SEED_MAX, check_float, check_int

@@ -15,10 +15,6 @@ from parse_jax.utils.paths import config_dir
 from parse_jax.utils.progress import phase
 from parse_jax.utils.validation import check_int
 
-DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-
-
-
 PARSE_CONFIG_DIR = config_dir() / "parse"
 
 
@@ -296,3 +292,11 @@ def check_out_folder(out: str | None) -> None:
     if Path(out).exists() and not Path(out).is_dir():
         raise ConfigError(f"--out {out} is a file; a training run needs a folder")
     check_writable(out)
+
+
+def run_settings(args: argparse.Namespace, **extra):
+    """The shared run settings (harness.runs.RunSettings) of bench, sweep and calibrate from their flags."""
+    from parse_jax.harness.runs import RunSettings
+
+    return RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                       repeats=args.repeats, seed=args.seed, progress=not args.no_progress, **extra)

@@ -9,6 +9,9 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+# The instruction GSM8K-style prompts end with; extract_answer reads the \boxed{} it asks for.
+DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
 # An optional sign, an optional "$", then 1,234,567 or 1234567, then an optional decimal part.
 # Not preceded by a letter, digit or "." (so "x2" and the "5" of ".5" are no numbers of their own).
 _NUMBER = re.compile(r"(?<![\w.])(?P<sign>[-\u2212]\s?)?\$?\s?(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?")

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.eval.data import Record
-from parse_jax.harness.eval.extract import extract_answer, format_number
+from parse_jax.harness.eval.extract import DEFAULT_INSTRUCTION, extract_answer, format_number
 from parse_jax.harness.eval.report import format_summary, summarize
 from parse_jax.harness.runs import RunSettings
 from parse_jax.runtime.requests import GenerateResult
@@ -29,7 +29,6 @@ from parse_jax.utils.validation import check_int
 
 RESULTS_VERSION = 1
 CHAT = ("auto", "on", "off")
-DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 PLAIN_FORMAT = "Question: {question}\nAnswer:"
 EVAL_SETTINGS = RunSettings(batch_size=8)  # run_eval's defaults (it reads batch_size and progress)
 
