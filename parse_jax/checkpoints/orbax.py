@@ -201,30 +201,37 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
 
 def _drop_failed_reads() -> None:
     """Orbax leaves the other reads of a failed restore as coroutines that raise when collected, each printing
-    a 60-line TensorStore dump ("Exception ignored in ..."): collect them now, silently, so the user sees one line.
+    a 60-line TensorStore dump ("Exception ignored in ..."): collect them now, and drop the ones collected later
+    (a read still referenced by a pending task is collected at exit), so the user sees one line.
     Reads still in flight may complete after Orbax closed their event loop, and their callbacks then print
-    `RuntimeError: Event loop is closed` at some later moment (seen under load): that one error is dropped from then
-    on, every other error is printed as before."""
-    hook = sys.unraisablehook
-    sys.unraisablehook = lambda unraisable: None
-    try:
-        gc.collect()
-    finally:
-        sys.unraisablehook = hook
-    _quiet_closed_loop_errors()
+    `RuntimeError: Event loop is closed` at some later moment (seen under load): that one error is dropped too.
+    Every other error is printed as before."""
+    _quiet_orbax_leftovers()
+    gc.collect()
 
 
-def _quiet_closed_loop_errors() -> None:
-    previous = sys.excepthook
-    if getattr(previous, "drops_closed_loop_errors", False):
+def _is_orbax_leftover(obj: Any, value: BaseException | None) -> bool:
+    code = getattr(obj, "cr_code", None)
+    if code is not None and "orbax" in code.co_filename:
+        return True
+    return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+
+def _quiet_orbax_leftovers() -> None:
+    previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
+    if getattr(previous_unraisable, "drops_orbax_leftovers", False):
         return
 
-    def excepthook(kind, value, tb):
-        if not (kind is RuntimeError and str(value) == "Event loop is closed"):
-            previous(kind, value, tb)
+    def unraisablehook(unraisable):
+        if not _is_orbax_leftover(unraisable.object, unraisable.exc_value):
+            previous_unraisable(unraisable)
 
-    excepthook.drops_closed_loop_errors = True
-    sys.excepthook = excepthook
+    def excepthook(kind, value, tb):
+        if not _is_orbax_leftover(None, value):
+            previous_except(kind, value, tb)
+
+    unraisablehook.drops_orbax_leftovers = True
+    sys.unraisablehook, sys.excepthook = unraisablehook, excepthook
 
 
 
