@@ -1,86 +1,93 @@
-"""`schedule="auto"` against the target and fixed PARSE on the embedded pair, per batch size: held-out problems, the
-modes interleaved per batch (rotating their order) in one process, after a warm-up per mode and batch size,
-median over repeats of each mode's tokens/s ratio to the target's in the same repeat.
+"""Tokens/s per mode against batch size on the embedded pair: the default config (`schedule="auto"`) against fixed
+PARSE and the target, each run by `harness.runs.measure` (held-out problems, a warm-up per mode and batch size, the
+modes interleaved by rotating their order each repeat, median over repeats of each mode's tokens/s ratio to the
+target's in the same repeat), with continuous batching (`--batching continuous`: every prompt in one call,
+`batch` rows in flight) or fixed chunks.
 
     python benchmarks/bench_schedule.py --batches 1,4,8,16,64 --n 64 --repeats 3 --out benchmarks/results/schedule_auto
 
-Writes schedule.json (every figure, the choices the auto engines made, provenance) and schedule.md.
+Writes schedule.json (every figure, what the auto engines ran, provenance), schedule.md and speedup_vs_batch.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import parse_jax as pj
 from parse_jax.harness.provenance import provenance
+from parse_jax.harness.runs import RunSettings, measure
+from parse_jax.settings import BATCHING
 from parse_jax.utils import atomic
 
-MODES = {  # row -> (engine mode, schedule)
+ROWS = {  # row -> (engine mode, schedule); "target" is the baseline
     "target": ("target", "fixed"),
+    "parse (default: auto)": ("parse", "auto"),
     "parse (fixed)": ("parse", "fixed"),
-    "parse (auto)": ("parse", "auto"),
+    "parse+eagle3 (default: auto)": ("parse+eagle3", "auto"),
     "parse+eagle3 (fixed)": ("parse+eagle3", "fixed"),
-    "parse+eagle3 (auto)": ("parse+eagle3", "auto"),
 }
 
 
-def run_batch(engines, task, problems, batch, repeats, max_new):
-    chunks = [problems[i:i + batch] for i in range(0, len(problems), batch)]
-    names = list(MODES)
-    for name in names:  # warm-up: compiles every program of this batch shape (bucket) for each mode
-        mode, _ = MODES[name]
-        engines[name].generate([p for p, _ in chunks[0]], mode=mode, max_new_tokens=max_new)
-    per_repeat = {name: [] for name in names}
-    correct = {name: 0 for name in names}
-    choices = {name: {} for name in names}
-    for rep in range(repeats):
-        tokens = {name: 0 for name in names}
-        seconds = {name: 0.0 for name in names}
-        for c, chunk in enumerate(chunks):
-            order = names[(c + rep) % len(names):] + names[:(c + rep) % len(names)]
-            for name in order:
-                mode, _ = MODES[name]
-                t0 = time.perf_counter()
-                res = engines[name].generate([p for p, _ in chunk], mode=mode, max_new_tokens=max_new)
-                seconds[name] += time.perf_counter() - t0
-                tokens[name] += res.stats["new_tokens"]
-                for s in res.stats.get("schedule", []):
-                    choices[name][s["ran"]] = choices[name].get(s["ran"], 0) + 1
-                if rep == 0:
-                    correct[name] += sum(task.grade(p, text) for (p, _), text in zip(chunk, res.texts))
-        for name in names:
-            per_repeat[name].append(tokens[name] / seconds[name])
-    out = {}
-    for name in names:
-        ratios = [a / b for a, b in zip(per_repeat[name], per_repeat["target"])]
-        out[name] = {"tokens_per_s": statistics.median(per_repeat[name]),
-                     "speedup_vs_target": statistics.median(ratios), "speedup_range": [min(ratios), max(ratios)],
-                     "accuracy": correct[name] / len(problems), "ran": choices[name]}
-    return out
+def runner(engine: pj.ParseEngine, mode: str):
+    return lambda prompts, max_new, seed, max_batch=None: engine.generate(
+        prompts, mode=mode, max_new_tokens=max_new, seed=seed, max_batch=max_batch)
 
 
 def markdown(result: dict) -> str:
-    names = list(MODES)
-    lines = [f"# schedule=auto vs fixed PARSE and the target (embedded pair, {result['n']} held-out problems per "
-             f"batch size, {result['repeats']} repeats, max_new_tokens {result['max_new_tokens']})", "",
-             f"Command: `{result['command']}`", "",
+    names = list(ROWS)
+    lines = [f"# Tokens/s per mode against batch size (embedded pair, {result['n']} held-out problems per batch "
+             f"size, {result['repeats']} repeats, max_new_tokens {result['max_new_tokens']}, "
+             f"{result['batching']} batching)", "", f"Command: `{result['command']}`", "",
+             "Cells: tokens/s, speed-up over the target (median of per-repeat ratios, min-max), accuracy.", "",
              "| batch | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for b, rows in result["batches"].items():
         cells = []
         for name in names:
             r = rows[name]
-            cell = f"{r['tokens_per_s']:.0f} tok/s" if name == "target" else f"{r['speedup_vs_target']:.2f}x"
-            cells.append(f"{cell}, acc {100 * r['accuracy']:.0f}%")
+            ratio = "" if name == "target" else (f", {r['speedup_vs_target']:.2f}x "
+                                                 f"({r['speedup_min']:.2f}-{r['speedup_max']:.2f})")
+            cells.append(f"{r['tokens_per_s']:.0f} tok/s{ratio}, acc {100 * r['accuracy']:.0f}%")
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
-    lines += ["", "What the auto engines ran (batches per choice, all repeats): " + "; ".join(
-        f"b{b} {name}: {rows[name]['ran']}" for b, rows in result["batches"].items()
-        for name in names if "auto" in name)]
+    lines += ["", "What the auto engines ran (calls per choice over warm-up and timed runs, the first batch of a "
+                  "served run deciding): " + "; ".join(
+                      f"b{b} {name}: {rows[name]['schedule_ran']}" for b, rows in result["batches"].items()
+                      for name in names if "auto" in name),
+              "", "Programs compiled inside the timed runs: " + "; ".join(
+                  f"b{b}: {sum(r['compiles_in_timing'] for r in rows.values())}"
+                  for b, rows in result["batches"].items())]
     return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = [int(b) for b in result["batches"]]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name in ROWS:
+        if name == "target":
+            continue
+        ys = [result["batches"][str(b)][name]["speedup_vs_target"] for b in batches]
+        ax.plot(batches, ys, marker="o", label=name, linestyle="-" if "auto" in name else "--")
+    ax.axhline(1.0, color="gray", linewidth=1)
+    ax.text(batches[-1], 1.02, "target", ha="right", va="bottom", color="gray", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("batch size (rows in flight)")
+    ax.set_ylabel("speed-up over the target (tokens/s)")
+    ax.set_title("Speed-up against batch size, embedded pair, CPU")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
 
 
 def main() -> int:
@@ -90,23 +97,30 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--batching", choices=BATCHING, default="continuous")
     ap.add_argument("--out", default="benchmarks/results/schedule_auto")
     args = ap.parse_args()
     target, draft = pj.load_pair()
     task = pj.load_task()
     problems = task.problems(args.n, seed=args.seed, split="test")
     engines = {name: pj.ParseEngine(target, draft, pj.ParseConfig(schedule=schedule))
-               for name, (_, schedule) in MODES.items()}
-    result = {"n": args.n, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
+               for name, (_, schedule) in ROWS.items()}
+    runners = {name: runner(engines[name], mode) for name, (mode, _) in ROWS.items()}
+    result = {"n": args.n, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "batching": args.batching,
               "command": "python " + " ".join(sys.argv), "provenance": provenance(None, args.seed), "batches": {}}
-    for b in (int(x) for x in args.batches.split(",")):
-        result["batches"][str(b)] = run_batch(engines, task, problems, b, args.repeats, args.max_new_tokens)
-        print(b, json.dumps({k: round(v["speedup_vs_target"], 3) for k, v in result["batches"][str(b)].items()}),
-              flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    for b in (int(x) for x in args.batches.split(",")):
+        settings = RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=b, repeats=args.repeats,
+                               seed=args.seed, progress=False, batching=args.batching)
+        result["batches"][str(b)] = measure(runners, task, problems, settings)
+        print(b, json.dumps({k: round(v["speedup_vs_target"], 3) for k, v in result["batches"][str(b)].items()}),
+              flush=True)
+        atomic.write_text(out / "schedule.partial.json", json.dumps(result, indent=1) + "\n")  # progress so far
     atomic.write_text(out / "schedule.json", json.dumps(result, indent=1) + "\n")
     atomic.write_text(out / "schedule.md", markdown(result))
+    plot(result, out / "speedup_vs_batch.png")
+    (out / "schedule.partial.json").unlink(missing_ok=True)
     print(markdown(result))
     return 0
 

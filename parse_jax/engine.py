@@ -31,7 +31,6 @@ from parse_jax.runtime.requests import (
     merge_results,
     resolve_eos,
 )
-from parse_jax.runtime.slots import serve_request
 from parse_jax.schedule.auto import ScheduleChoice, ScheduleState, choose
 from parse_jax.schedule.costs import PassCosts
 from parse_jax.schedule.policy import Knobs, Workload
@@ -197,8 +196,8 @@ class ParseEngine:
                  max_batch: int | None = None) -> GenerateResult:
         """Generate for a batch of prompts (texts, or token-id lists) with `mode`. `eos_ids`: the stop ids (default:
         the target's config, generation config and tokenizer EOS; [] = none). `max_batch`: at most this many rows
-        at once: plain decoding keeps that many slots busy (a finished row's slot takes the next prompt), the
-        speculative modes run batches of that size. Results come back in prompt order."""
+        at once: plain decoding and multi-round parse keep that many slots busy (a finished row's slot takes the
+        next prompt), the other modes run batches of that size. Results come back in prompt order."""
         req = self.request(prompts, mode, max_new_tokens, temperature, seed, top_k, top_p, eos_ids)
         if max_batch is not None:
             max_batch = check_int("max_batch", max_batch, 1, error=InputError)
@@ -211,7 +210,8 @@ class ParseEngine:
 
     def _run_batches(self, mode: str, req: Request, max_batch: int | None) -> GenerateResult:
         """The request in batches of `max_batch` rows, each run with `mode` or, under `schedule="auto"`, with plain
-        decoding where that is predicted (or was measured) faster at this batch size (docs/design.md §7)."""
+        decoding where that is predicted (or was measured) faster at this batch size (docs/design.md §7). A mode that
+        serves (continuous batching) takes the rest of the prompts at once, once the schedule has chosen it."""
         n = len(req.ids)
         size = n if max_batch is None else min(max_batch, n)
         parts, choices, start = [], [], 0
@@ -226,15 +226,16 @@ class ParseEngine:
                 choices.append(choice.as_dict())
             run = mode if choice is None else choice.run
             compiled = compiled_programs() if choice is not None else None
-            if run == "target" and start + size < n and not (choice is not None and choice.explored):
-                batch = dataclasses.replace(batch, ids=req.ids[start:])  # the rest through `size` slots
-                res = serve_request(self.target, batch, max_batch=size)
-            else:
-                res = MODE_TABLE[run].runner(self.context, batch)
+            spec, res = MODE_TABLE[run], None
+            if spec.serve is not None and start + size < n and not (choice is not None and choice.explored):
+                # the rest through `size` slots, a finished row's slot taking the next prompt
+                res = spec.serve(self.context, dataclasses.replace(batch, ids=req.ids[start:]), size)
+            if res is None:
+                res = spec.runner(self.context, batch)
             if choice is not None and compiled_programs() == compiled:  # a batch that compiled is no measurement
-                self.schedule_state = self.schedule_state.record(run, min(size, len(batch.ids)), res.stats)
+                self.schedule_state = self.schedule_state.record(run, min(size, len(res.tokens)), res.stats)
             parts.append(res)
-            start += len(batch.ids)
+            start += len(res.tokens)
         res = parts[0] if len(parts) == 1 else merge_results(parts)
         if choices:
             res.stats["schedule"] = choices

@@ -25,12 +25,15 @@ SuffixFormat = Literal["plain", "chat"]
 Segmenter = Literal["delimiter", "stride", "hybrid"]
 Mode = Literal["target", "sd", "sequential", "parse", "eagle3", "parse+eagle3"]
 Schedule = Literal["fixed", "auto"]
+Batching = Literal["continuous", "fixed"]  # how bench, sweep, calibrate and eval batch their prompts
 POLICIES: tuple[str, ...] = typing.get_args(Policy)
 ROUNDS: tuple[str, ...] = typing.get_args(Rounds)
 SUFFIX_FORMATS: tuple[str, ...] = typing.get_args(SuffixFormat)
 SEGMENTERS: tuple[str, ...] = typing.get_args(Segmenter)
 MODES: tuple[str, ...] = typing.get_args(Mode)
 SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
+BATCHING: tuple[str, ...] = typing.get_args(Batching)
+DEFAULT_BATCHING: Batching = "continuous"
 
 # The embedded task's verification format (parse_jax.tasks writes its texts and vocabulary with these), which
 # ParseConfig's defaults fit: a row is the problem, the steps so far (each closed by DELIMITER), VERIFY_SUFFIX, then
@@ -163,7 +166,7 @@ class ParseConfig:
     suffix_format: SuffixFormat = setting("plain", "chat: verify_suffix is the judge question of a user turn, "
                                                    "rendered through the target's chat template after the draft "
                                                    "(docs/design.md)")
-    schedule: Schedule = setting("fixed", "auto: before each batch, run plain decoding where the cost model (and "
+    schedule: Schedule = setting("auto", "auto: before each batch, run plain decoding where the cost model (and "
                                           "what earlier batches measured) says speculation would be slower; fixed: "
                                           "always speculate as configured (docs/design.md §7)")
     speculation: SpecSettings = SpecSettings()

@@ -25,7 +25,8 @@ PROMPTS = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :", "( 5 - 5 ) + ( 6 * 2 ) 
 
 
 def _engine(**kw):
-    return ParseEngine(TARGET, DRAFT, ParseConfig(**{"max_draft_tokens": 12, "rounds": "single", **kw}))
+    return ParseEngine(TARGET, DRAFT, ParseConfig(**{"max_draft_tokens": 12, "rounds": "single", "schedule": "fixed",
+                                                     **kw}))
 
 
 def test_prefix_scores_equal_separate_causal_passes():
@@ -137,7 +138,7 @@ def test_a_long_run_compiles_a_bounded_number_of_programs():
     nothing new (stats["compiled_programs"] counts real executables), except one continuation program and one row
     gather per continuation batch bucket (1, 2, 4 here) not seen yet: PARSE continues only the rows it rejected."""
     eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3, threshold=0.3,
-                                                 rounds="single"))
+                                                 schedule="fixed", rounds="single"))
     rng = np.random.default_rng(0)
 
     def prompts(n, length):

@@ -1,4 +1,5 @@
 """`ParseEngine.generate(max_batch=, schedule=)`: batches in prompt order, continuous batching for plain decoding,
+the default schedule,
 and `schedule="auto"` choosing plain decoding exactly where the cost model says speculation loses (synthetic cost
 tables, so the test does not depend on this machine), with explicit settings kept as given."""
 
@@ -15,7 +16,8 @@ PROMPTS = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :", "( 5 - 5 ) + ( 6 * 2 ) 
 
 
 def _engine(**kw):
-    return ParseEngine(TARGET, DRAFT, ParseConfig(**{"max_draft_tokens": 12, "rounds": "multi", **kw}))
+    return ParseEngine(TARGET, DRAFT, ParseConfig(**{"max_draft_tokens": 12, "rounds": "multi", "schedule": "fixed",
+                                                     **kw}))
 
 
 def test_plain_decoding_in_slots_equals_each_prompt_alone_in_prompt_order():
@@ -27,7 +29,7 @@ def test_plain_decoding_in_slots_equals_each_prompt_alone_in_prompt_order():
 
 
 def test_speculative_batches_equal_one_call_per_batch():
-    eng = _engine()
+    eng = _engine(rounds="single")  # (multi-round parse serves through slots: tests/modes/test_parse_multi.py)
     batched = eng.generate(PROMPTS[:5], mode="parse", max_new_tokens=10, max_batch=2)
     per_call = [eng.generate(PROMPTS[:5][i:i + 2], mode="parse", max_new_tokens=10) for i in range(0, 5, 2)]
     assert batched.tokens == [t for r in per_call for t in r.tokens]
@@ -67,6 +69,16 @@ def test_auto_keeps_explicit_settings_and_records_what_it_measured():
     assert ("parse", 4) in eng.schedule_state.measured  # batches that compiled nothing are measurements
     assert res.stats["schedule"][0]["why"] in ("calibrated prediction", "measured", "exploring (not measured at this "
                                                "batch yet)")  # what earlier batches measured is used
+
+
+def test_auto_is_the_default_and_serves_the_rest_through_slots():
+    assert ParseConfig().schedule == "auto"
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=12))
+    eng._costs = costs(COMPUTE_BOUND, eagle3=False)  # plain decoding wins, and serves every prompt through 2 slots
+    res = eng.generate(PROMPTS, mode="parse", max_new_tokens=10, max_batch=2)
+    assert [c["ran"] for c in res.stats["schedule"]] == ["target"]
+    assert res.stats["slots"] == 2 and res.stats["admissions"] > 1
+    assert res.tokens == [generate(TARGET, [p], max_new_tokens=10).tokens[0] for p in PROMPTS]
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "4"])

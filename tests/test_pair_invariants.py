@@ -32,7 +32,7 @@ def prompts():
 def test_greedy_speculation_is_the_target_alone(pair, prompts):
     target, draft = pair
     assert target.config.dtype == "float32"
-    eng = pj.ParseEngine(target, draft, pj.ParseConfig(threshold=1.0))
+    eng = pj.ParseEngine(target, draft, pj.ParseConfig(threshold=1.0, schedule="fixed"))
     expect = eng.generate(prompts, mode="target", max_new_tokens=24)
     for mode in ("sd", "eagle3", "parse", "sequential", "parse+eagle3"):
         res = eng.generate(prompts, mode=mode, max_new_tokens=24)
@@ -44,7 +44,7 @@ def test_single_pass_scores_equal_separate_passes(pair, prompts):
     target, draft = pair
     task = pj.load_task()
     enc = Encoder(target.tokenizer, task)
-    eng = pj.ParseEngine(target, draft)
+    eng = pj.ParseEngine(target, draft, pj.ParseConfig(schedule="fixed"))
     drafts = pj.generate(draft, encode_prompts(target, prompts[:4]), max_new_tokens=24, temperature=1.0, seed=3)
     yes, no = eng.yes_id, eng.no_id
     for ctx, d in zip(encode_prompts(target, prompts[:4]), drafts.tokens):
@@ -66,7 +66,7 @@ import parse_jax as pj
 from parse_jax.distributed.mesh import make_mesh
 target, draft = pj.load_pair()
 prompts = [p for p, _ in pj.load_task().problems(6, 22)]
-cfg = pj.ParseConfig(max_draft_tokens=24)
+cfg = pj.ParseConfig(max_draft_tokens=24, schedule="fixed")
 single = pj.ParseEngine(target, draft, cfg)
 sharded = pj.ParseEngine(target, draft, cfg, mesh=make_mesh({"data": 1, "model": 2}))
 out = {}

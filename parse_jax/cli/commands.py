@@ -226,7 +226,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     res = evaluate(target, draft, records, mode, config=cfg, batch_size=args.batch_size,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, task=task,
                    chat=args.chat, instruction=args.instruction, results=results, progress=not args.no_progress,
-                   log=print, eos_ids=eos, template_kwargs=template_kwargs(args))
+                   log=print, eos_ids=eos, template_kwargs=template_kwargs(args), batching=args.batching)
     summary = res.summary
     prov = provenance({**settings, "command": command_line(args)}, args.seed)
     print(f"wrote {args.out} and {write_summary(results, summary, prov, bad)}")

@@ -20,7 +20,17 @@ from parse_jax.cli.commands import (
 )
 from parse_jax.cli.profile import add_profile_command
 from parse_jax.harness.eval.extract import DEFAULT_INSTRUCTION
-from parse_jax.settings import MODES, ParseConfig, about, check_setting, choices_of, default_of, setting_type
+from parse_jax.settings import (
+    BATCHING,
+    DEFAULT_BATCHING,
+    MODES,
+    ParseConfig,
+    about,
+    check_setting,
+    choices_of,
+    default_of,
+    setting_type,
+)
 from parse_jax.train.recipe import Eagle3Spec, PhaseSpec
 from parse_jax.utils.validation import SEED_MAX, check_float, check_int
 
@@ -68,6 +78,14 @@ def add_parse_args(p: argparse.ArgumentParser) -> None:
 def add_eos_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eos-ids", default=None, metavar="ID,ID",
                    help="comma-separated stop token ids, replacing the model's own (e.g. 151645,151643)")
+
+
+
+def add_batching_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batching", choices=BATCHING, default=DEFAULT_BATCHING,
+                   help="continuous: each mode takes every prompt at once, --batch-size rows in flight, a finished "
+                        "row's slot refilled (target and multi-round parse); fixed: chunks of --batch-size "
+                        "(docs/design.md §7)")
 
 
 
@@ -225,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per generate call; 1 is the regime speculation is for (README, Benchmarks)")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--seed", type=int, default=0)
+    add_batching_arg(b)
     add_data_args(b)
     add_eos_arg(b)
     b.add_argument("--json", default=None, help="write the results (docs/design.md §3 schema) here")
@@ -243,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--batch-size", type=int, default=16)
         p.add_argument("--repeats", type=int, default=3)
         p.add_argument("--seed", type=int, default=0)
+        add_batching_arg(p)
         p.add_argument("--no-progress", action="store_true")
 
     s = sub.add_parser("sweep", help="target once, then a PARSE mode per value of one parameter (held-out problems)")
@@ -273,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--temperature", type=float, default=0.0)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--batch-size", type=int, default=8)
+    add_batching_arg(e)
     e.add_argument("--on-bad-line", choices=["error", "skip"], default="error",
                    help="a missing or malformed line: stop with the list of bad lines, or skip them (reported)")
     e.add_argument("--chat", choices=["auto", "on", "off"], default="auto",

@@ -299,4 +299,5 @@ def run_settings(args: argparse.Namespace, **extra):
     from parse_jax.harness.runs import RunSettings
 
     return RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                       repeats=args.repeats, seed=args.seed, progress=not args.no_progress, **extra)
+                       repeats=args.repeats, seed=args.seed, progress=not args.no_progress, batching=args.batching,
+                       **extra)

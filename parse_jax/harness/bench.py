@@ -63,7 +63,7 @@ def run_bench(eng: ParseEngine, task, settings: RunSettings = BENCH_SETTINGS, *,
             runners[m] = mode_runner(eng.target, eng.draft, eng.config, m, temperature=settings.temperature,
                                      eos_ids=settings.eos_ids)
             if skip_unavailable and m != "target":
-                runners[m]([problems[0][0]], 1, settings.seed)
+                runners[m]([problems[0][0]], 1, settings.seed, None)
         except ConfigError as e:
             if not skip_unavailable or m == "target":
                 raise

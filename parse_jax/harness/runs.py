@@ -18,9 +18,11 @@ from parse_jax.harness.eval.report import wilson
 from parse_jax.modes.table import MODE_TABLE
 from parse_jax.runtime.decode import generate
 from parse_jax.runtime.programs import compiled_programs
-from parse_jax.runtime.requests import GenerateResult
+from parse_jax.runtime.requests import GenerateResult, Request, SamplingParams, encode_prompts, resolve_eos
+from parse_jax.runtime.slots import serve_request
+from parse_jax.settings import BATCHING, DEFAULT_BATCHING, Batching
 from parse_jax.utils import atomic, compile_cache
-from parse_jax.utils.validation import SEED_MAX, check_float, check_int
+from parse_jax.utils.validation import SEED_MAX, check_choice, check_float, check_int
 
 DRAFT_ALONE = "draft"  # bench-only: the draft model alone (what PARSE's draft costs by itself)
 
@@ -29,8 +31,8 @@ BENCH_MODES = (*MODE_TABLE, *(s.multi_label for s in MODE_TABLE.values() if s.mu
 
 
 
-# (prompts, max_new_tokens, seed) -> GenerateResult
-Runner = Callable[[list, int, int], GenerateResult]
+# (prompts, max_new_tokens, seed, max_batch) -> GenerateResult; max_batch: at most that many rows at once (None: all)
+Runner = Callable[[list, int, int, "int | None"], GenerateResult]
 
 
 
@@ -80,14 +82,25 @@ def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperatur
         model = target if mode == "target" else draft
         if model is None:
             raise ConfigError(f"mode {DRAFT_ALONE!r} needs a draft model")
-        return lambda prompts, max_new, seed: generate(model, prompts, max_new_tokens=max_new,
-                                                       temperature=temperature, seed=seed, **extra)
+        return lambda prompts, max_new, seed, max_batch=None: alone(model, prompts, max_new, seed, max_batch,
+                                                                    temperature=temperature, **extra)
     cfg, engine_mode = mode_config(config or ParseConfig(), mode)
     if draft is None and MODE_TABLE[engine_mode].needs_draft:
         raise ConfigError(f"mode {mode!r} needs a draft model")
     eng = ParseEngine(target, draft, cfg)
-    return lambda prompts, max_new, seed: eng.generate(prompts, mode=engine_mode, max_new_tokens=max_new,
-                                                       temperature=temperature, seed=seed, **extra)
+    return lambda prompts, max_new, seed, max_batch=None: eng.generate(
+        prompts, mode=engine_mode, max_new_tokens=max_new, temperature=temperature, seed=seed, max_batch=max_batch,
+        **extra)
+
+
+def alone(model, prompts: list, max_new: int, seed: int, max_batch: int | None, *, temperature: float,
+          eos_ids: Sequence[int] | None = None) -> GenerateResult:
+    """One model alone: one batch, or continuous batching through `max_batch` slots when there are more prompts."""
+    if max_batch is None or len(prompts) <= max_batch:
+        return generate(model, prompts, max_new_tokens=max_new, temperature=temperature, seed=seed, eos_ids=eos_ids)
+    req = Request(ids=encode_prompts(model, prompts), max_new=max_new,
+                  sampling=SamplingParams(temperature=temperature, seed=seed), eos=resolve_eos(model, eos_ids))
+    return serve_request(model, req, max_batch=max_batch)
 
 
 
@@ -109,7 +122,9 @@ class RunSettings:
     """What bench, sweep, calibrate and eval runs share, checked once on construction (an InputError names the
     first bad field): how many problems (`n`; eval runs every record and `measure` every problem it is given),
     at most how many new tokens each, the batch size, the timed repeats, the seed, the sampling temperature, the
-    stop ids (None: the models' own) and whether to show progress bars."""
+    stop ids (None: the models' own), whether to show progress bars, and how prompts are batched: `continuous`
+    (each mode takes every prompt in one call, `batch_size` rows at once, a finished row's slot refilled where the
+    mode serves; docs/design.md §7) or `fixed` (chunks of `batch_size`, each run as one batch)."""
 
     n: int = 100
     max_new_tokens: int = 64
@@ -119,8 +134,10 @@ class RunSettings:
     temperature: float = 0.0
     eos_ids: tuple[int, ...] | None = None
     progress: bool = True
+    batching: Batching = DEFAULT_BATCHING
 
     def __post_init__(self) -> None:
+        check_choice("batching", self.batching, BATCHING, error=InputError)
         check_run_settings(self.n, self.max_new_tokens, self.batch_size, self.repeats, self.seed)
         object.__setattr__(self, "temperature", check_float("temperature", self.temperature, 0.0, error=InputError))
         eos_ids = check_eos_ids(self.eos_ids)
@@ -134,7 +151,7 @@ def recorded_settings(settings: RunSettings, task, split: str | None = None) -> 
     out = {"n": settings.n, "max_new_tokens": settings.max_new_tokens, "batch_size": settings.batch_size,
            "repeats": settings.repeats, "seed": settings.seed, "task": getattr(task, "name", None),
            "split": split or getattr(task, "split", "test"), "temperature": settings.temperature,
-           "eos_ids": None if settings.eos_ids is None else list(settings.eos_ids)}
+           "eos_ids": None if settings.eos_ids is None else list(settings.eos_ids), "batching": settings.batching}
     if getattr(task, "data", None) is not None:
         out["data"], out["data_sha256"] = task.data, task.data_sha256
     return out
@@ -164,41 +181,44 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
                                                  settings.seed)
     names = list(runners)
     prompts = [p for p, _ in problems]
-    chunks = [prompts[i:i + batch_size] for i in range(0, n, batch_size)]
-    shapes = sorted({len(c) for c in chunks})
-    warm = tqdm(total=len(names) * len(shapes), desc="compiling (warm-up runs)", disable=not settings.progress,
+    if settings.batching == "continuous":  # every prompt in one call per runner, `batch_size` slots kept busy
+        # warm-up: the timed call itself, twice (the second meets what a schedule="auto" engine decides once the
+        # first has measured, so the timed calls meet compiled programs); what still compiles is counted
+        chunks, max_batch = [prompts], batch_size
+        warm_ups = [prompts, prompts]
+    else:  # fixed chunks of `batch_size`
+        chunks, max_batch = [prompts[i:i + batch_size] for i in range(0, n, batch_size)], None
+        warm_ups = [next(c for c in chunks if len(c) == shape) for shape in sorted({len(c) for c in chunks})]
+    warm = tqdm(total=len(names) * len(warm_ups), desc="compiling (warm-up runs)", disable=not settings.progress,
                 unit="run")
-    for name in names:  # warm-up: compile every program the timed runs use
-        for shape in shapes:
-            warm.set_postfix_str(f"{name} at batch {shape}; {_programs_note()}")
-            runners[name](next(c for c in chunks if len(c) == shape), max_new_tokens, seed)
+    for name in names:  # warm-up: compile the programs the timed runs use
+        for chunk in warm_ups:
+            warm.set_postfix_str(f"{name} at batch {min(len(chunk), batch_size)}; {_programs_note()}")
+            runners[name](chunk, max_new_tokens, seed, max_batch)
             warm.update(1)
     warm.set_postfix_str(_programs_note())
     warm.close()
     seconds = {m: np.zeros(repeats) for m in names}
+    compiles = {m: 0 for m in names}
     outputs: dict[str, list] = {m: [None] * n for m in names}
     stats_sum: dict[str, dict] = {m: {} for m in names}
     bar = tqdm(total=repeats * len(chunks) * len(names), desc="bench", disable=not settings.progress)
     for r in range(repeats):
+        start = 0
         for ci, chunk in enumerate(chunks):
-            order = names[ci % len(names):] + names[:ci % len(names)]  # interleave: rotate who goes first
-            for name in order:
+            turn = (ci + r) % len(names)
+            for name in names[turn:] + names[:turn]:  # interleave: rotate who goes first
+                before = compiled_programs()
                 t0 = time.perf_counter()
-                res = runners[name](chunk, max_new_tokens, seed)
+                res = runners[name](chunk, max_new_tokens, seed, max_batch)
                 seconds[name][r] += time.perf_counter() - t0
+                compiles[name] += compiled_programs() - before  # a compile inside the timing is reported
                 if r == 0:
-                    outputs[name][ci * batch_size: ci * batch_size + len(chunk)] = list(zip(res.texts, res.tokens))
-                    acc = stats_sum[name]
-                    for key, value in res.stats.items():
-                        if isinstance(value, (int, float)) and not isinstance(value, bool):
-                            acc[key] = acc.get(key, 0) + value
-                    # passes are batched: per request, each pass of this chunk counts once per row
-                    acc["row_passes"] = acc.get("row_passes", 0) + res.stats.get(
-                        "request_passes", res.stats.get("target_passes", 0) * len(chunk))
-                    checks = res.stats.get("verify_passes", res.stats.get("target_passes", 0))
-                    acc["row_checks"] = acc.get("row_checks", 0) + checks * len(chunk)
+                    outputs[name][start: start + len(chunk)] = list(zip(res.texts, res.tokens))
+                    _add_stats(stats_sum[name], res.stats, len(chunk))
                 bar.update(1)
                 bar.set_postfix(mode=name, repeat=r)
+            start += len(chunk)
     bar.close()
     tps = {m: sum(len(t) for _, t in outputs[m]) / seconds[m] for m in names}
     rows = {}
@@ -228,8 +248,24 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
             "accepted_tokens": int(s.get("accepted_tokens", 0)),
             "verify_tokens": int(s.get("verify_tokens", 0)),
             "verify_passes": int(s.get("verify_passes", 0)),
+            "compiles_in_timing": compiles[name],
+            "schedule_ran": s.get("schedule_ran", {}),
         }
     return rows
+
+
+def _add_stats(acc: dict, stats: dict, rows: int) -> None:
+    """A call's counts added into `acc` (its numbers; what the schedule ran, per choice)."""
+    for key, value in stats.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            acc[key] = acc.get(key, 0) + value
+    ran = acc.setdefault("schedule_ran", {})
+    for choice in stats.get("schedule", []):
+        ran[choice["ran"]] = ran.get(choice["ran"], 0) + 1
+    # passes are batched: per request, each pass counts once per row it carried
+    acc["row_passes"] = acc.get("row_passes", 0) + stats.get("request_passes", stats.get("target_passes", 0) * rows)
+    checks = stats.get("verify_passes", stats.get("target_passes", 0))
+    acc["row_checks"] = acc.get("row_checks", 0) + checks * rows
 
 
 

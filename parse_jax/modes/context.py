@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 
+from parse_jax.models.config import ModelConfig
 from parse_jax.runtime.requests import GenerateResult, GenerationStats, Request
 from parse_jax.settings import ParseConfig
 from parse_jax.verify.round import Judge, RoundSpec
@@ -27,6 +28,29 @@ class ModeContext:
     round_spec: RoundSpec
     suffix_ids: tuple[int, ...]
     step_end_ids: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class PairSpec:
+    """The static side of the target/draft pair a program runs: their configs and attention implementations."""
+
+    target: ModelConfig
+    draft: ModelConfig
+    target_impl: str
+    draft_impl: str
+
+    @classmethod
+    def of(cls, ctx: ModeContext) -> PairSpec:
+        return cls(ctx.target.config, ctx.draft.config, ctx.target.attention_impl, ctx.draft.attention_impl)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """A jitted program and the arguments of one call (its inputs placed as the target places rows): what a mode
+    runs on the device for a request. `benchmarks/bench_host_share.py` times `program(*args)` alone."""
+
+    program: object
+    args: tuple
 
 
 def parse_result(ctx: ModeContext, req: Request, rows: dict, seconds: float, *, verify_passes: int,

@@ -17,19 +17,18 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
-from parse_jax.models.decoder import Decoder, causal_metadata
-from parse_jax.modes.context import ModeContext, parse_result
+from parse_jax.models.decoder import Decoder
+from parse_jax.modes.context import Launch, ModeContext, PairSpec, parse_result
+from parse_jax.modes.parse_multi import multi_launch, run_multi, serve_multi  # noqa: F401  (re-exported)
 from parse_jax.runtime.decode import decode_loop, is_eos, prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
 from parse_jax.speculation.eagle3 import Eagle3Config, EagleContext, EagleLoop, eagle_loop, head_applies
 from parse_jax.verify.round import (
-    Draft,
     Judge,
     PassShape,
     RoundSpec,
@@ -61,20 +60,6 @@ class SingleShape:
     lengths: tuple[int, ...]  # verification block buckets (prompt + draft + K suffix copies), see block_lengths
     cache_len: int     # the target's cache
     num_new: int       # continuation tokens (bucket)
-
-
-@dataclasses.dataclass(frozen=True)
-class PairSpec:
-    """The static side of the target/draft pair a program runs: their configs and attention implementations."""
-
-    target: ModelConfig
-    draft: ModelConfig
-    target_impl: str
-    draft_impl: str
-
-    @classmethod
-    def of(cls, ctx: ModeContext) -> PairSpec:
-        return cls(ctx.target.config, ctx.draft.config, ctx.target.attention_impl, ctx.draft.attention_impl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,142 +157,6 @@ def continue_single(spec: ContinueSpec):
     return register_program(jax.jit(run))
 
 
-# ------------------------------------------------------------------------------------------------ multi round
-
-
-@dataclasses.dataclass(frozen=True)
-class MultiShape:
-    """Static shapes of a multi-round program."""
-
-    prompt: int        # prompt bucket
-    draft_cap: int     # the most draft tokens per round (max_draft_tokens)
-    draft_new: int     # its bucket
-    segment_cap: int   # the most tokens the target writes per round (max_segment)
-    pending: int       # tokens the draft may have to catch up on per round (the target's segment + 1)
-    first_lengths: tuple[int, ...]  # the first round's block buckets: prompt + draft + K suffix copies
-    lengths: tuple[int, ...]        # later rounds': the target's last token + draft + K suffix copies
-    segment: int       # bucket of segment_cap
-    num_new: int       # the output buffer (bucket of max_new_tokens)
-    cache_len: int     # both caches
-
-
-@struct.dataclass
-class MultiState:
-    target_cache: KVCache    # prompt + output except `last`
-    draft_cache: KVCache     # the first `draft_cache.lengths` tokens of prompt + output
-    seq: jax.Array           # [B, P + N + D] prompt then output: what the draft catches up from
-    out: jax.Array           # [B, N + D] the output so far
-    num_new: jax.Array       # [B] output tokens
-    last: jax.Array          # [B] the last token of prompt + output (the target has not seen it yet)
-    done: jax.Array          # [B]
-    rounds: jax.Array        # scalar
-    passes: jax.Array        # scalar: target passes
-    accepted: jax.Array      # [B] draft tokens accepted over all rounds
-    drafted: jax.Array       # [B] draft tokens written
-    block_tokens: jax.Array  # [B] verification tokens
-    prefixes: jax.Array      # [B] prefixes scored
-
-
-def write_at(buf: jax.Array, start: jax.Array, values: jax.Array, count: jax.Array) -> jax.Array:
-    """buf[b, start[b] + j] = values[b, j] for j < count[b] (other slots unchanged)."""
-    b, w = values.shape
-    rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, w))
-    j = jnp.arange(w)[None, :]
-    cols = jnp.where(j < count[:, None], start[:, None] + j, buf.shape[1])
-    return buf.at[rows, cols].set(values, mode="drop")
-
-
-@functools.cache
-def multi_round_program(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler):
-    """Rounds of (draft -> ONE verification pass -> accept -> the target writes up to its next step boundary) until
-    every row is done: the first round verifies prompt + draft over an empty cache (as a single round does), the
-    others run in one `lax.while_loop` over the target's cache. Neither cache is prefilled again: the draft keeps
-    its own cache across rounds and only reads the tokens it has not seen (the target's last segment)."""
-    target, draft = Decoder(pair.target, pair.target_impl), Decoder(pair.draft, pair.draft_impl)
-    target_cfg, draft_cfg = pair.target, pair.draft
-    d, w, p = shape.draft_new, shape.pending, shape.prompt
-
-    def run(target_params, draft_params, prompts: Prompts, eos_ids, seg_stop, judge: Judge, args: SamplingArgs):
-        prompt, prompt_lens, max_new = prompts.tokens, prompts.lens, prompts.max_new
-        b = prompt.shape[0]
-        rows = jnp.arange(b)
-        t_fwd = forward_fn(target, target_params, return_hidden=True)
-        t_plain = forward_fn(target, target_params)
-        d_fwd = forward_fn(draft, draft_params)
-
-        def round_(s: MultiState, first_round: bool, draft_cache: KVCache, draft_first: jax.Array) -> MultiState:
-            a_draft, a_cont = args.fold(s.rounds).split(2)
-            live = ~s.done
-            seq_len = prompt_lens + s.num_new
-            budget = jnp.where(live, jnp.minimum(shape.draft_cap, max_new - s.num_new), 0)
-            dstate = decode_loop(d_fwd, draft_cache, draft_first, max_new=budget, eos_ids=eos_ids, sampler=sampler,
-                                 args=a_draft, num_new=d)
-            draft_tokens, n = dstate.tokens, dstate.num_new
-            closing = jnp.take_along_axis(draft_tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
-            # a closing EOS is not verified (the judge never saw one): the target's next token decides to stop
-            draft_len = jnp.maximum(jnp.where((n > 1) & is_eos(closing, eos_ids), n - 1, n), 1)
-            answer = Draft(tokens=draft_tokens, length=draft_len)
-            if first_round:  # the prompt and the draft in one pass over the empty cache
-                v = verify_round(t_fwd, s.target_cache, judge, head=prompt, head_len=prompt_lens, draft=answer,
-                                 spec=spec, shape=PassShape(shape.first_lengths))
-            else:  # the target's last token and the draft over its cache
-                v = verify_round(t_fwd, s.target_cache, judge, head=s.last[:, None], head_len=jnp.ones((b,), jnp.int32),
-                                 draft=answer, spec=spec, shape=PassShape(shape.lengths))
-            acc = jnp.where(live, v.accepted, 0)
-            out = write_at(s.out, s.num_new, draft_tokens, acc)
-            seq_ = write_at(s.seq, seq_len, draft_tokens, acc)
-            num = s.num_new + acc
-            done = s.done | (live & (ends_in_eos(draft_tokens, acc, eos_ids) | (num >= max_new)))
-            # the target writes up to its next step boundary (or EOS, or the budget)
-            remaining = jnp.where(done, 0, jnp.minimum(shape.segment_cap, max_new - num))
-            cache = v.cache.set_lengths(jnp.where(live, v.cache.lengths, s.target_cache.lengths))
-            cstate = decode_loop(t_plain, cache, v.first_logits, max_new=remaining, eos_ids=seg_stop, sampler=sampler,
-                                 args=a_cont, num_new=shape.segment)
-            wrote = cstate.num_new
-            out = write_at(out, num, cstate.tokens, wrote)
-            seq_ = write_at(seq_, seq_len + acc, cstate.tokens, wrote)
-            num2 = num + wrote
-            seg_last = cstate.tokens[rows, jnp.maximum(wrote - 1, 0)]
-            done = done | ((wrote > 0) & (is_eos(seg_last, eos_ids) | (num2 >= max_new)))
-            # the draft keeps what it read of the accepted prefix (all but its last token were fed back to it)
-            d_keep = draft_cache.lengths + jnp.minimum(acc, jnp.maximum(n - 1, 0))
-            d_cache = dstate.cache.set_lengths(jnp.where(live, d_keep, draft_cache.lengths))
-            return s.replace(
-                target_cache=cstate.cache, draft_cache=d_cache, seq=seq_, out=out, num_new=num2,
-                last=jnp.where(wrote > 0, seg_last, s.last), done=done, rounds=s.rounds + 1,
-                passes=s.passes + 1 + jnp.maximum(cstate.step - 1, 0),
-                accepted=s.accepted + acc, drafted=s.drafted + jnp.where(live, draft_len, 0),
-                block_tokens=s.block_tokens + jnp.where(live, v.block_tokens, 0),
-                prefixes=s.prefixes + jnp.where(live, v.prefixes, 0))
-
-        d_cache, d_first = prefill(d_fwd, draft_cfg, prompt, prompt_lens, shape.cache_len)
-        zeros = jnp.zeros((b,), jnp.int32)
-        state = MultiState(target_cache=KVCache.init(target_cfg, b, shape.cache_len), draft_cache=d_cache,
-                           seq=jnp.zeros((b, p + shape.num_new + d), jnp.int32).at[:, :p].set(prompt),
-                           out=jnp.full((b, shape.num_new + d), PAD_ID, jnp.int32), num_new=zeros,
-                           last=prompt[rows, prompt_lens - 1], done=max_new <= 0, rounds=jnp.int32(0),
-                           passes=jnp.int32(0), accepted=zeros, drafted=zeros, block_tokens=zeros, prefixes=zeros)
-        state = round_(state, True, d_cache, d_first)
-
-        def catch_up(s: MultiState) -> tuple[KVCache, jax.Array]:
-            """The draft reads what it has not seen (the target's last segment): its cache and next logits."""
-            seq_len = prompt_lens + s.num_new
-            start = s.draft_cache.lengths
-            n_pend = seq_len - start
-            idx = jnp.clip(start[:, None] + jnp.arange(w)[None, :], 0, s.seq.shape[1] - 1)
-            limit, group = causal_metadata(b, w)
-            pos = start[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :]
-            logits, dc = d_fwd(jnp.take_along_axis(s.seq, idx, axis=1), pos, s.draft_cache, limit, group)
-            return dc.commit(n_pend), logits[rows, jnp.maximum(n_pend - 1, 0)]
-
-        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: round_(s, False, *catch_up(s)), state)
-        return {"tokens": s.out, "num_new": s.num_new, "rounds": s.rounds, "target_passes": s.passes,
-                "accepted": s.accepted, "draft_len": s.drafted, "block_tokens": s.block_tokens,
-                "prefixes": s.prefixes}
-
-    return register_program(jax.jit(run))
-
-
 def host_rows(remaining: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     """(rows, their budgets) to continue after a split single round: the rows with tokens left, padded to a batch
     bucket with repeats of a live row whose budget is 0 (None when no row has tokens left). A sharded target never
@@ -323,15 +172,6 @@ def host_rows(remaining: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------------------------ host side
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """A jitted program and the arguments of one call (its inputs placed as the target places rows): what a mode
-    runs on the device for a request. `benchmarks/bench_host_share.py` times `program(*args)` alone."""
-
-    program: object
-    args: tuple
 
 
 def _eagle_spec(ctx: ModeContext) -> EagleSpec:
@@ -363,6 +203,14 @@ def single_launch(ctx: ModeContext, req: Request, eagle: bool = False,
 def run(ctx: ModeContext, req: Request) -> GenerateResult:
     """Mode `parse`: single- or multi-round PARSE, as `ParseConfig.rounds` says."""
     return run_multi(ctx, req) if ctx.config.rounds == "multi" else run_single(ctx, req)
+
+
+def serve(ctx: ModeContext, req: Request, max_batch: int) -> GenerateResult | None:
+    """Mode `parse` by continuous batching through `max_batch` slots (multi round; None: this mode's settings run
+    fixed batches: single round, or a sharded target)."""
+    if ctx.config.rounds != "multi" or ctx.target.mesh is not None:
+        return None
+    return serve_multi(ctx, req, max_batch)
 
 
 def run_eagle3(ctx: ModeContext, req: Request) -> GenerateResult:
@@ -428,32 +276,3 @@ def _assemble_split(res: dict, cont: dict | None, rows, rem, num_new: int) -> di
             vals[rows[rem > 0]] = cont[key][rem > 0]
             out[key] = vals
     return out
-
-
-def multi_launch(ctx: ModeContext, req: Request) -> Launch:
-    """The multi-round program for `req`."""
-    cfg, ids, target = ctx.config, req.ids, ctx.target
-    b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
-    cap, seg_cap = cfg.max_draft_tokens, cfg.max_segment  # static; each row is cut to its budget
-    d = bucket(min(cap, req.max_new), 16)
-    seg = min(seg_cap, req.max_new)
-    copies = ctx.round_spec.max_prefixes * len(ctx.suffix_ids)
-    first_lengths, lengths = block_lengths(p + d + copies), block_lengths(1 + d + copies)
-    shape = MultiShape(prompt=p, draft_cap=cap, draft_new=d, segment_cap=seg_cap, pending=bucket(seg + 2, 8),
-                       first_lengths=first_lengths, lengths=lengths, segment=bucket(seg, 16),
-                       num_new=bucket(req.max_new, 16),
-                       cache_len=length_bucket(max(first_lengths[-1], p + req.max_new + lengths[-1] + 1)))
-    seg_stop = np.array(sorted({*req.eos.tolist(), *ctx.step_end_ids.tolist()}), np.int32)
-    program = multi_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
-    return Launch(program, (target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
-                            seg_stop, ctx.judge, req.sampling.args()))
-
-
-def run_multi(ctx: ModeContext, req: Request) -> GenerateResult:
-    """Multi-round PARSE (mode parse, rounds multi): one program for the whole generation."""
-    launch = multi_launch(ctx, req)
-    t0 = time.perf_counter()
-    res = fetch(launch.program(*launch.args))
-    seconds = time.perf_counter() - t0
-    return parse_result(ctx, req, res, seconds, verify_passes=int(res["rounds"]),
-                        target_passes=int(res["target_passes"]), rounds=int(res["rounds"]))

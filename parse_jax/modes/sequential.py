@@ -15,8 +15,8 @@ from flax import struct
 
 from parse_jax.models.cache import KVCache
 from parse_jax.models.decoder import Decoder
-from parse_jax.modes.context import ModeContext, parse_result
-from parse_jax.modes.parse import ContinueSpec, PairSpec, continuation
+from parse_jax.modes.context import ModeContext, PairSpec, parse_result
+from parse_jax.modes.parse import ContinueSpec, continuation
 from parse_jax.runtime.decode import prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import GenerateResult, Prompts, Request, device_prompts

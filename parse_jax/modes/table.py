@@ -11,6 +11,7 @@ from parse_jax.modes.context import ModeContext
 from parse_jax.runtime.requests import GenerateResult, Request
 
 Positions = Callable[[ModeContext, int], int]
+Serve = Callable[[ModeContext, Request, int], "GenerateResult | None"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +19,8 @@ class ModeSpec:
     """A generation mode. `target_positions(ctx, max_new)` / `draft_positions(ctx, max_new)`: the positions a request
     needs in the target / the draft past its prompt (what the mode's passes write beyond the last token they may
     emit; None: the mode runs no draft). `multi_label`: the mode honours `ParseConfig.rounds`, and bench names its
-    multi-round run so (its plain name runs single round); None: it ignores `rounds`."""
+    multi-round run so (its plain name runs single round); None: it ignores `rounds`. `serve(ctx, request, max_batch)`:
+    the mode by continuous batching through `max_batch` slots (None, or a None result: in fixed batches)."""
 
     name: str
     runner: Callable[[ModeContext, Request], GenerateResult]
@@ -27,6 +29,7 @@ class ModeSpec:
     target_positions: Positions
     draft_positions: Positions | None = None
     multi_label: str | None = None
+    serve: Serve | None = None
 
     @property
     def honours_rounds(self) -> bool:
@@ -74,13 +77,14 @@ def parse_draft_positions(ctx: ModeContext, n: int) -> int:
 
 
 MODE_TABLE: dict[str, ModeSpec] = {spec.name: spec for spec in (
-    ModeSpec("target", target.run, needs_draft=False, needs_head=False, target_positions=budget_only),
+    ModeSpec("target", target.run, needs_draft=False, needs_head=False, target_positions=budget_only,
+             serve=target.serve),
     ModeSpec("sd", sd.run, needs_draft=True, needs_head=False, target_positions=sd_positions,
              draft_positions=sd_positions),
     ModeSpec("sequential", sequential.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
              draft_positions=draft_answer_positions),
     ModeSpec("parse", parse.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
-             draft_positions=parse_draft_positions, multi_label="parse-multi"),
+             draft_positions=parse_draft_positions, multi_label="parse-multi", serve=parse.serve),
     ModeSpec("eagle3", eagle3.run, needs_draft=False, needs_head=True, target_positions=eagle3_positions),
     ModeSpec("parse+eagle3", parse.run_eagle3, needs_draft=True, needs_head=True,
              target_positions=verify_eagle3_positions, draft_positions=draft_answer_positions),

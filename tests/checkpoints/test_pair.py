@@ -53,7 +53,7 @@ def test_quick_quality_bars_on_100_held_out_problems(pair):
 
 def test_the_default_config_fits_the_pair(pair):
     target, draft = pair
-    eng = pj.ParseEngine(target, draft)
+    eng = pj.ParseEngine(target, draft, pj.ParseConfig(schedule="fixed"))  # PARSE at batch 8, its settings default
     task = pj.load_task()
     prompts = [p for p, _ in task.problems(8, 3)]
     res = eng.generate(prompts, mode="parse", max_new_tokens=32)
@@ -90,7 +90,7 @@ def test_parse_eagle3_continues_like_eagle3_from_the_accepted_prefix(pair):
     target, draft = pair
     task = pj.load_task()
     prompts = [p for p, _ in task.problems(8, 5)]
-    eng = pj.ParseEngine(target, draft, pj.ParseConfig(threshold=0.0, max_draft_tokens=12))
+    eng = pj.ParseEngine(target, draft, pj.ParseConfig(threshold=0.0, max_draft_tokens=12, schedule="fixed"))
     res = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=24)
     from parse_jax.runtime.requests import encode_prompts
 

@@ -39,7 +39,7 @@ def test_generate_on_a_step_of_a_run_prints_what_that_step_writes(runs, capsys):
                              str(draft_run), "--mode", "parse", "--max-new-tokens", "12", "--max-draft-tokens", "12",
                              PROMPT)
         assert rc == 0, err
-        eng = ParseEngine(load_model(target_run, step=step), draft, ParseConfig(max_draft_tokens=12))
+        eng = ParseEngine(load_model(target_run, step=step), draft, ParseConfig(max_draft_tokens=12, schedule="fixed"))
         texts[step] = eng.generate([PROMPT], mode="parse", max_new_tokens=12).texts[0]
         assert texts[step] in out
     assert texts[4] != texts[10]  # so the step given is the step used

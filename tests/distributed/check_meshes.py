@@ -96,7 +96,7 @@ def main(out_dir: Path) -> dict:
     t0 = time.perf_counter()
     assert jax.device_count() == 8, jax.devices()
     target, draft = models()
-    cfg = ParseConfig(**CONFIG)
+    cfg = ParseConfig(**CONFIG, schedule="fixed")
     eng = ParseEngine(target, draft, cfg)
     ids = np.random.default_rng(1).integers(0, V, (8, 13))
     ref_logits = target.logits(ids)

@@ -51,7 +51,7 @@ def main() -> None:
                                  limit, group)
     out["logits_max_diff"] = float(np.abs(to_host(logits) - np.load(args.ref_dir / "ref_logits.npy")).max())
     # greedy target generation through the engine's own program, on the cross-process tensor-parallel mesh
-    eng = ParseEngine(model, model, ParseConfig(**CONFIG))
+    eng = ParseEngine(model, model, ParseConfig(**CONFIG, schedule="fixed"))
     res = eng.generate(["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :", "( 5 - 5 ) + ( 6 * 2 ) :"], mode="target",
                        max_new_tokens=20)
     out["target_tokens_equal"] = res.tokens == ref["tokens_target"]
@@ -66,7 +66,7 @@ def main() -> None:
     local_mesh = initialize_from_args(host_args)
     out["per_host_mesh_devices"] = [d.id for d in local_mesh.devices.flat]
     local_model = load_sharded(args.ref_dir / "ckpt", local_mesh)
-    local = ParseEngine(local_model, local_model, ParseConfig(**CONFIG))
+    local = ParseEngine(local_model, local_model, ParseConfig(**CONFIG, schedule="fixed"))
     mine = process_slice(prompts)
     tokens = local.generate(mine, mode="target", max_new_tokens=20).tokens
     out["per_host_prompts"] = len(mine)

@@ -20,7 +20,7 @@ MODES_RUN = ["sd", "sequential", "parse", "parse-multi", "draft"]
 
 @pytest.fixture(scope="module")
 def bench():
-    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3))
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3, schedule="fixed"))
     lines = []
     res = run_bench(eng, load_task(), RunSettings(n=5, max_new_tokens=10, batch_size=5, repeats=2, progress=False),
                     modes=MODES_RUN, log=lines.append)
@@ -141,7 +141,7 @@ def test_skipped_modes_are_diagnostics_on_stderr(capsys):
 
     progress.configure(0)
     lines = []
-    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=4))
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=4, schedule="fixed"))
     res = run_bench(eng, load_task(), RunSettings(n=1, max_new_tokens=2, batch_size=1, repeats=1, progress=False),
                     modes=["target", "eagle3"], log=lines.append, skip_unavailable=True)
     assert set(res["modes"]) == {"target"} and "eagle3" in res["skipped_modes"]

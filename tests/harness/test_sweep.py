@@ -12,7 +12,7 @@ from parse_jax.harness.sweep import calibrate, parse_value, pick_threshold, run_
 from parse_jax.tasks import load_task
 from tests.test_engine import DRAFT, TARGET
 
-BASE = ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3)
+BASE = ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3, schedule="fixed")
 
 
 @pytest.mark.parametrize("param, text, expect", [

@@ -46,8 +46,8 @@ CASES = [  # (segmenter, policy, rounds, batch sizes, modes): each segmenter and
 def test_fused_programs_equal_the_reference_path(segmenter, policy, rounds, batches, modes):
     base = dict(segmenter=segmenter, policy=policy, rounds=rounds, stride=3, min_segment=2, max_segment=5,
                 max_draft_tokens=12, max_prefixes=5, delimiter=")")  # K not a power of 2
-    threshold = _threshold_with_partial_acceptance(ParseEngine(TARGET, DRAFT, ParseConfig(**base)))
-    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**base, threshold=threshold))
+    threshold = _threshold_with_partial_acceptance(ParseEngine(TARGET, DRAFT, ParseConfig(**base, schedule="fixed")))
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**base, threshold=threshold, schedule="fixed"))
     ref = ReferenceParse(eng)
     for mode in modes:
         for prompts in (PROMPTS[:b] for b in batches):
@@ -67,7 +67,7 @@ def test_one_generate_moves_nothing_to_the_host_but_its_results(rounds):
     """No device value is read on the host during a generation (np.asarray, int(), a Python branch on a device
     value) except by the one explicit `programs.fetch` of the results. On an accelerator the transfer guard would
     raise on such a read; on CPU it cannot see one, so tests/host_reads.py records them."""
-    eng = ParseEngine(TARGET, DRAFT, ParseConfig(rounds=rounds, max_draft_tokens=12, threshold=0.3,
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(rounds=rounds, schedule="fixed", max_draft_tokens=12, threshold=0.3,
                                                  segmenter="stride", stride=3, max_segment=5, min_segment=2))
     eng.generate(PROMPTS[:1], mode="parse", max_new_tokens=30)  # compile outside the watch
     with host_reads() as outside, jax.transfer_guard_device_to_host("disallow"):
@@ -103,7 +103,8 @@ def test_parse_eagle3_program_equals_the_reference_path():
     from tests.speculation.test_eagle3 import ENGINE_PROMPTS, _engine_pair, random_head
 
     target, draft = _engine_pair()
-    eng = ParseEngine(target, draft, ParseConfig(max_draft_tokens=10, segmenter="stride", stride=3, threshold=0.5),
+    eng = ParseEngine(target, draft, ParseConfig(schedule="fixed", max_draft_tokens=10, segmenter="stride", stride=3,
+                                                 threshold=0.5),
                       eagle3=random_head(target, 43))
     ref = ReferenceParse(eng)
     for prompts in (ENGINE_PROMPTS[:1], ENGINE_PROMPTS):

@@ -190,21 +190,27 @@ class PromptFormat:
         return build_prompt(record, tokenizer, self.chat, self.instruction, self.template_kwargs)
 
 
+GROUP_BATCHES = 8  # records per generate call under continuous batching, in batches (the resume granularity)
+
+
 def run_eval(records: Sequence[Record], generate: Callable[[list, int], GenerateResult], results: ResultsFile,
              settings: RunSettings = EVAL_SETTINGS, *, tokenizer=None, task=None,
              prompt_format: PromptFormat = PromptFormat(), log: Callable[[str], None] = print) -> dict:
-    """Evaluate the records not yet in `results`, `settings.batch_size` at a time (a bar when `settings.progress`);
-    returns the summary over the whole file.
+    """Evaluate the records not yet in `results`, `settings.batch_size` rows at a time (a bar when
+    `settings.progress`); returns the summary over the whole file. With continuous batching (the default) each call
+    takes `GROUP_BATCHES` batches of records and keeps `batch_size` rows in flight; results are appended per call.
 
-    `generate(prompts, seed_offset)` runs one batch (texts + tokens + stats)."""
+    `generate(prompts, seed_offset)` runs one call (texts + tokens + stats) of at most `batch_size` rows at once."""
     batch_size, progress = settings.batch_size, settings.progress
+    # continuous batching: a call takes GROUP_BATCHES batches' worth of records, `batch_size` rows in flight
+    step = batch_size * (GROUP_BATCHES if settings.batching == "continuous" else 1)
     todo = [r for r in records if r.key not in results.done]
     if len(todo) < len(records):
         log(f"resuming {results.path}: {len(records) - len(todo)} of {len(records)} records already done")
     bar = tqdm(total=len(records), initial=len(records) - len(todo), desc="eval", disable=not progress)
     correct = sum(bool(r["correct"]) for r in results.results)
-    for i in range(0, len(todo), batch_size):
-        batch = todo[i: i + batch_size]
+    for i in range(0, len(todo), step):
+        batch = todo[i: i + step]
         prompts = [prompt_format.build(r, tokenizer) for r in batch]
         t0 = time.perf_counter()
         res = generate(prompts, batch[0].line)

@@ -22,7 +22,7 @@ from tests.random_models import random_model
 
 TOK = Tokenizer.from_folder(TOKENIZER_DIR)
 TASK = load_task()
-CFG = pj.ParseConfig(max_draft_tokens=12)
+CFG = pj.ParseConfig(max_draft_tokens=12, schedule="fixed")
 COMPARED = ("key", "line", "correct", "extracted", "reference", "new_tokens", "output", "accepted_tokens",
             "verify_passes")
 

@@ -1,0 +1,351 @@
+"""Multi-round PARSE (mode parse, `rounds="multi"`): rounds of (the draft drafts -> ONE target pass verifies every
+step-prefix -> the longest valid one is kept -> the target writes up to its next step boundary) in one
+`lax.while_loop`, neither cache prefilled again.
+
+Two ways to run a request:
+- `run_multi`: one program for the whole batch (the first round verifies prompt + draft over an empty cache, the
+  loop runs until every row is done);
+- `serve_multi`: continuous batching over any number of prompts through `max_batch` slots. A prompt's first round
+  runs when it is admitted (the same first round, on the admitted rows only), its row of both caches is moved into
+  a free slot, and the loop runs the later rounds of every slot until enough slots are free for the next admission.
+  A row's rounds read only its own cache rows, so greedy outputs equal those of the prompt alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from parse_jax.models.cache import KVCache
+from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.modes.context import Launch, ModeContext, PairSpec, parse_result
+from parse_jax.runtime.decode import decode_loop, is_eos, prefill
+from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
+from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts, pad_prompts
+from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.verify.round import Draft, Judge, PassShape, RoundSpec, block_lengths, ends_in_eos, verify_round
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiShape:
+    """Static shapes of a multi-round program."""
+
+    prompt: int        # prompt bucket
+    draft_cap: int     # the most draft tokens per round (max_draft_tokens)
+    draft_new: int     # its bucket
+    segment_cap: int   # the most tokens the target writes per round (max_segment)
+    pending: int       # tokens the draft may have to catch up on per round (the target's segment + 1)
+    first_lengths: tuple[int, ...]  # the first round's block buckets: prompt + draft + K suffix copies
+    lengths: tuple[int, ...]        # later rounds': the target's last token + draft + K suffix copies
+    segment: int       # bucket of segment_cap
+    num_new: int       # the output buffer (bucket of max_new_tokens)
+    cache_len: int     # both caches
+
+
+@struct.dataclass
+class MultiState:
+    target_cache: KVCache    # prompt + output except `last`
+    draft_cache: KVCache     # the first `draft_cache.lengths` tokens of prompt + output
+    seq: jax.Array           # [B, P + N + D] prompt then output: what the draft catches up from
+    out: jax.Array           # [B, N + D] the output so far
+    prompt_len: jax.Array    # [B]
+    max_new: jax.Array       # [B] the row's budget (0: an empty row)
+    num_new: jax.Array       # [B] output tokens
+    last: jax.Array          # [B] the last token of prompt + output (the target has not seen it yet)
+    done: jax.Array          # [B]
+    rounds: jax.Array        # scalar: loop rounds (each one verification pass of the batch)
+    passes: jax.Array        # scalar: target passes
+    accepted: jax.Array      # [B] draft tokens accepted over all rounds
+    drafted: jax.Array       # [B] draft tokens written
+    block_tokens: jax.Array  # [B] verification tokens
+    prefixes: jax.Array      # [B] prefixes scored
+
+
+ROW_FIELDS = ("accepted", "drafted", "block_tokens", "prefixes")  # the per-row counters a result reports
+
+
+def write_at(buf: jax.Array, start: jax.Array, values: jax.Array, count: jax.Array) -> jax.Array:
+    """buf[b, start[b] + j] = values[b, j] for j < count[b] (other slots unchanged)."""
+    b, w = values.shape
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, w))
+    j = jnp.arange(w)[None, :]
+    cols = jnp.where(j < count[:, None], start[:, None] + j, buf.shape[1])
+    return buf.at[rows, cols].set(values, mode="drop")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundInputs:
+    """A program's traced inputs to every round: the weights, the stop ids (EOS; EOS and step ends) and the judge."""
+
+    target_params: object
+    draft_params: object
+    eos_ids: jax.Array
+    seg_stop: jax.Array
+    judge: Judge
+
+
+@functools.cache
+def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler):
+    """(first_round, later_round): the two kinds of round, traced inside the programs below."""
+    target, draft = Decoder(pair.target, pair.target_impl), Decoder(pair.draft, pair.draft_impl)
+    d, w, p = shape.draft_new, shape.pending, shape.prompt
+
+    def round_(x: RoundInputs, s: MultiState, args: SamplingArgs, prompt: jax.Array | None, draft_cache: KVCache,
+               draft_first: jax.Array) -> MultiState:
+        """One round; `prompt` given: the first (prompt + draft in one pass over the empty cache)."""
+        t_fwd = forward_fn(target, x.target_params, return_hidden=True)
+        t_plain = forward_fn(target, x.target_params)
+        d_fwd = forward_fn(draft, x.draft_params)
+        b = s.done.shape[0]
+        rows = jnp.arange(b)
+        a_draft, a_cont = args.fold(s.rounds).split(2)
+        live = ~s.done
+        seq_len = s.prompt_len + s.num_new
+        budget = jnp.where(live, jnp.minimum(shape.draft_cap, s.max_new - s.num_new), 0)
+        dstate = decode_loop(d_fwd, draft_cache, draft_first, max_new=budget, eos_ids=x.eos_ids, sampler=sampler,
+                             args=a_draft, num_new=d)
+        draft_tokens, n = dstate.tokens, dstate.num_new
+        closing = jnp.take_along_axis(draft_tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
+        # a closing EOS is not verified (the judge never saw one): the target's next token decides to stop
+        draft_len = jnp.maximum(jnp.where((n > 1) & is_eos(closing, x.eos_ids), n - 1, n), 1)
+        answer = Draft(tokens=draft_tokens, length=draft_len)
+        if prompt is not None:  # the prompt and the draft in one pass over the empty cache
+            v = verify_round(t_fwd, s.target_cache, x.judge, head=prompt, head_len=s.prompt_len, draft=answer,
+                             spec=spec, shape=PassShape(shape.first_lengths))
+        else:  # the target's last token and the draft over its cache
+            v = verify_round(t_fwd, s.target_cache, x.judge, head=s.last[:, None], head_len=jnp.ones((b,), jnp.int32),
+                             draft=answer, spec=spec, shape=PassShape(shape.lengths))
+        acc = jnp.where(live, v.accepted, 0)
+        out = write_at(s.out, s.num_new, draft_tokens, acc)
+        seq_ = write_at(s.seq, seq_len, draft_tokens, acc)
+        num = s.num_new + acc
+        done = s.done | (live & (ends_in_eos(draft_tokens, acc, x.eos_ids) | (num >= s.max_new)))
+        # the target writes up to its next step boundary (or EOS, or the budget)
+        remaining = jnp.where(done, 0, jnp.minimum(shape.segment_cap, s.max_new - num))
+        cache = v.cache.set_lengths(jnp.where(live, v.cache.lengths, s.target_cache.lengths))
+        cstate = decode_loop(t_plain, cache, v.first_logits, max_new=remaining, eos_ids=x.seg_stop, sampler=sampler,
+                             args=a_cont, num_new=shape.segment)
+        wrote = cstate.num_new
+        out = write_at(out, num, cstate.tokens, wrote)
+        seq_ = write_at(seq_, seq_len + acc, cstate.tokens, wrote)
+        num2 = num + wrote
+        seg_last = cstate.tokens[rows, jnp.maximum(wrote - 1, 0)]
+        done = done | ((wrote > 0) & (is_eos(seg_last, x.eos_ids) | (num2 >= s.max_new)))
+        # the draft keeps what it read of the accepted prefix (all but its last token were fed back to it)
+        d_keep = draft_cache.lengths + jnp.minimum(acc, jnp.maximum(n - 1, 0))
+        d_cache = dstate.cache.set_lengths(jnp.where(live, d_keep, draft_cache.lengths))
+        return s.replace(
+            target_cache=cstate.cache, draft_cache=d_cache, seq=seq_, out=out, num_new=num2,
+            last=jnp.where(wrote > 0, seg_last, s.last), done=done, rounds=s.rounds + 1,
+            passes=s.passes + 1 + jnp.maximum(cstate.step - 1, 0),
+            accepted=s.accepted + acc, drafted=s.drafted + jnp.where(live, draft_len, 0),
+            block_tokens=s.block_tokens + jnp.where(live, v.block_tokens, 0),
+            prefixes=s.prefixes + jnp.where(live, v.prefixes, 0))
+
+    def first_round(x: RoundInputs, prompts: Prompts, args: SamplingArgs) -> MultiState:
+        """A fresh state for `prompts` after their first round."""
+        prompt, prompt_lens = prompts.tokens, prompts.lens
+        b = prompt.shape[0]
+        d_cache, d_first = prefill(forward_fn(draft, x.draft_params), pair.draft, prompt, prompt_lens,
+                                   shape.cache_len)
+        zeros = jnp.zeros((b,), jnp.int32)
+        state = MultiState(target_cache=KVCache.init(pair.target, b, shape.cache_len), draft_cache=d_cache,
+                           seq=jnp.zeros((b, p + shape.num_new + d), jnp.int32).at[:, :p].set(prompt),
+                           out=jnp.full((b, shape.num_new + d), PAD_ID, jnp.int32), prompt_len=prompt_lens,
+                           max_new=prompts.max_new, num_new=zeros, last=prompt[jnp.arange(b), prompt_lens - 1],
+                           done=prompts.max_new <= 0, rounds=jnp.int32(0), passes=jnp.int32(0), accepted=zeros,
+                           drafted=zeros, block_tokens=zeros, prefixes=zeros)
+        return round_(x, state, args, prompt, d_cache, d_first)
+
+    def later_round(x: RoundInputs, s: MultiState, args: SamplingArgs) -> MultiState:
+        """The draft reads what it has not seen (the target's last segment), then a round over both caches."""
+        b = s.done.shape[0]
+        start = s.draft_cache.lengths
+        n_pend = s.prompt_len + s.num_new - start
+        idx = jnp.clip(start[:, None] + jnp.arange(w)[None, :], 0, s.seq.shape[1] - 1)
+        limit, group = causal_metadata(b, w)
+        pos = start[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :]
+        d_fwd = forward_fn(draft, x.draft_params)
+        logits, dc = d_fwd(jnp.take_along_axis(s.seq, idx, axis=1), pos, s.draft_cache, limit, group)
+        return round_(x, s, args, None, dc.commit(n_pend), logits[jnp.arange(b), jnp.maximum(n_pend - 1, 0)])
+
+    return first_round, later_round
+
+
+def _result(s: MultiState) -> dict:
+    return {"tokens": s.out, "num_new": s.num_new, "rounds": s.rounds, "target_passes": s.passes,
+            "accepted": s.accepted, "draft_len": s.drafted, "block_tokens": s.block_tokens, "prefixes": s.prefixes}
+
+
+@functools.cache
+def multi_round_program(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler):
+    """The whole generation of a batch: its first round, then later rounds until every row is done."""
+    first_round, later_round = _rounds(pair, spec, shape, sampler)
+
+    def run(target_params, draft_params, prompts: Prompts, eos_ids, seg_stop, judge: Judge, args: SamplingArgs):
+        x = RoundInputs(target_params, draft_params, eos_ids, seg_stop, judge)
+        state = first_round(x, prompts, args)
+        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: later_round(x, s, args), state)
+        return _result(s)
+
+    return register_program(jax.jit(run))
+
+
+def multi_shape(ctx: ModeContext, prompt_bucket: int, max_new: int) -> MultiShape:
+    """The static shapes of multi-round programs for prompts up to `prompt_bucket` tokens and a budget of `max_new`."""
+    cfg, p = ctx.config, prompt_bucket
+    cap, seg_cap = cfg.max_draft_tokens, cfg.max_segment  # static; each row is cut to its budget
+    d = bucket(min(cap, max_new), 16)
+    seg = min(seg_cap, max_new)
+    copies = ctx.round_spec.max_prefixes * len(ctx.suffix_ids)
+    first_lengths, lengths = block_lengths(p + d + copies), block_lengths(1 + d + copies)
+    return MultiShape(prompt=p, draft_cap=cap, draft_new=d, segment_cap=seg_cap, pending=bucket(seg + 2, 8),
+                      first_lengths=first_lengths, lengths=lengths, segment=bucket(seg, 16),
+                      num_new=bucket(max_new, 16),
+                      cache_len=length_bucket(max(first_lengths[-1], p + max_new + lengths[-1] + 1)))
+
+
+def _seg_stop(ctx: ModeContext, req: Request) -> np.ndarray:
+    return np.array(sorted({*req.eos.tolist(), *ctx.step_end_ids.tolist()}), np.int32)
+
+
+def multi_launch(ctx: ModeContext, req: Request) -> Launch:
+    """The multi-round program for `req`."""
+    ids, target = req.ids, ctx.target
+    b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
+    shape = multi_shape(ctx, p, req.max_new)
+    program = multi_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
+    return Launch(program, (target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
+                            _seg_stop(ctx, req), ctx.judge, req.sampling.args()))
+
+
+def run_multi(ctx: ModeContext, req: Request) -> GenerateResult:
+    """Multi-round PARSE (mode parse, rounds multi): one program for the whole generation."""
+    launch = multi_launch(ctx, req)
+    t0 = time.perf_counter()
+    res = fetch(launch.program(*launch.args))
+    seconds = time.perf_counter() - t0
+    return parse_result(ctx, req, res, seconds, verify_passes=int(res["rounds"]),
+                        target_passes=int(res["target_passes"]), rounds=int(res["rounds"]))
+
+
+# ------------------------------------------------------------------------------------------ continuous batching
+
+
+def _put(big, small, slots):
+    """Rows `slots` of `big` (a state or cache of the slot batch) set from the rows of `small` (dropped past B)."""
+    return jax.tree.map(lambda a, x: a.at[slots].set(x, mode="drop"), big, small)
+
+
+@functools.cache
+def _slot_programs(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler):
+    """(admit, advance) for one run's shapes, the slot state donated to both:
+    - `admit`: the first round of up to k prompts (k bucketed), their rows moved into the slots the host names;
+    - `advance`: later rounds of every slot until `free_target` slots are done (or all are)."""
+    first_round, later_round = _rounds(pair, spec, shape, sampler)
+
+    def admit(target_params, draft_params, state: MultiState, slots, prompts: Prompts, eos_ids, seg_stop,
+              judge: Judge, args: SamplingArgs) -> MultiState:
+        x = RoundInputs(target_params, draft_params, eos_ids, seg_stop, judge)
+        new = first_round(x, prompts, args)
+        return _put_rows(state, new, slots).replace(passes=state.passes + new.passes)
+
+    def advance(target_params, draft_params, state: MultiState, free_target, eos_ids, seg_stop, judge: Judge,
+                args: SamplingArgs) -> MultiState:
+        x = RoundInputs(target_params, draft_params, eos_ids, seg_stop, judge)
+        cond = lambda s: ~jnp.all(s.done) & (jnp.sum(s.done) < free_target)  # noqa: E731
+        return jax.lax.while_loop(cond, lambda s: later_round(x, s, args), state)
+
+    return (register_program(jax.jit(admit, donate_argnums=(2,))),
+            register_program(jax.jit(advance, donate_argnums=(2,))))
+
+
+def _put_rows(state: MultiState, new: MultiState, slots) -> MultiState:
+    """`state` with the rows of `new` in `slots` (every per-row field; the scalars of `state` kept)."""
+    scalars = {"rounds": state.rounds, "passes": state.passes}
+    rows = {f.name: _put(getattr(state, f.name), getattr(new, f.name), slots)
+            for f in dataclasses.fields(MultiState) if f.name not in scalars}
+    return MultiState(**rows, **scalars)
+
+
+def empty_slots(pair: PairSpec, shape: MultiShape, slots: int) -> MultiState:
+    """A slot state whose every row is empty (done, no budget); every field its own buffer (the state is donated)."""
+    zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731
+    return MultiState(target_cache=KVCache.init(pair.target, slots, shape.cache_len),
+                      draft_cache=KVCache.init(pair.draft, slots, shape.cache_len),
+                      seq=jnp.zeros((slots, shape.prompt + shape.num_new + shape.draft_new), jnp.int32),
+                      out=jnp.full((slots, shape.num_new + shape.draft_new), PAD_ID, jnp.int32),
+                      prompt_len=jnp.ones((slots,), jnp.int32), max_new=zeros(), num_new=zeros(), last=zeros(),
+                      done=jnp.ones((slots,), bool), rounds=jnp.int32(0), passes=jnp.int32(1) - 1, accepted=zeros(),
+                      drafted=zeros(), block_tokens=zeros(), prefixes=zeros())
+
+
+def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult:
+    """Multi-round PARSE over every prompt of `req` with at most `max_batch` in flight: a finished row's slot takes
+    the next prompt (its first round at admission), with no program compiled per prompt. Results in prompt order.
+    `budgets`: each prompt's own max_new_tokens (default: the request's)."""
+    ids = req.ids
+    budgets = [req.max_new] * len(ids) if budgets is None else budgets
+    pair = PairSpec.of(ctx)
+    capacity = min(max_batch, len(ids))
+    slots = bucket(capacity, 1)
+    p = bucket(max(len(x) for x in ids))
+    shape = multi_shape(ctx, p, max(budgets))
+    admit, advance = _slot_programs(pair, ctx.round_spec, shape, req.sampling.sampler)
+    params = (ctx.target.params, ctx.draft.params)
+    args = req.sampling.args()
+    first_args, loop_args = args.fold(1), args.fold(2)
+    seg_stop = _seg_stop(ctx, req)
+    state = empty_slots(pair, shape, slots)
+    waiting = collections.deque(range(len(ids)))
+    holder = [-1] * slots
+    rows: dict[str, list] = {k: [None] * len(ids) for k in ("tokens", *ROW_FIELDS)}
+    admissions = 0
+    t0 = time.perf_counter()
+    while True:
+        free = [s for s in range(capacity) if holder[s] < 0]
+        take = min(len(free), len(waiting))
+        if take:
+            k = bucket(take, 1)
+            batch = [waiting.popleft() for _ in range(take)]
+            prompt, lens, max_new = pad_prompts([ids[r] for r in batch], k, p, 0)
+            max_new[:take] = [budgets[r] for r in batch]
+            where = np.array([free[i] if i < take else slots for i in range(k)], np.int32)
+            for s, r in zip(free, batch):
+                holder[s] = r
+            state = admit(*params, state, where, Prompts(tokens=prompt, lens=lens, max_new=max_new), req.eos,
+                          seg_stop, ctx.judge, first_args.fold(admissions))
+            admissions += 1
+        busy = sum(h >= 0 for h in holder)
+        free_target = slots - busy + 1 if waiting else slots  # empty slots are done: they count as free
+        state = advance(*params, state, np.int32(free_target), req.eos, seg_stop, ctx.judge, loop_args)
+        got = fetch({"done": state.done, "num_new": state.num_new, "out": state.out, "rounds": state.rounds,
+                     "passes": state.passes, **{k: getattr(state, k) for k in ROW_FIELDS}})
+        for s in range(slots):
+            if holder[s] >= 0 and got["done"][s]:
+                r = holder[s]
+                rows["tokens"][r] = got["out"][s, : got["num_new"][s]].tolist()
+                for key in ROW_FIELDS:
+                    rows[key][r] = int(got[key][s])
+                holder[s] = -1
+        if not waiting and all(h < 0 for h in holder):
+            break
+    seconds = time.perf_counter() - t0
+    lengths = [len(t) for t in rows["tokens"]]
+    width = max(max(lengths), 1)
+    out = {"tokens": np.array([t + [PAD_ID] * (width - len(t)) for t in rows["tokens"]], np.int32),
+           "num_new": np.array(lengths, np.int32), "accepted": np.array(rows["accepted"]),
+           "draft_len": np.array(rows["drafted"]), "block_tokens": np.array(rows["block_tokens"]),
+           "prefixes": np.array(rows["prefixes"])}
+    verify_passes = int(got["rounds"]) + admissions
+    res = parse_result(ctx, req, out, seconds, verify_passes=verify_passes, target_passes=int(got["passes"]),
+                       rounds=verify_passes)
+    res.stats.update(slots=capacity, admissions=admissions)
+    return res
