@@ -244,6 +244,14 @@ def _put(big, small, slots):
     return jax.tree.map(lambda a, x: a.at[slots].set(x, mode="drop"), big, small)
 
 
+@struct.dataclass
+class Admission:
+    """Up to k prompts (k bucketed) for the free slots named in `slots` (unused entries name slot B: dropped)."""
+
+    slots: jax.Array   # [k]
+    prompts: Prompts   # [k, P], with each one's budget
+
+
 @functools.cache
 def _slot_programs(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler):
     """(admit, advance) for one run's shapes, the slot state donated to both:
@@ -251,11 +259,11 @@ def _slot_programs(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: 
     - `advance`: later rounds of every slot until `free_target` slots are done (or all are)."""
     first_round, later_round = _rounds(pair, spec, shape, sampler)
 
-    def admit(target_params, draft_params, state: MultiState, slots, prompts: Prompts, eos_ids, seg_stop,
-              judge: Judge, args: SamplingArgs) -> MultiState:
+    def admit(target_params, draft_params, state: MultiState, adm: Admission, eos_ids, seg_stop, judge: Judge,
+              args: SamplingArgs) -> MultiState:
         x = RoundInputs(target_params, draft_params, eos_ids, seg_stop, judge)
-        new = first_round(x, prompts, args)
-        return _put_rows(state, new, slots).replace(passes=state.passes + new.passes)
+        new = first_round(x, adm.prompts, args)
+        return _put_rows(state, new, adm.slots).replace(passes=state.passes + new.passes)
 
     def advance(target_params, draft_params, state: MultiState, free_target, eos_ids, seg_stop, judge: Judge,
                 args: SamplingArgs) -> MultiState:
@@ -320,8 +328,8 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
             where = np.array([free[i] if i < take else slots for i in range(k)], np.int32)
             for s, r in zip(free, batch):
                 holder[s] = r
-            state = admit(*params, state, where, Prompts(tokens=prompt, lens=lens, max_new=max_new), req.eos,
-                          seg_stop, ctx.judge, first_args.fold(admissions))
+            adm = Admission(slots=where, prompts=Prompts(tokens=prompt, lens=lens, max_new=max_new))
+            state = admit(*params, state, adm, req.eos, seg_stop, ctx.judge, first_args.fold(admissions))
             admissions += 1
         busy = sum(h >= 0 for h in holder)
         free_target = slots - busy + 1 if waiting else slots  # empty slots are done: they count as free

@@ -1,0 +1,60 @@
+"""The cost model's predicted pass seconds against passes timed now, for the (batch, tokens per pass) pairs the
+schedule prices on the embedded pair: decode steps (1 token), draft-length blocks and verification blocks, at the
+batch sizes of bench_schedule. The prediction is what `schedule="auto"` uses (`pass_costs`: the cached profile
+where one exists, else the roofline); each timing is the median of repeats of a jitted pass (compile excluded), as
+`parse-jax profile` times them.
+
+    python benchmarks/bench_cost_model.py --repeats 3 --out benchmarks/results/cost_model
+
+Writes cost_model.json and cost_model.md (predicted / measured per pair, and the share within 25%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import parse_jax as pj
+from parse_jax.harness.provenance import provenance
+from parse_jax.schedule.profile import _time_pass, pass_costs
+from parse_jax.utils import atomic
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,4,8,16,64")
+    ap.add_argument("--tokens", default="1,16,48,96")
+    ap.add_argument("--cache", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results/cost_model")
+    args = ap.parse_args()
+    target, draft = pj.load_pair()
+    costs = pass_costs(target, draft, head=target.eagle3)
+    pairs = [(b, t) for b in map(int, args.batches.split(",")) for t in map(int, args.tokens.split(","))]
+    rows = []
+    for b, t in pairs:
+        measured = _time_pass(target, b, t, args.cache, args.repeats)
+        predicted = costs.seconds("target", b, t, args.cache)
+        rows.append({"batch": b, "tokens": t, "cache": args.cache, "measured_s": measured, "predicted_s": predicted,
+                     "ratio": predicted / measured})
+    within = sum(abs(r["ratio"] - 1) <= 0.25 for r in rows)
+    result = {"command": "python " + " ".join(sys.argv), "sources": costs.sources, "rows": rows,
+              "within_25pct": within, "pairs": len(rows), "provenance": provenance(None, 0)}
+    lines = [f"# Predicted vs measured target pass seconds (cache {args.cache}, {args.repeats} repeats)", "",
+             f"Command: `{result['command']}`", "", f"Cost sources: {costs.sources}", "",
+             "| batch | tokens | measured ms | predicted ms | predicted / measured |", "|---|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['tokens']} | {1e3 * r['measured_s']:.2f} | {1e3 * r['predicted_s']:.2f} | "
+              f"{r['ratio']:.2f} |" for r in rows]
+    lines += ["", f"Within 25%: {within} of {len(rows)} pairs."]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(out / "cost_model.json", json.dumps(result, indent=1) + "\n")
+    atomic.write_text(out / "cost_model.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

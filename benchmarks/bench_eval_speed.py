@@ -1,0 +1,76 @@
+"""`parse-jax eval` with parse against the same eval with target, at eval's defaults (batch 8, continuous batching,
+schedule auto): 256 held-out problems of the embedded task as a JSONL file, each eval run as a user runs it (a fresh
+process, the persistent compile cache warmed by one untimed run of each), alternating target and parse, wall time
+of each process. Accuracy must match.
+
+    python benchmarks/bench_eval_speed.py --n 256 --repeats 2 --out benchmarks/results/eval_speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import parse_jax as pj
+from parse_jax.harness.eval.results import summary_path
+from parse_jax.harness.provenance import provenance
+from parse_jax.utils import atomic
+
+
+def run_eval(data: Path, mode: str, out: Path) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "parse_jax.cli", "-q", "eval", "--data", str(data), "--mode", mode,
+                    "--out", str(out), "--no-progress"], check=True, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    return seconds, json.loads(summary_path(out).read_text())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--out", default="benchmarks/results/eval_speed")
+    args = ap.parse_args()
+    task = pj.load_task()
+    work = Path(tempfile.mkdtemp(prefix="parse-jax-eval-speed-"))
+    data = work / "problems.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "solution": s}) + "\n"
+                            for p, s in task.problems(args.n, seed=args.seed, split="test")))
+    for mode in ("target", "parse"):  # warm the persistent compile cache
+        run_eval(data, mode, work / f"warm_{mode}.jsonl")
+    seconds = {"target": [], "parse": []}
+    summaries = {}
+    for r in range(args.repeats):
+        for mode in (("target", "parse") if r % 2 == 0 else ("parse", "target")):
+            s, summaries[mode] = run_eval(data, mode, work / f"{mode}_{r}.jsonl")
+            seconds[mode].append(s)
+            print(mode, round(s, 1), summaries[mode]["accuracy"], flush=True)
+    med = {m: statistics.median(v) for m, v in seconds.items()}
+    result = {"command": "python " + " ".join(sys.argv), "n": args.n, "seconds": seconds, "median_seconds": med,
+              "accuracy": {m: summaries[m]["accuracy"] for m in med},
+              "tokens_per_s": {m: summaries[m]["tokens_per_s"] for m in med},
+              "parse_speedup_wall": med["target"] / med["parse"], "provenance": provenance(None, args.seed)}
+    lines = [f"# `parse-jax eval` at its defaults: parse vs target ({args.n} held-out problems, a process per run, "
+             f"compile cache warm, {args.repeats} runs each, alternating)", "", f"Command: `{result['command']}`", "",
+             "| mode | wall seconds (median) | runs | accuracy | tokens/s (generate calls) |", "|---|---|---|---|---|"]
+    for m in med:
+        lines.append(f"| {m} | {med[m]:.1f} | {', '.join(f'{x:.1f}' for x in seconds[m])} | "
+                     f"{100 * result['accuracy'][m]:.1f}% | {result['tokens_per_s'][m]:.0f} |")
+    lines.append(f"\nparse finishes in {med['parse'] / med['target']:.2f} of target's wall time.")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(out / "eval_speed.json", json.dumps(result, indent=1) + "\n")
+    atomic.write_text(out / "eval_speed.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
