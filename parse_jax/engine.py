@@ -39,7 +39,7 @@ from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSet
 from parse_jax.speculation.draft_model import check_pair
 from parse_jax.speculation.eagle3 import Eagle3, check_tree
 from parse_jax.tasks import JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
-from parse_jax.utils.validation import check_boundaries, check_choice, check_int
+from parse_jax.utils.validation import check_boundaries, check_choice, check_eos_ids, check_int
 from parse_jax.verify.host_segment import (
     cap_boundaries,
     hybrid_from_boundaries,
@@ -81,6 +81,9 @@ class ParseEngine:
             raise ConfigError(f"the draft must be a model (pj.load_model) or None, got {draft!r}")
         if config is not None and not isinstance(config, ParseConfig):
             raise ConfigError(f"config must be a pj.ParseConfig, got {type(config).__name__}")
+        if mesh is not None and not isinstance(mesh, Mesh):
+            raise ConfigError(f"mesh must be a jax.sharding.Mesh, e.g. pj.make_mesh({{'data': 1}}), got "
+                              f"{type(mesh).__name__} {mesh!r}")
         self.config = config or ParseConfig()
         if draft is not None:  # one tokenizer, embeddings padded differently: pad the smaller, mask its padding
             target, draft = align_vocab(target, draft)
@@ -147,7 +150,7 @@ class ParseEngine:
         """Candidate prefix ends of a draft by the configured segmenter, capped at max_prefixes (the numpy
         reference of the device segmenter: delimiters are found in the decoded text of the draft's tokens)."""
         cfg = self.config
-        draft = [int(t) for t in draft_ids]
+        draft = self._ids("draft_ids", draft_ids)
         if cfg.segmenter == "stride":
             return cap_boundaries(stride_boundaries(len(draft), cfg.stride), cfg.max_prefixes)
         texts = self.target.tokenizer.token_texts
@@ -268,11 +271,7 @@ class ParseEngine:
                               "`parse-jax train-eagle3` (the embedded pair ships one)")
         if spec.needs_head:
             check_tree(self.config.eagle3.tree, sampling.temperature)
-        if eos_ids is not None:
-            if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, (Sequence, np.ndarray)):
-                raise InputError(f"eos_ids must be a list of token ids, got {eos_ids!r}")
-            v = self.target.config.vocab_size
-            eos_ids = [check_int(f"eos_ids[{i}]", t, 0, v - 1, error=InputError) for i, t in enumerate(eos_ids)]
+        eos_ids = check_eos_ids(eos_ids, self.target.config.vocab_size)
         ids = encode_prompts(self.target, prompts)
         self._check_positions(ids, max_new, mode)
         return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(self.target, eos_ids))

@@ -13,9 +13,11 @@ from parse_jax.harness.bench import run_bench
 from parse_jax.harness.eval.evaluate import evaluate
 from parse_jax.harness.runs import RunSettings, mode_runner
 from parse_jax.harness.sweep import calibrate, run_sweep, sweep_configs
+from parse_jax.runtime.decode import generate
 from parse_jax.tasks import load_task
 from parse_jax.train.eagle3 import Eagle3Spec
 from parse_jax.train.recipe import PhaseSpec
+from parse_jax.utils.validation import SEED_MAX
 from tests.test_engine import DRAFT, TARGET
 
 TASK = load_task()
@@ -42,8 +44,9 @@ def _calibrate(**kw):
     return calibrate(ParseEngine(TARGET, DRAFT, ParseConfig()), TASK, **kw)
 
 
-def _eval(**kw):
-    return evaluate(TARGET, DRAFT, TASK.problems(2, 3), **{"mode": "target", "max_new_tokens": 4, **kw})
+def _eval(records=None, **kw):
+    records = TASK.problems(2, 3) if records is None else records
+    return evaluate(TARGET, DRAFT, records, **{"mode": "target", "max_new_tokens": 4, **kw})
 
 
 # (call, error class, text the message must contain): entry points this side of the engine
@@ -55,7 +58,28 @@ CASES = [
     (lambda: _bench(max_new_tokens=0), InputError, "max_new_tokens must be >= 1, got 0"),
     (lambda: _bench(max_new_tokens=8.7), InputError, "max_new_tokens must be an integer, got 8.7"),
     (lambda: _bench(seed=-1), InputError, "seed must be >= 0, got -1"),
-    (lambda: _bench(seed=2**70), InputError, f"seed must be <= {2**63 - 1}"),
+    (lambda: _bench(seed=2**70), InputError, f"seed must be <= {SEED_MAX}"),
+    (lambda: _bench(seed=2**31), InputError, "seed must be <= 2147483647, got 2147483648"),  # one seed range
+    # one stop-id check for pj.generate and the engine: a string is not read as its characters
+    (lambda: generate(TARGET, [PROMPT], max_new_tokens=2, eos_ids="20"), InputError,
+     "eos_ids must be a list of token ids, got '20'"),
+    (lambda: generate(TARGET, [PROMPT], max_new_tokens=2, eos_ids=[999]), InputError, "eos_ids must be <= 26"),
+    (lambda: generate(TARGET, [PROMPT], max_new_tokens=2, eos_ids=[-1]), InputError, "eos_ids must be >= 0"),
+    (lambda: _engine().generate([PROMPT], max_new_tokens=2, eos_ids="20"), InputError,
+     "eos_ids must be a list of token ids, got '20'"),
+    (lambda: generate(TARGET, ["   "], max_new_tokens=2), InputError, "prompt 0 is empty or only whitespace"),
+    (lambda: generate(TARGET, ["( 1 \udcff"], max_new_tokens=2), InputError, "prompt 0 is not valid UTF-8 text"),
+    (lambda: _engine().boundaries([-1, 5]), InputError, "draft_ids: token ids outside [0, 27): [-1]"),
+    (lambda: _engine().boundaries([5, 999]), InputError, "draft_ids: token ids outside [0, 27): [999]"),
+    (lambda: _engine().boundaries("3 + 4 ;"), InputError, "draft_ids must be a list of token ids, got str"),
+    (lambda: ParseEngine(TARGET, DRAFT, mesh="data=1"), ConfigError, "mesh must be a jax.sharding.Mesh"),
+    # eval: each record is checked before the first runs, named by its line
+    (lambda: _eval(records=[TASK.problems(1, 3)[0], {"question": "What is " + "1 + " * 300 + "1?",
+                                                     "answer": "#### 301"}]), InputError,
+     "1 record(s) cannot be run: line 2: the record has"),
+    (lambda: _eval(max_new_tokens=100000), InputError, "line 1: the record has"),
+    (lambda: _eval(mode="eagle3"), ConfigError, "mode 'eagle3' needs an EAGLE-3 head"),
+    (lambda: _eval(records=[{"prompt": "x" * 1_000_000}]), InputError, "record 1: 'prompt' is not a problem"),
     (lambda: _bench(eos_ids=[10**6]), InputError, "eos_ids must be <="),
     (lambda: _bench(eos_ids="1,2"), InputError, "eos_ids must be a list of token ids"),
     (lambda: _sweep(n=0), InputError, "n must be >= 1, got 0"),
@@ -93,6 +117,7 @@ def test_api_bad_input_names_the_field_and_value(call, error, message):
     with pytest.raises(error) as e:
         call()
     assert message in str(e.value) and "\n" not in str(e.value)
+    assert len(str(e.value)) < 1000  # a huge value is cut, never echoed whole
 
 
 def test_train_out_as_a_file_is_refused(tmp_path):
@@ -141,3 +166,23 @@ def test_eos_ids_reach_the_engine():
         k = ids.index(ids[2])  # where that id first appears
         res = mode_runner(TARGET, DRAFT, cfg, mode, eos_ids=[ids[2]])([PROMPT], 8, 0)
         assert [int(t) for t in res.tokens[0]] in (ids[:k], ids[:k + 1]), mode  # the stop id kept or dropped
+
+
+def test_eval_seeds_stay_in_the_one_range():
+    """Per-batch seeds are seed + first line modulo 2**31: the top seed runs (it failed on seed + 1 before), and a
+    seed below the top draws what it drew before the wrap existed."""
+    from parse_jax.harness.eval.results import batch_seed
+
+    assert batch_seed(SEED_MAX, 1) == 0 and batch_seed(5, 3) == 8
+    res = _eval(seed=SEED_MAX, temperature=0.7)
+    assert res.n == 2
+
+
+def test_train_eagle3_resume_without_a_checkpoint_fails_before_the_teacher_pass(tmp_path):
+    from parse_jax.errors import CheckpointError
+    from parse_jax.train.eagle3 import train_eagle3
+
+    out = tmp_path / "run"
+    with pytest.raises(CheckpointError, match="nothing to resume"):
+        train_eagle3(TARGET, TASK, out, Eagle3Spec(steps=1, samples=2), mode="resume", progress=False)
+    assert not out.exists()  # no samples.json: the teacher pass never ran

@@ -24,7 +24,7 @@ from parse_jax.cli.setup import (
 )
 from parse_jax.errors import ConfigError
 from parse_jax.utils.progress import logger, phase
-from parse_jax.utils.validation import check_float
+from parse_jax.utils.validation import check_float, check_text
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -38,9 +38,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError("--no-thinking applies to the chat template: add --chat")
     eos = eos_ids_from_args(args)
     cfg = parse_config(args)  # bad settings fail before models load (in every mode)
-    target, draft = models_from_args(args, need_draft=mode != "target")
-    eos = eos_ids_from_args(args, target)
     prompts = list(args.prompt)
+    for i, p in enumerate(prompts):  # blank or non-UTF-8 text fails here, also before a chat template wraps it
+        check_text(f"prompt {i}", p)
+    from parse_jax.modes.table import MODE_TABLE
+
+    target, draft = models_from_args(args, need_draft=MODE_TABLE[mode].needs_draft)
+    eos = eos_ids_from_args(args, target)
     if args.chat:  # rendered by the template (which writes its own BOS), then token ids: the same in every mode
         prompts = [target.tokenizer.encode(target.tokenizer.apply_chat_template(
             [{"role": "user", "content": p}], **template_kwargs(args))) for p in prompts]
@@ -81,7 +85,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from parse_jax.engine import ParseEngine
     from parse_jax.harness.bench import run_bench, write_bench
-    from parse_jax.harness.runs import check_modes, write_json
+    from parse_jax.harness.runs import check_modes, needs_draft, write_json
     from parse_jax.utils.atomic import check_file_writable, check_writable
 
     no_rounds(args)
@@ -94,7 +98,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = parse_config(args)
     eos_ids_from_args(args)
     run_task(args)
-    target, draft = models_from_args(args, need_draft=True)
+    target, draft = models_from_args(args, need_draft=needs_draft(names))
     task = run_task(args, target)
     eng = ParseEngine(target, draft, cfg)
     settings = run_settings(args, eos_ids=eos_ids_from_args(args, target))
@@ -148,6 +152,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     no_rounds(args)
     if args.threshold is not None:
         raise ConfigError("calibrate chooses the threshold: give candidates with --thresholds, not --threshold")
+    given = [item for item in args.set or [] if item.partition("=")[0].strip() == "threshold"]
+    if given:  # a --parse-config file's threshold is that file's default, which calibrate replaces
+        raise ConfigError(f"calibrate chooses the threshold: give candidates with --thresholds, not --set {given[0]}")
     try:
         thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
     except ValueError:
@@ -186,7 +193,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from parse_jax.harness.eval.evaluate import evaluate
     from parse_jax.harness.eval.results import ResultsFile, make_header, write_summary
     from parse_jax.harness.provenance import provenance
-    from parse_jax.harness.runs import check_modes, mode_runner
+    from parse_jax.harness.runs import check_modes, mode_runner, needs_draft
     from parse_jax.tasks import load_task
 
     mode = args.mode or ("target" if args.model is not None and args.draft is None else "parse")
@@ -212,14 +219,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
         settings["enable_thinking"] = False
     header = make_header(args.data, file_sha256(args.data), settings)
     ResultsFile.check(args.out, header)  # another run's file, a folder, an unwritable place: before loading
-    target, draft = models_from_args(args, need_draft=mode not in ("target",))
+    target, draft = models_from_args(args, need_draft=needs_draft([mode]))
     eos = eos_ids_from_args(args, target)
-    mode_runner(target, draft, cfg, mode, temperature=args.temperature, eos_ids=eos)  # the engine's own checks
-    from parse_jax.harness.eval.results import build_prompt
+    runner = mode_runner(target, draft, cfg, mode, temperature=args.temperature, eos_ids=eos)
+    from parse_jax.harness.eval.results import PromptFormat, check_records
+    from parse_jax.harness.runs import RunSettings
 
-    for kind in sorted({r.kind for r in records}):  # the chat template (or its absence) refuses now, not mid-run
-        build_prompt(next(r for r in records if r.kind == kind), target.tokenizer, args.chat, args.instruction,
-                     template_kwargs(args))
+    run = RunSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+                      temperature=args.temperature, eos_ids=eos, progress=False)
+    records, unfit = check_records(records, runner.check, run, tokenizer=target.tokenizer,  # every request, now
+                                   prompt_format=PromptFormat(args.chat, args.instruction, template_kwargs(args)),
+                                   on_bad_line=args.on_bad_line, where=args.data)
+    bad = sorted([*bad, *unfit], key=lambda b: b.line)
     for b in bad:
         logger.warning(f"eval: skipping bad {b}")
     results = ResultsFile.open(args.out, header)
@@ -236,8 +247,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from parse_jax.checkpoints.hf import load_hf
-    from parse_jax.checkpoints.orbax import save_model
+    from parse_jax.checkpoints.orbax import check_save_path, save_model
 
+    check_save_path(args.out, args.overwrite)  # before a tensor is read
     phase(f"convert: reading {args.hf}")  # what convert_hf does, with a message per step
     model = load_hf(args.hf, args.dtype)
     phase(f"convert: writing {args.out}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
+from parse_jax.cli.interrupt import InterruptWatch
 from parse_jax.cli.parser import build_parser, check_args
 from parse_jax.errors import ParseJaxError
 
@@ -15,7 +16,13 @@ from parse_jax.errors import ParseJaxError
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status: 0 done, 2 bad input (one line on stderr naming it), 130
     interrupted (Ctrl-C: one line, no traceback; what was finished is on disk, results written whole or not at
-    all, eval's appended records intact so a rerun resumes)."""
+    all, eval's appended records intact so a rerun resumes; also when a callback swallowed the KeyboardInterrupt,
+    see cli/interrupt.py)."""
+    with InterruptWatch() as watch:
+        return _run(argv, watch)
+
+
+def _run(argv: list[str] | None, watch: InterruptWatch) -> int:
     command = "parse-jax"
     try:
         try:
@@ -24,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:  # --help, --version, or a usage error (already printed as one line)
             return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
         args.argv = argv
-        command = f"parse-jax {args.command}"
+        command = watch.command = f"parse-jax {args.command}"
         from parse_jax.utils import compile_cache, progress
 
         progress.configure(args.verbose - args.quiet)  # phases and diagnostics on stderr, results on stdout
@@ -38,16 +45,15 @@ def main(argv: list[str] | None = None) -> int:
             from parse_jax.distributed.multihost import initialize_from_args
 
             args.mesh_obj = initialize_from_args(args)
-        return args.func(args)
+        rc = args.func(args)
+        if watch.seen.is_set():  # Ctrl-C came, and something swallowed its KeyboardInterrupt
+            raise KeyboardInterrupt
+        return rc
     except ParseJaxError as e:
         print(f"{command}: error: {e}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
-        try:
-            sys.stdout.flush()
-        except (OSError, ValueError):
-            pass
-        print(f"{command}: interrupted", file=sys.stderr, flush=True)
+        watch.report()
         if argv is None:  # the process's own command line (console script, python -m): exit now. Finished work is
             os._exit(130)  # on disk already; interpreter teardown while XLA threads still compile can crash
         return 130

@@ -100,6 +100,13 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                                                                        "in chat format")
     p.add_argument("--no-thinking", action="store_true",
                    help="render the chat template with enable_thinking=False (Qwen3)")
+    add_bad_line_arg(p)
+
+
+def add_bad_line_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--on-bad-line", choices=["error", "skip"], default="error",
+                   help="a missing or malformed line of --data (or, in eval, a record too long for the models): "
+                        "stop with the list of bad lines, or skip them (reported)")
 
 
 
@@ -131,6 +138,7 @@ FLAG_CHECKS = (
     ("n", int, 1, None, False), ("max_new_tokens", int, 1, None, False), ("batch_size", int, 1, None, False),
     ("repeats", int, 1, None, False), ("seed", int, 0, SEED_MAX, False), ("top_k", int, 0, None, False),
     ("step", int, 0, None, False), ("draft_step", int, 0, None, False), ("num_processes", int, 1, None, False),
+    ("coordinator_timeout", int, 1, None, False),
     ("process_id", int, 0, None, False), ("temperature", float, 0.0, None, False), ("top_p", float, 0.0, 1.0, True),
 )
 
@@ -294,8 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--batch-size", type=int, default=8)
     add_batching_arg(e)
-    e.add_argument("--on-bad-line", choices=["error", "skip"], default="error",
-                   help="a missing or malformed line: stop with the list of bad lines, or skip them (reported)")
+    add_bad_line_arg(e)
     e.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
                    help="GSM8K questions through the model's chat template (auto: when it has one)")
     e.add_argument("--instruction", default=DEFAULT_INSTRUCTION, help="appended to each question in chat format")

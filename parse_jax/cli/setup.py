@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import sys
 from pathlib import Path
 
-from parse_jax.errors import ConfigError, InputError
+from parse_jax.errors import ConfigError, InputError, ParseJaxError
 from parse_jax.utils.paths import config_dir
-from parse_jax.utils.progress import phase
+from parse_jax.utils.progress import logger, phase
 from parse_jax.utils.validation import check_int
 
 PARSE_CONFIG_DIR = config_dir() / "parse"
@@ -49,8 +50,15 @@ def models_from_args(args: argparse.Namespace, need_draft: bool):
             raise ConfigError("this mode needs a draft model: add --draft DIR")
         return target, None
     phase(f"loading the draft {args.draft}")
-    return target, load(args.draft, args.draft_step, args.draft_params_path, args.draft_config_from,
-                        fallback_replicated=True)
+    try:
+        draft = load(args.draft, args.draft_step, args.draft_params_path, args.draft_config_from,
+                     fallback_replicated=True)
+    except ParseJaxError as e:  # the loader names the target's flags; a draft run has its own
+        raise type(e)(DRAFT_FLAGS.sub(lambda m: "--draft-" + m.group(1), str(e))) from None
+    return target, draft
+
+
+DRAFT_FLAGS = re.compile(r"(?<![\w-])--(step|params-path|config-from)\b")  # as the target's flags are named
 
 
 
@@ -267,7 +275,10 @@ def run_task(args: argparse.Namespace, target=None):
     from parse_jax.harness.eval.data import load_records
     from parse_jax.harness.eval.results import DataTask
 
-    records, _ = load_records(args.data, task)
+    records, bad = load_records(args.data, task, args.on_bad_line)
+    if target is None:  # the first call, before the models load
+        for b in bad:
+            logger.warning(f"{args.command}: skipping bad {b}")
     if args.n is None:
         args.n = len(records)
     elif args.n > len(records):

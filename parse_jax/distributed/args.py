@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+COORDINATOR_TIMEOUT_S = 300  # jax.distributed.initialize's own default
+
 
 def add_distributed_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The multi-device / multi-host flags of a command."""
@@ -16,6 +18,9 @@ def add_distributed_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                    help="multi-host: address host:port of process 0 (explicit jax.distributed.initialize)")
     g.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes")
     g.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index")
+    g.add_argument("--coordinator-timeout", type=int, default=COORDINATOR_TIMEOUT_S, metavar="SECONDS",
+                   help="multi-host: how long to wait for every process to join at --coordinator before giving up "
+                        "with an error")
     g.add_argument("--per-host", action="store_true",
                    help="multi-host: each process serves its own share of the requests on a mesh of its local "
                         "devices (--mesh counts one host's devices); process 0 gathers and writes the results")

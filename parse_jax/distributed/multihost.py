@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
@@ -13,8 +15,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from parse_jax.distributed.args import COORDINATOR_TIMEOUT_S
 from parse_jax.distributed.mesh import make_mesh
 from parse_jax.errors import ConfigError
+from parse_jax.utils.progress import phase
 
 T = TypeVar("T")
 
@@ -38,6 +42,33 @@ def wants_auto_distributed(env: Mapping[str, str] | None = None) -> bool:
 
 
 
+def join_coordinator(args: argparse.Namespace) -> None:
+    """`jax.distributed.initialize` with the explicit flags, saying what it waits for. If the other processes have
+    not joined within --coordinator-timeout seconds, one line on stderr and exit status 2 (jax itself would abort
+    the process with a C++ stack a little later)."""
+    timeout = int(getattr(args, "coordinator_timeout", None) or COORDINATOR_TIMEOUT_S)
+    others = args.num_processes - 1
+    what = (f"{others} other process(es) of {args.num_processes} at --coordinator {args.coordinator}"
+            if args.process_id == 0 else
+            f"process 0 (the coordinator) at {args.coordinator} and the other process(es) of {args.num_processes}")
+    phase(f"process {args.process_id}: waiting up to {timeout} s for {what}")
+
+    def give_up() -> None:
+        print(f"parse-jax {getattr(args, 'command', '')}: error: no multi-host start after {timeout} s: waited "
+              f"for {what} (start every process with the same --coordinator and --num-processes, or raise "
+              "--coordinator-timeout)".replace("parse-jax : ", "parse-jax: "), file=sys.stderr, flush=True)
+        os._exit(2)
+
+    watchdog = threading.Timer(timeout, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:  # jax's own deadline comes later, so that the line above is what a person sees
+        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id, initialization_timeout=timeout + 60)
+    finally:
+        watchdog.cancel()
+
+
 def initialize_from_args(args: argparse.Namespace) -> Mesh | None:
     """Start multi-host JAX if asked (flags, or the cluster's environment), then build the mesh of `--mesh` over
     every process's devices (one program spans them all), or with `--per-host` over this process's own devices.
@@ -49,8 +80,7 @@ def initialize_from_args(args: argparse.Namespace) -> Mesh | None:
         if not 0 <= args.process_id < args.num_processes:
             raise ConfigError(f"--process-id {args.process_id} must lie in [0, {args.num_processes})")
         if not jax.distributed.is_initialized():
-            jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
-                                       process_id=args.process_id)
+            join_coordinator(args)
     elif (getattr(args, "distributed", False) or wants_auto_distributed()) and not jax.distributed.is_initialized():
         jax.distributed.initialize()
     if not args.mesh:

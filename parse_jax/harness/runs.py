@@ -16,13 +16,13 @@ from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.eval.report import wilson
 from parse_jax.modes.table import MODE_TABLE
-from parse_jax.runtime.decode import generate
+from parse_jax.runtime.decode import generate, target_request
 from parse_jax.runtime.programs import compiled_programs
-from parse_jax.runtime.requests import GenerateResult, Request, SamplingParams, encode_prompts, resolve_eos
+from parse_jax.runtime.requests import GenerateResult, SamplingParams
 from parse_jax.runtime.slots import serve_request
 from parse_jax.settings import BATCHING, DEFAULT_BATCHING, Batching
 from parse_jax.utils import atomic, compile_cache
-from parse_jax.utils.validation import SEED_MAX, check_choice, check_float, check_int
+from parse_jax.utils.validation import check_choice, check_eos_ids, check_float, check_int, check_seed
 
 DRAFT_ALONE = "draft"  # bench-only: the draft model alone (what PARSE's draft costs by itself)
 
@@ -59,21 +59,30 @@ def mode_config(config: ParseConfig, mode: str) -> tuple[ParseConfig, str]:
 
 
 
-def check_eos_ids(eos_ids: Sequence[int] | None, vocab_size: int | None = None) -> list[int] | None:
-    """Stop ids as a list of ints inside the vocabulary (None: the model's own)."""
-    if eos_ids is None:
-        return None
-    if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, Sequence):
-        raise InputError(f"eos_ids must be a list of token ids, got {eos_ids!r}")
-    top = None if vocab_size is None else vocab_size - 1
-    return [check_int("eos_ids", t, 0, top, error=InputError) for t in eos_ids]
+def needs_draft(modes: Sequence[str]) -> bool:
+    """Whether any of these bench modes runs the draft model ("all" asks for the modes the models given can run,
+    so it needs none)."""
+    engine_modes = {mode_config(ParseConfig(), m)[1] for m in modes if m not in ("all", DRAFT_ALONE)}
+    return DRAFT_ALONE in modes or any(MODE_TABLE[m].needs_draft for m in engine_modes if m in MODE_TABLE)
 
+
+@dataclasses.dataclass(frozen=True)
+class ModeRunner:
+    """What `mode_runner` gives: called as a `Runner` it generates; `check(prompts, max_new, seed)` runs every check
+    that generation would run on that request (prompts, budget, positions, seed, stop ids, the mode's needs), and
+    nothing else: what eval calls on each record before it writes anything."""
+
+    run: Runner
+    check: Callable[[list, int, int], None]
+
+    def __call__(self, prompts: list, max_new: int, seed: int, max_batch: int | None = None) -> GenerateResult:
+        return self.run(prompts, max_new, seed, max_batch)
 
 
 def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperature: float = 0.0,
-                eos_ids: Sequence[int] | None = None) -> Runner:
-    """A callable that generates with `mode` (a bench mode); `draft` may be None for "target" only. `eos_ids`:
-    the stop ids (default: the model's own)."""
+                eos_ids: Sequence[int] | None = None) -> ModeRunner:
+    """A callable that generates with `mode` (a bench mode); `draft` may be None for the modes that need none
+    (target, eagle3). `eos_ids`: the stop ids (default: the model's own)."""
     check_modes([mode])
     temperature = check_float("temperature", temperature, 0.0, error=InputError)
     eos_ids = check_eos_ids(eos_ids, target.config.vocab_size)
@@ -82,15 +91,20 @@ def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperatur
         model = target if mode == "target" else draft
         if model is None:
             raise ConfigError(f"mode {DRAFT_ALONE!r} needs a draft model")
-        return lambda prompts, max_new, seed, max_batch=None: alone(model, prompts, max_new, seed, max_batch,
-                                                                    temperature=temperature, **extra)
+
+        def check_alone(prompts, max_new, seed):
+            target_request(model, prompts, max_new, SamplingParams(temperature, seed=seed), eos_ids=eos_ids)
+
+        return ModeRunner(lambda prompts, max_new, seed, max_batch=None: alone(
+            model, prompts, max_new, seed, max_batch, temperature=temperature, **extra), check_alone)
     cfg, engine_mode = mode_config(config or ParseConfig(), mode)
     if draft is None and MODE_TABLE[engine_mode].needs_draft:
         raise ConfigError(f"mode {mode!r} needs a draft model")
     eng = ParseEngine(target, draft, cfg)
-    return lambda prompts, max_new, seed, max_batch=None: eng.generate(
+    return ModeRunner(lambda prompts, max_new, seed, max_batch=None: eng.generate(
         prompts, mode=engine_mode, max_new_tokens=max_new, temperature=temperature, seed=seed, max_batch=max_batch,
-        **extra)
+        **extra), lambda prompts, max_new, seed: eng.request(prompts, engine_mode, max_new, temperature, seed, 0, 1.0,
+                                                              eos_ids))
 
 
 def alone(model, prompts: list, max_new: int, seed: int, max_batch: int | None, *, temperature: float,
@@ -98,22 +112,20 @@ def alone(model, prompts: list, max_new: int, seed: int, max_batch: int | None, 
     """One model alone: one batch, or continuous batching through `max_batch` slots when there are more prompts."""
     if max_batch is None or len(prompts) <= max_batch:
         return generate(model, prompts, max_new_tokens=max_new, temperature=temperature, seed=seed, eos_ids=eos_ids)
-    req = Request(ids=encode_prompts(model, prompts), max_new=max_new,
-                  sampling=SamplingParams(temperature=temperature, seed=seed), eos=resolve_eos(model, eos_ids))
+    req = target_request(model, prompts, max_new, SamplingParams(temperature, seed=seed), eos_ids=eos_ids)
     return serve_request(model, req, max_batch=max_batch)
-
 
 
 def check_run_settings(n: int | None = None, max_new_tokens: int | None = None, batch_size: int | None = None,
                        repeats: int | None = None, seed: int | None = None) -> None:
     """The shared run settings of bench, sweep, calibrate and eval: integers (never truncated floats) >= 1, and a
-    seed in [0, 2**63); an InputError names the first bad one."""
+    seed in [0, 2**31); an InputError names the first bad one."""
     for name, value in (("n", n), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size),
                         ("repeats", repeats)):
         if value is not None:
             check_int(name, value, 1, error=InputError)
     if seed is not None:
-        check_int("seed", seed, 0, SEED_MAX, error=InputError)
+        check_seed("seed", seed, error=InputError)
 
 
 

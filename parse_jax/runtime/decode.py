@@ -24,13 +24,14 @@ from parse_jax.runtime.requests import (
     PAD_ID,
     GenerateResult,
     GenerationStats,
+    Request,
     SamplingParams,
     encode_prompts,
     pad_prompts,
     resolve_eos,
 )
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.utils.validation import check_int
+from parse_jax.utils.validation import check_eos_ids, check_int
 
 
 @struct.dataclass
@@ -122,15 +123,20 @@ def continue_program(cfg: ModelConfig, attention_impl: str, num_new: int, sample
     return register_program(jax.jit(run, donate_argnums=(1,)))
 
 
-def generate_launch(model, ids: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
-                    eos: np.ndarray, capacity: int):
-    """(program, args) of target-only generation for prompts already as ids (checked against `capacity`)."""
-    cfg: ModelConfig = model.config
+def check_capacity(ids: list[list[int]], max_new_tokens: int, capacity: int) -> None:
+    """Every prompt with its `max_new_tokens` fits `capacity` cache slots."""
     for i, p in enumerate(ids):
         if len(p) + max_new_tokens > capacity:
             raise InputError(
                 f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
                 f"{len(p) + max_new_tokens} cache slots but the cache holds {capacity}")
+
+
+def generate_launch(model, ids: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
+                    eos: np.ndarray, capacity: int):
+    """(program, args) of target-only generation for prompts already as ids (checked against `capacity`)."""
+    cfg: ModelConfig = model.config
+    check_capacity(ids, max_new_tokens, capacity)
     b = bucket(len(ids), 1)
     p = bucket(max(len(x) for x in ids))
     n = bucket(max_new_tokens, 16)
@@ -139,6 +145,19 @@ def generate_launch(model, ids: list[list[int]], max_new_tokens: int, sampling: 
     program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.sampler)
     prompt, lens, max_new = (model.place_rows(x) for x in (prompt, lens, max_new))  # sharded: over `data`
     return program, (model.params, prompt, lens, max_new, eos, sampling.args())
+
+
+def target_request(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int,
+                   sampling: SamplingParams, *, eos_ids: Sequence[int] | None = None, add_bos: bool = True,
+                   capacity: int | None = None) -> Request:
+    """A validated request of target-only generation (every check of `generate`, before anything runs): the
+    budget, the stop ids inside the vocabulary, the prompts as ids, each fitting `capacity` (default: the model's
+    positions)."""
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
+    eos_ids = check_eos_ids(eos_ids, model.config.vocab_size)
+    ids = encode_prompts(model, prompts, add_bos)
+    check_capacity(ids, max_new_tokens, model.config.max_position_embeddings if capacity is None else capacity)
+    return Request(ids=ids, max_new=max_new_tokens, sampling=sampling, eos=resolve_eos(model, eos_ids))
 
 
 def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new_tokens: int = 256,
@@ -150,10 +169,11 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new
     `eos_ids` overrides the stop tokens (default: the config's and the tokenizer's EOS; [] = none).
     """
     sampling = SamplingParams(temperature, top_k, top_p, seed)
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
-    ids = encode_prompts(model, prompts, add_bos)
     capacity = int(max_cache_len) if max_cache_len is not None else model.config.max_position_embeddings
-    program, args = generate_launch(model, ids, max_new_tokens, sampling, resolve_eos(model, eos_ids), capacity)
+    req = target_request(model, prompts, max_new_tokens, sampling, eos_ids=eos_ids, add_bos=add_bos,
+                         capacity=capacity)
+    ids = req.ids
+    program, args = generate_launch(model, ids, req.max_new, sampling, req.eos, capacity)
     t0 = time.perf_counter()
     tokens, num_new, steps = fetch(program(*args))
     seconds = time.perf_counter() - t0

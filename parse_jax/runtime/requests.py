@@ -12,7 +12,7 @@ from flax import struct
 
 from parse_jax.errors import InputError
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
-from parse_jax.utils.validation import check_float, check_int
+from parse_jax.utils.validation import check_float, check_int, check_seed, check_text
 
 PAD_ID = 0
 
@@ -77,7 +77,7 @@ class SamplingParams:
         fix("temperature", check_float("temperature", self.temperature, 0.0, error=InputError))
         fix("top_k", check_int("top_k (0 = off)", self.top_k, 0, error=InputError))
         fix("top_p", check_float("top_p", self.top_p, 0.0, 1.0, min_open=True, error=InputError))
-        fix("seed", check_int("seed", self.seed, 0, 2**31 - 1, error=InputError))
+        fix("seed", check_seed("seed", self.seed, error=InputError))
 
     @property
     def greedy(self) -> bool:
@@ -112,7 +112,7 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
         if isinstance(p, str):
             if model.tokenizer is None:
                 raise InputError("text prompts need a tokenizer; this model has none (pass token ids)")
-            ids = model.tokenizer.encode(p)
+            ids = model.tokenizer.encode(check_text(f"prompt {i}", p))
             if not ids:
                 raise InputError(f"prompt {i} is empty (no tokens)")
             bos = getattr(model.tokenizer, "bos_id", None)

@@ -14,6 +14,7 @@ from typing import Any
 
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.settings import DELIMITER, JUDGE_NO, JUDGE_YES  # the verification format
+from parse_jax.utils.validation import shorten
 
 ANSWER_MARK = "answer"
 
@@ -103,7 +104,7 @@ def parse_tokens(toks: Sequence[str], modulus: int, source: str) -> tuple[list[N
     pos = 0
 
     def fail(msg: str) -> InputError:
-        return InputError(f"not a problem of this task ({msg} at symbol {pos}): {source!r}")
+        return InputError(f"not a problem of this task ({msg} at symbol {pos}): {shorten(repr(source))}")
 
     def atom() -> int:
         nonlocal pos
@@ -151,7 +152,7 @@ def parse_prompt(prompt: str, modulus: int) -> Problem:
         raise InputError(f"a prompt must be a str, got {type(prompt).__name__}")
     toks = prompt.split()
     if not toks or toks[-1] != PROMPT_END:
-        raise InputError(f"not a problem of this task (a prompt ends with {PROMPT_END!r}): {prompt!r}")
+        raise InputError(f"not a problem of this task (a prompt ends with {PROMPT_END!r}): {shorten(repr(prompt))}")
     nodes, root, order = parse_tokens(toks[:-1], modulus, prompt)
     parent = [-1] * len(nodes)
     for i, n in enumerate(nodes):

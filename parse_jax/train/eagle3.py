@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from parse_jax.errors import ConfigError
+from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.runtime.requests import PAD_ID
 from parse_jax.speculation.eagle3 import Eagle3, Eagle3Config, init_head, save_eagle3, target_taps, ttt_logits
 from parse_jax.tasks import Task
@@ -30,7 +30,7 @@ from parse_jax.train.data import Encoder
 from parse_jax.train.evaluate import solve_many
 from parse_jax.train.forward import train_forward
 from parse_jax.train.recipe import Eagle3Spec  # the head's training settings (jax-free, for the CLI)
-from parse_jax.train.trainer import PhaseOptions, train_phase
+from parse_jax.train.trainer import CKPT_DIR, PhaseOptions, has_checkpoint, train_phase
 from parse_jax.utils.progress import bar
 
 SAMPLES_FILE = "samples.json"
@@ -151,6 +151,8 @@ def train_eagle3(target, task: Task, out: str | Path, spec: Eagle3Spec | None = 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"EAGLE-3 training: out {out} is a file; a training run needs a folder")
     cfg = Eagle3Config.for_target(target.config)
+    if mode == "resume" and not has_checkpoint(out / "head_run"):  # before the teacher pass, and no samples.json
+        raise CheckpointError(f"nothing to resume in {out}: no checkpoint in {out / 'head_run' / CKPT_DIR}")
     rows = target_rows(target, task, spec, out, progress)
     n = len(rows)
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from parse_jax.checkpoints.load import load_model
 from parse_jax.checkpoints.orbax import save_model
-from parse_jax.errors import CheckpointError, ConfigError
+from parse_jax.errors import CheckpointError, ConfigError, ParseJaxError
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
@@ -130,6 +130,19 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
     out = Path(out if out is not None else recipe.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out {out} is a file; a training run needs a folder")
+    task = load_task(recipe.task)
+    tok = load_tokenizer()
+    enc = Encoder(tok, task)
+    tcfg = model_config(recipe.target_model, tok)
+    narrow = None
+    if grow_from is not None:  # checked before the draft phase trains, not after
+        try:
+            narrow = load_model(grow_from)
+        except ParseJaxError as e:
+            raise type(e)(f"--grow-from {grow_from}: {e}") from None
+        if narrow.config.replace(eos_token_ids=tcfg.eos_token_ids) != tcfg:
+            raise ConfigError(f"--grow-from {grow_from}: its config is not the recipe's target_model "
+                              f"({narrow.config} vs {tcfg})")
     if mode == "fresh":
         for name in ("draft_run", "target_run", "grow_run", SAMPLES_FILE):
             p = out / name
@@ -140,9 +153,6 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
     elif mode == "resume" and not (out / "draft_run").is_dir():
         raise CheckpointError(f"nothing to resume in {out} (no draft_run/ folder)")
     out.mkdir(parents=True, exist_ok=True)
-    task = load_task(recipe.task)
-    tok = load_tokenizer()
-    enc = Encoder(tok, task)
     timings: dict[str, float] = {}
     data_fp = {"task": recipe.task, "seq_len": recipe.seq_len}
 
@@ -165,15 +175,10 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
     timings["sample_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    tcfg = model_config(recipe.target_model, tok)
     tfp = {**data_fp, "samples": sfp, "judge": dataclasses.asdict(recipe.judge)}
     mix = RowMix(error_fraction=recipe.judge.error_fraction,
                  real_fraction=recipe.judge.real_fraction if samples else 0.0, samples=samples)
-    if grow_from is not None:
-        narrow = load_model(grow_from)
-        if narrow.config.replace(eos_token_ids=tcfg.eos_token_ids) != tcfg:
-            raise ConfigError(f"--grow-from {grow_from}: its config is not the recipe's target_model "
-                              f"({narrow.config} vs {tcfg})")
+    if narrow is not None:
         tparams = narrow.params
         _log(f"target phase skipped: growing {grow_from}", quiet)
     else:

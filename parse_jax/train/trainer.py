@@ -148,6 +148,12 @@ class PhaseOptions:
         check_choice("mode", self.mode, ("auto", "resume", "fresh"))
 
 
+def has_checkpoint(folder: str | Path) -> bool:
+    """Whether the run folder of a phase holds a checkpoint to resume from."""
+    ckpt = Path(folder) / CKPT_DIR
+    return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+
+
 def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable[[int], dict[str, np.ndarray]],
                 folder: str | Path, fingerprint: dict[str, Any], options: PhaseOptions = PhaseOptions(),
                 ) -> tuple[dict[str, Any], list[dict[str, float]]]:
@@ -161,7 +167,7 @@ def train_phase(name: str, cfg: ModelConfig, spec: PhaseSpec, batch_fn: Callable
     if mode == "fresh" and folder.exists():
         shutil.rmtree(folder)
     opt = make_optimizer(spec)
-    has_ckpt = (folder / CKPT_DIR).is_dir() and any(p.name.isdigit() for p in (folder / CKPT_DIR).iterdir())
+    has_ckpt = has_checkpoint(folder)
     if mode == "resume" and not has_ckpt:
         raise CheckpointError(f"no checkpoint to resume in {folder / CKPT_DIR}")
     if has_ckpt:

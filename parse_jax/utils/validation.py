@@ -13,7 +13,8 @@ from collections.abc import Iterable
 
 from parse_jax.errors import ConfigError, InputError, ParseJaxError
 
-SEED_MAX = 2**63 - 1  # seeds of runs (bench, sweep, calibrate, eval, training): numpy takes them whole
+SEED_MAX = 2**31 - 1  # the one seed range (flags, generation, runs, training): what a generation key takes
+SHOWN_CHARS = 200  # at most this much of a user's value is echoed in an error (a 20 MB record is cut)
 
 
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None,
@@ -80,3 +81,42 @@ def check_boundaries(boundaries: Iterable[int], draft_len: int) -> list[int]:
     if any(x >= y for x, y in zip(b, b[1:])):
         raise InputError(f"boundaries must be strictly increasing, got {b}")
     return b
+
+
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`text` cut to `limit` characters for an error message, saying how long it was."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def check_seed(name: str, value, error: type[ParseJaxError] = ConfigError) -> int:
+    """A seed in the one range every entry point takes: 0..SEED_MAX (2**31 - 1)."""
+    return check_int(name, value, 0, SEED_MAX, error=error)
+
+
+def check_eos_ids(eos_ids, vocab_size: int | None = None, name: str = "eos_ids",
+                  error: type[ParseJaxError] = InputError) -> list[int] | None:
+    """Stop ids as a list of ints inside [0, vocab_size) (None: the model's own; [] = none); a string is refused
+    (never read as its characters)."""
+    if eos_ids is None:
+        return None
+    if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, Iterable) or isinstance(eos_ids, dict):
+        raise error(f"{name} must be a list of token ids, got {shorten(repr(eos_ids))}")
+    top = None if vocab_size is None else vocab_size - 1
+    return [check_int(name, t, 0, top, error=error) for t in eos_ids]
+
+
+def check_text(name: str, value, error: type[ParseJaxError] = InputError) -> str:
+    """A text input (a prompt): a string, not empty or only whitespace, and valid Unicode (a command-line byte that
+    is not UTF-8 arrives as a lone surrogate, which no tokenizer takes)."""
+    if not isinstance(value, str):
+        raise error(f"{name} must be text, got {type(value).__name__}")
+    if not value.strip():
+        raise error(f"{name} is empty or only whitespace: nothing to generate from")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise error(f"{name} is not valid UTF-8 text (a byte that is not UTF-8 at character {e.start}: "
+                    f"{shorten(value.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace'), 60)!r})"
+                    ) from None
+    return value

@@ -7,11 +7,16 @@ Through `main()` in this process (the console script's code path, without a jax 
 """
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from parse_jax.cli import main
+from parse_jax.utils.validation import SEED_MAX
 
 MODEL_ERRORS = ("cannot", "not found", "no such", "does not exist", "missing", "not a")
 
@@ -46,6 +51,18 @@ def work(tmp_path_factory, pair_dir):
     (d / "pc_threshold.yaml").write_text("threshold: 7\n")
     (d / "pc_bad.yaml").write_text("threshold: [0.5\n")
     (d / "pc_judge.yaml").write_text("judge_yes: Zebra\n")  # not in the embedded vocabulary
+    long_question = "What is " + "1 + " * 300 + "1?"  # longer than the random models' 512 positions
+    (d / "long.jsonl").write_text(json.dumps({"prompt": probs[0][0]}) + "\n" + json.dumps(
+        {"question": long_question, "answer": "#### 301"}) + "\n")
+    (d / "huge.jsonl").write_text(json.dumps({"prompt": "x" * 20_000_000}) + "\n")  # a 20 MB record
+    (d / "badline.jsonl").write_text(json.dumps({"prompt": probs[0][0]}) + "\n{not json\n")
+    from parse_jax.speculation.eagle3 import save_eagle3
+    from tests.checkpoints.runs_fixture import write_run
+    from tests.speculation.test_eagle3 import random_head
+    from tests.test_engine import DRAFT, TARGET
+
+    save_eagle3(random_head(TARGET), d / "head")  # an EAGLE-3 head for the pair's target
+    write_run(d / "draft_run", DRAFT, steps=(1,))  # a user's training run: no run.json, so no config
     return d
 
 
@@ -69,7 +86,14 @@ CASES = [
     (["generate", "--pair", P, "--top-p", "1.5", PROMPT], "--top-p must lie in (0, 1], got 1.5", False),
     (["generate", "--pair", P, "--top-k", "-1", PROMPT], "--top-k must be >= 0, got -1", False),
     (["generate", "--pair", P, "--seed", "-1", PROMPT], "--seed must be >= 0, got -1", False),
-    (["generate", "--pair", P, "--seed", str(2**70), PROMPT], f"--seed must be <= {2**63 - 1}, got {2**70}", False),
+    (["generate", "--pair", P, "--seed", str(2**70), PROMPT], f"--seed must be <= {SEED_MAX}, got {2**70}", False),
+    # one seed range, the one generation takes, checked at the flag (2**31 failed once the models had loaded)
+    (["generate", "--pair", P, "--seed", str(2**31), PROMPT], f"--seed must be <= {SEED_MAX}, got {2**31}", False),
+    (["generate", "--pair", P, "--chat", "   ", PROMPT], "prompt 0 is empty or only whitespace", False),
+    (["generate", "--pair", P, "( 1 \udcff", PROMPT], "prompt 0 is not valid UTF-8 text", False),
+    (["generate", "--pair", P, "--coordinator-timeout", "0", PROMPT], "--coordinator-timeout must be >= 1", False),
+    (["generate", "--model", f"{P}/target", "--draft", f"{W}/draft_run", "--mode", "parse", PROMPT],
+     "--draft-config-from DIR", True),
     (["generate", "--pair", P, "--threshold", "7", PROMPT], "--threshold must lie in [0, 1], got 7", False),
     (["generate", "--pair", P, "--threshold", "-1", PROMPT], "--threshold must lie in [0, 1], got -1", False),
     (["generate", "--pair", P, "--threshold", "inf", PROMPT], "--threshold must be a finite number, got inf", False),
@@ -125,6 +149,8 @@ CASES = [
     (["bench", "--pair", P, "--data", f"{W}/data.jsonl", "--n", "50"], "--n 50, but", False),
     (["bench", "--pair", P, "--chat", "on"], "--chat and --no-thinking apply to --data records", False),
     (["bench", "--pair", P, "--modes", "target,warp"], "warp", False),
+    (["bench", "--pair", P, "--json", f"{W}/good.json", "--seed", str(2**31)], f"--seed must be <= {SEED_MAX}",
+     False),
     (["bench", "--pair", P, "--rounds", "multi"], "--rounds does not apply here", False),
     (["bench", "--pair", P, "--json", f"{W}/good.json", "--eos-ids", "1,x"], "--eos-ids must be comma-separated",
      False),
@@ -145,6 +171,10 @@ CASES = [
      False),
     (["calibrate", "--pair", P, "--threshold", "0.5", "--out", f"{W}/sweep"], "calibrate chooses the threshold",
      False),
+    (["calibrate", "--pair", P, "--set", "threshold=0.3", "--out", f"{W}/sweep"],
+     "calibrate chooses the threshold: give candidates with --thresholds, not --set threshold=0.3", False),
+    (["calibrate", "--pair", P, "--data", f"{W}/badline.jsonl", "--on-bad-line", "skip", "--tolerance", "1",
+      "--out", f"{W}/sweep"], "--tolerance must lie in [0, 1)", False),  # the flag its errors suggest exists
     # eval: nothing written before everything is checked
     (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--temperature", "-1"],
      "--temperature must lie in [0, inf], got -1", False),
@@ -164,6 +194,18 @@ CASES = [
       "off"], "--no-thinking applies to the chat template", False),
     (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--mode", "all"],
      "eval runs one mode", False),
+    # eval: every record checked against the mode before the results file is written
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--seed", str(2**31)],
+     f"--seed must be <= {SEED_MAX}", False),
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--max-new-tokens", "100000"],
+     "line 1: the record has", True),
+    (["eval", "--pair", P, "--data", f"{W}/long.jsonl", "--out", f"{W}/new.jsonl", "--mode", "target"],
+     "long.jsonl: 1 record(s) cannot be run: line 2: the record has", True),
+    (["eval", "--pair", P, "--data", f"{W}/huge.jsonl", "--out", f"{W}/new.jsonl"], "line 1: 'prompt' is not", False),
+    (["eval", "--pair", P, "--eagle3", f"{W}/head", "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl",
+      "--mode", "eagle3", "--eagle3-tree", "2", "--temperature", "0.7"], "tree drafting is greedy only", True),
+    (["eval", "--model", f"{P}/target", "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--mode", "eagle3"],
+     "mode 'eagle3' needs an EAGLE-3 head", True),
     # train and train-eagle3
     (["train", "--recipe", "pair_default", "--out", f"{W}/file"], "--out", False),
     (["train", "--recipe", "pair_default", "--steps", "0", "--out", f"{W}/t"], "--steps must be >= 1, got 0", False),
@@ -175,8 +217,15 @@ CASES = [
     (["train-eagle3", "--pair", P, "--out", f"{W}/file"], "is a file", False),
     (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--steps", "2.5"], "--steps: invalid int value", False),
     (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--unroll", "0"], "--unroll must be >= 1", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--resume", "--steps", "1", "--samples", "4"],
+     "nothing to resume", True),  # before the teacher pass (which wrote samples.json)
+    (["train", "--recipe", "pair_default", "--steps", "1", "--out", f"{W}/t", "--grow-from", f"{W}/no_model"],
+     "--grow-from", True),  # before the draft phase trains
     # convert
     (["convert", "--hf", f"{W}/no_hf", "--out", f"{W}/conv"], "no_hf", True),
+    # convert: the output is checked before a tensor is read
+    (["convert", "--hf", f"{W}/no_hf", "--out", f"{W}/bench"], "already exists", False),
+    (["convert", "--hf", f"{W}/no_hf", "--out", f"{W}/file/conv"], "is a file, not a folder", False),
 ]
 
 
@@ -191,6 +240,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_no_file(work, pair_dir, capsys
     assert len(lines) == 1, err
     assert lines[0].startswith(f"parse-jax {args[0]}: error: ") and message in lines[0], err
     assert "Traceback" not in err
+    assert len(lines[0]) < 1000, lines[0][:300]  # a huge value (a 20 MB record) is cut, never echoed whole
     assert _tree(work) == before  # every old file byte-identical; nothing new (no placeholder, no temporary)
 
 
@@ -209,3 +259,81 @@ def test_typo_then_corrected_eval_works(work, pair_dir, capsys, tmp_path):
     capsys.readouterr()
     assert main(base) == 0, capsys.readouterr().err
     assert len(out.read_text().splitlines()) == 3  # header + 2 records
+
+
+# Valid input that was refused (or that stopped part-way): each runs to the end, exit 0.
+VALID = [
+    # modes that need no draft load none
+    ["generate", "--model", f"{P}/target", "--eagle3", f"{W}/head", "--mode", "eagle3", "--max-new-tokens", "4",
+     PROMPT],
+    ["bench", "--model", f"{P}/target", "--modes", "target", "--n", "1", "--repeats", "1", "--max-new-tokens", "2",
+     "--json", "TMP/b.json", "--no-progress"],
+    # the top of the one seed range, in generation and in eval (whose per-batch seeds stay inside it)
+    ["generate", "--pair", P, "--seed", str(SEED_MAX), "--temperature", "0.7", "--max-new-tokens", "4", PROMPT],
+    ["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", "TMP/r.jsonl", "--mode", "target", "--seed",
+     str(SEED_MAX), "--temperature", "0.7", "--max-new-tokens", "4", "--no-progress"],
+    # --on-bad-line skip where the errors suggest it
+    ["bench", "--pair", P, "--data", f"{W}/badline.jsonl", "--on-bad-line", "skip", "--modes", "target", "--n", "1",
+     "--repeats", "1", "--max-new-tokens", "2", "--json", "TMP/c.json", "--no-progress"],
+]
+
+
+@pytest.mark.parametrize("args", VALID, ids=[" ".join(a[:1] + a[3:7]) for a in VALID])
+def test_valid_input_runs(work, pair_dir, capsys, tmp_path, args):
+    args = [a.replace(P, str(pair_dir)).replace(W, str(work)).replace("TMP", str(tmp_path)) for a in args]
+    rc = main(args + ["-q"])
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_eval_skips_a_record_too_long_for_the_models(work, pair_dir, capsys, tmp_path):
+    """--on-bad-line skip skips a record longer than the positions (reported by its line, in the summary too);
+    without it nothing is written (the CASES above), so fixing the data and rerunning starts cleanly."""
+    out = tmp_path / "r.jsonl"
+    rc = main(["eval", "--pair", str(pair_dir), "--data", str(work / "long.jsonl"), "--out", str(out), "--mode",
+               "target", "--max-new-tokens", "4", "--on-bad-line", "skip", "--no-progress"])
+    _, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "skipping bad line 2: the record has" in err
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["line"] for r in rows[1:]] == [1]
+    summary = json.loads((tmp_path / "r.summary.json").read_text())
+    assert [b["line"] for b in summary["bad_lines"]] == [2]
+
+
+def test_a_rerun_starts_over_a_header_only_results_file(work, pair_dir, capsys, tmp_path):
+    """A results file holding only a header (a run that stopped before its first record) does not block the
+    corrected rerun, whatever settings or data it was started with; one holding records still does."""
+    out = tmp_path / "r.jsonl"
+    header = {"type": "header", "version": 1, "data": "elsewhere.jsonl", "data_sha256": "0" * 64,
+              "settings": {"mode": "target", "max_new_tokens": 100000}}
+    out.write_text(json.dumps(header) + "\n")
+    base = ["eval", "--pair", str(pair_dir), "--data", str(work / "data.jsonl"), "--out", str(out), "--mode",
+            "target", "--max-new-tokens", "4", "--no-progress", "-q"]
+    assert main(base) == 0, capsys.readouterr().err
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert rows[0]["settings"]["max_new_tokens"] == 4 and len(rows) == 3
+    capsys.readouterr()
+    assert main([*base[:-3], "8", "--no-progress", "-q"]) == 2  # records of other settings: refused
+    assert "was started with other settings" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("process_id, waits_for", [(0, "1 other process(es) of 2"), (1, "process 0 (the coordinator)")])
+def test_coordinator_with_no_peer_gives_up_with_one_line(process_id, waits_for):
+    """--coordinator with nobody to meet: one line naming what it waited for, exit 2, after --coordinator-timeout
+    (jax alone aborts with SIGABRT and a C++ stack)."""
+    address = f"127.0.0.1:{_free_port()}"
+    proc = subprocess.run([sys.executable, "-m", "parse_jax.cli", "generate", "--coordinator", address,
+                           "--num-processes", "2", "--process-id", str(process_id), "--coordinator-timeout", "3",
+                           "-q", PROMPT], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parents[2], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("parse-jax generate: error: no multi-host start after 3 s"), lines
+    assert waits_for in lines[0] and address in lines[0]

@@ -133,3 +133,38 @@ def test_eval_interrupted_or_killed_resumes_without_double_counting(pair_dir, tm
     assert len(done) == 120 and len({r["key"] for r in done}) == 120
     summary = json.loads((tmp_path / "results.summary.json").read_text())
     assert summary["n"] == 120
+
+
+SWALLOWED = """
+import os, signal, sys
+import parse_jax.cli.parser as parser
+from parse_jax.cli.main import main
+
+class Swallow:  # what a callback called from C++ does with the KeyboardInterrupt raised in it: "Exception ignored"
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10**6):
+            pass
+
+real = parser.cmd_generate
+
+def generate_after_a_swallowed_ctrl_c(args):
+    Swallow()  # dropped at once: Ctrl-C arrives while its finalizer runs, and is swallowed there
+    return real(args)  # the real command goes on
+
+parser.cmd_generate = generate_after_a_swallowed_ctrl_c
+main()
+"""
+
+
+@pytest.mark.subprocess
+def test_generate_exits_130_when_a_callback_swallows_ctrl_c(pair_dir):
+    """Ctrl-C caught in a callback (jax calls some from C++: the KeyboardInterrupt is printed as "Exception ignored"
+    and lost) still ends the command with one line and exit 130, not a finished run with exit 0."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SWALLOWED, "generate", "--pair", str(pair_dir), "--mode", "parse", "--max-new-tokens",
+         "8", "-q", "( 1 + 2 ) :"], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode == 130, proc.stderr
+    assert "KeyboardInterrupt" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["parse-jax generate: interrupted"], proc.stderr

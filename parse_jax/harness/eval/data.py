@@ -21,6 +21,7 @@ from pathlib import Path
 
 from parse_jax.errors import InputError
 from parse_jax.harness.eval.extract import format_number, reference_answer
+from parse_jax.utils.validation import shorten
 
 KINDS = ("gsm8k", "task")
 ON_BAD_LINE = ("error", "skip")
@@ -114,7 +115,7 @@ def load_records(path: str | Path, task=None, on_bad_line: str = "error") -> tup
         try:
             records.append(parse_record(number, line.rstrip("\r"), task))
         except InputError as e:
-            bad.append(BadLine(number, str(e)))
+            bad.append(BadLine(number, shorten(str(e), 300)))  # a 20 MB line is never echoed whole
     if bad and on_bad_line == "error":
         shown = "; ".join(str(b) for b in bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
         raise InputError(f"{path}: {len(bad)} bad line(s): {shown} (--on-bad-line skip to skip them)")

@@ -19,8 +19,16 @@ from typing import Any
 
 from parse_jax.errors import InputError
 from parse_jax.harness.eval.data import Record, load_records, parse_record
-from parse_jax.harness.eval.results import DEFAULT_INSTRUCTION, PromptFormat, ResultsFile, run_eval
+from parse_jax.harness.eval.results import (
+    DEFAULT_INSTRUCTION,
+    PromptFormat,
+    ResultsFile,
+    batch_seed,
+    check_records,
+    run_eval,
+)
 from parse_jax.settings import DEFAULT_BATCHING
+from parse_jax.utils.validation import shorten
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +68,7 @@ def as_records(records: str | Path | Sequence[Any], task: Any = None) -> list[Re
         try:
             out.append(parse_record(i, json.dumps(r), task))
         except InputError as e:
-            raise InputError(f"record {i}: {e}") from None
+            raise InputError(f"record {i}: {shorten(str(e), 300)}") from None
     if not out:
         raise InputError("no records to evaluate")
     return out
@@ -76,10 +84,12 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
     on every record, grade, and total. `draft` may be None for mode "target"; `config`: a `ParseConfig`.
 
     `results`: a `ResultsFile` to append to and resume from (what `parse-jax eval --out` uses); default: in
-    memory. Batch b's seed is `seed + its first record's line`, so a resumed run draws what a whole one would.
-    `eos_ids`: the stop ids (default: the models' own); `template_kwargs`: for the chat template (e.g.
-    enable_thinking=False); `batching`: continuous (each call takes 8 batches of records, `batch_size` rows in
-    flight) or fixed (one batch per call). Every setting is checked before the first record runs."""
+    memory. Batch b's seed is `seed + its first record's line` modulo 2**31 (`batch_seed`), so a resumed run draws
+    what a whole one would. `eos_ids`: the stop ids (default: the models' own); `template_kwargs`: for the chat
+    template (e.g. enable_thinking=False). Every setting, and every record (its length against the models'
+    positions, its seed), is checked before the first record runs: a record that cannot run is an InputError
+    naming its line. `batching`: continuous (each call takes 8 batches of records, `batch_size` rows in flight)
+    or fixed (one batch per call)."""
     from parse_jax.harness.runs import RunSettings, mode_runner
     from parse_jax.tasks import load_task
 
@@ -88,13 +98,16 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
     task = task if task is not None else load_task()
     records = as_records(records, task)
     runner = mode_runner(target, draft, config, mode, temperature=settings.temperature, eos_ids=settings.eos_ids)
+    prompt_format = PromptFormat(chat, instruction, template_kwargs)
+    records, _ = check_records(records, runner.check, settings, tokenizer=target.tokenizer,
+                               prompt_format=prompt_format)
     results = results if results is not None else ResultsFile.in_memory()
 
-    def generate(prompts: list, offset: int):
-        return runner(prompts, settings.max_new_tokens, settings.seed + offset, settings.batch_size)
+    def generate(prompts: list, line: int):
+        return runner(prompts, settings.max_new_tokens, batch_seed(settings.seed, line), settings.batch_size)
 
     summary = run_eval(records, generate, results, settings, tokenizer=target.tokenizer, task=task,
-                       prompt_format=PromptFormat(chat, instruction, template_kwargs), log=log or (lambda _: None))
+                       prompt_format=prompt_format, log=log or (lambda _: None))
     return EvalResult(accuracy=summary["accuracy"], accuracy_ci95=tuple(summary["accuracy_ci95"]), n=summary["n"],
                       correct=summary["correct"], tokens_per_s=summary["tokens_per_s"],
                       accepted_per_pass=summary["accepted_per_pass"], new_tokens=summary["new_tokens"],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,13 +20,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from parse_jax.errors import ConfigError, InputError
-from parse_jax.harness.eval.data import Record
+from parse_jax.harness.eval.data import ON_BAD_LINE, BadLine, Record
 from parse_jax.harness.eval.extract import DEFAULT_INSTRUCTION, extract_answer, format_number
 from parse_jax.harness.eval.report import format_summary, summarize
 from parse_jax.harness.runs import RunSettings
 from parse_jax.runtime.requests import GenerateResult
 from parse_jax.utils.atomic import check_file_writable, write_text
-from parse_jax.utils.validation import check_int
+from parse_jax.utils.validation import SEED_MAX, check_choice, check_int, shorten
 
 RESULTS_VERSION = 1
 CHAT = ("auto", "on", "off")
@@ -92,20 +93,23 @@ class ResultsFile:
                 raise InputError(f"results file {path} is corrupt at line {i}; move it away to start over") from None
         if not parsed or not isinstance(parsed[0], dict) or parsed[0].get("type") != "header":
             raise InputError(f"{path} exists and is not a parse-jax eval results file; choose another --out")
-        _check_header(path, parsed[0], header)
         results = [r for r in parsed[1:] if isinstance(r, dict) and r.get("type") == "result"]
+        if results:  # a file of a run that wrote no record holds nothing to resume: a new run starts it over
+            _check_header(path, parsed[0], header)
         return parsed[0], results, good_bytes, len(raw)
 
     @classmethod
     def open(cls, path: str | Path, header: dict) -> ResultsFile:
         """Start `path` with `header` (written whole: a temporary file renamed into place), or check an existing
-        one against it and read its finished records."""
+        one against it and read its finished records. A file holding a header and no record (a run stopped before
+        its first record) is started over with `header`, whatever its settings were."""
         path = Path(path)
         cls.check(path, header)
-        if not path.exists() or path.stat().st_size == 0:
+        if path.exists() and path.stat().st_size > 0:
+            old, results, good_bytes, size = cls._read(path, header)
+        if not path.exists() or path.stat().st_size == 0 or not results:
             write_text(path, json.dumps(header) + "\n")
             return cls(path, header, [])
-        old, results, good_bytes, size = cls._read(path, header)
         try:
             with open(path, "r+b") as f:  # writable? fail now, not after the first batch
                 if good_bytes < size:
@@ -191,6 +195,37 @@ class PromptFormat:
 
 
 GROUP_BATCHES = 8  # records per generate call under continuous batching, in batches (the resume granularity)
+
+
+def batch_seed(seed: int, line: int) -> int:
+    """The seed of the batch whose first record is at `line` of the data file: `seed + line`, wrapped into the one
+    seed range (0..2**31 - 1), so that every seed the flags take gives per-batch seeds generation takes (and a
+    resumed run draws what a whole one would)."""
+    return (seed + line) % (SEED_MAX + 1)
+
+
+def check_records(records: Sequence[Record], check: Callable[[list, int, int], None], settings: RunSettings,
+                  *, tokenizer=None, prompt_format: PromptFormat = PromptFormat(), on_bad_line: str = "error",
+                  where: str = "data") -> tuple[list[Record], list[BadLine]]:
+    """(records that can be served, the bad ones) before anything runs or is written: each record's model input
+    goes through `check(prompts, max_new, seed)` (`ModeRunner.check`: its length against the models' positions,
+    its tokens, its seed). `on_bad_line="error"` refuses a bad record (named by its line, the record cut), "skip"
+    returns it for the caller to report. Errors of the settings themselves (not of one record) propagate."""
+    check_choice("on_bad_line", on_bad_line, ON_BAD_LINE, error=InputError)
+    good, bad = [], []
+    for r in records:
+        try:
+            check([prompt_format.build(r, tokenizer)], settings.max_new_tokens, batch_seed(settings.seed, r.line))
+        except InputError as e:
+            bad.append(BadLine(r.line, shorten(re.sub(r"^prompt 0\b", "the record", str(e)), 300)))
+        else:
+            good.append(r)
+    if bad and on_bad_line == "error":
+        shown = "; ".join(str(b) for b in bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise InputError(f"{where}: {len(bad)} record(s) cannot be run: {shown} (--on-bad-line skip to skip them)")
+    if not good:
+        raise InputError(f"{where}: no record can be run: {bad[0]}")
+    return good, bad
 
 
 def run_eval(records: Sequence[Record], generate: Callable[[list, int], GenerateResult], results: ResultsFile,
