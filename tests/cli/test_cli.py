@@ -222,9 +222,10 @@ def test_generate_json_round_trip_and_stats_as_json(pair_dir, capsys):
 
     prompts = ["( 3 + 4 ) * ( 5 - 2 ) :", "( 7 - 1 ) :"]
     target, draft = load_pair(pair_dir)
-    expect = ParseEngine(target, draft, ParseConfig(threshold=0.3)).generate(prompts, mode="parse", max_new_tokens=9)
+    eng = ParseEngine(target, draft, ParseConfig(threshold=0.3, schedule="fixed"))
+    expect = eng.generate(prompts, mode="parse", max_new_tokens=9)
     rc, out, err = _main(capsys, "generate", "--pair", str(pair_dir), "--mode", "parse", "--threshold", "0.3",
-                         "--max-new-tokens", "9", "--json", "--stats", *prompts)
+                         "--schedule", "fixed", "--max-new-tokens", "9", "--json", "--stats", *prompts)
     assert rc == 0, err
     objects = [json.loads(line) for line in out.splitlines()]
     assert [o["prompt"] for o in objects] == prompts

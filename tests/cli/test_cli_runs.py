@@ -37,7 +37,7 @@ def test_generate_on_a_step_of_a_run_prints_what_that_step_writes(runs, capsys):
     for step in (4, 10):
         rc, out, err = _main(capsys, "generate", "--target", str(target_run), "--step", str(step), "--draft",
                              str(draft_run), "--mode", "parse", "--max-new-tokens", "12", "--max-draft-tokens", "12",
-                             PROMPT)
+                             "--schedule", "fixed", PROMPT)
         assert rc == 0, err
         eng = ParseEngine(load_model(target_run, step=step), draft, ParseConfig(max_draft_tokens=12, schedule="fixed"))
         texts[step] = eng.generate([PROMPT], mode="parse", max_new_tokens=12).texts[0]

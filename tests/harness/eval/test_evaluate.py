@@ -49,8 +49,8 @@ def test_evaluate_equals_parse_jax_eval_on_the_same_file(runs, tmp_path, capsys)
     res = pj.evaluate(target, draft, data, **kw)
     out = tmp_path / "results.jsonl"
     rc = main(["eval", "--data", str(data), "--target", str(target_run), "--step", "10", "--draft", str(draft_run),
-               "--mode", "parse", "--max-draft-tokens", "12", "--batch-size", "4", "--max-new-tokens", "16",
-               "--out", str(out), "--no-progress"])
+               "--mode", "parse", "--max-draft-tokens", "12", "--schedule", "fixed", "--batch-size", "4",
+               "--max-new-tokens", "16", "--out", str(out), "--no-progress"])
     assert rc == 0, capsys.readouterr().err
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     header, rows = lines[0], lines[1:]
