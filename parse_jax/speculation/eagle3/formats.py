@@ -235,8 +235,10 @@ def _read_published(path: Path, target, layout: str) -> tuple[Eagle3Config, dict
 # --- export ---------------------------------------------------------------------------------------------------
 
 
-def _hf(value) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(value, np.float32))
+def _hf(value, transpose: bool = False) -> np.ndarray:
+    """float32, C-ordered (safetensors writes the buffer as it lies), a kernel [in, out] as HF's weight [out, in]."""
+    value = np.asarray(value, np.float32)
+    return np.ascontiguousarray(value.T if transpose else value)
 
 
 def export_speculators(head: Eagle3, target, out: str | Path, *, verifier: str | None = None,
@@ -253,14 +255,18 @@ def export_speculators(head: Eagle3, target, out: str | Path, *, verifier: str |
     if cfg.layer.architecture not in SPECULATORS_LAYERS:
         raise ConfigError(f"export to speculators: the head's layer is {cfg.layer.architecture!r}; speculators "
                           f"builds EAGLE-3 layers of {', '.join(SPECULATORS_LAYERS)} only")
+    if len(set(cfg.taps)) != len(cfg.taps):
+        raise ConfigError(f"export to speculators: the head taps layers {list(cfg.taps)}, some twice; speculators "
+                          "and vLLM need distinct eagle_aux_hidden_state_layer_ids (train the head with distinct "
+                          "taps: `train-eagle3 --data` picks them)")
     tp = jax.device_get(target.params)
-    weights: dict[str, np.ndarray] = {"fc.weight": _hf(p["fc"]["kernel"]).T, "norm.weight": _hf(p["norm"]["scale"])}
+    weights: dict[str, np.ndarray] = {"fc.weight": _hf(p["fc"]["kernel"], True), "norm.weight": _hf(p["norm"]["scale"])}
 
     def put(tree, prefix: str) -> None:
         for name, value in tree.items():
             full = f"{prefix}{name}"
             if isinstance(value, dict) and "kernel" in value:
-                weights[f"{full}.weight"] = _hf(value["kernel"]).T
+                weights[f"{full}.weight"] = _hf(value["kernel"], True)
                 if "bias" in value:
                     weights[f"{full}.bias"] = _hf(value["bias"])
             elif isinstance(value, dict) and "scale" in value:
@@ -273,11 +279,12 @@ def export_speculators(head: Eagle3, target, out: str | Path, *, verifier: str |
     weights["embed_tokens.weight"] = _hf(table)
     vocab = cfg.layer.vocab_size
     if "lm_head" in p:
-        weights["lm_head.weight"] = _hf(p["lm_head"]["kernel"]).T
+        weights["lm_head.weight"] = _hf(p["lm_head"]["kernel"], True)
         ids = np.asarray(p["d2t"], np.int64)
     else:
-        lm = tp["embed_tokens"]["embedding"] if target.config.tie_word_embeddings else tp["lm_head"]["kernel"].T
-        weights["lm_head.weight"] = _hf(lm)
+        tied = target.config.tie_word_embeddings
+        weights["lm_head.weight"] = (_hf(tp["embed_tokens"]["embedding"]) if tied
+                                     else _hf(tp["lm_head"]["kernel"], True))
         ids = np.arange(vocab)
     draft_vocab = len(ids)
     if draft_vocab != vocab:

@@ -154,3 +154,59 @@ def test_a_head_for_another_target_is_refused_by_field(tmp_path):
     safetensors.numpy.save_file(weights, cut / "model.safetensors")
     with pytest.raises(ConfigError, match="d2t maps draft ids to target ids"):
         load_eagle3(cut, target)
+
+
+def _random_draft_vocab_head(target, draft_vocab: int, seed: int):
+    """A head trained here with a draft vocabulary: its own LM head (the target's rows for `d2t`)."""
+    import jax
+
+    from parse_jax.speculation.eagle3 import Eagle3, Eagle3Config, init_head
+
+    cfg = Eagle3Config.for_target(target.config, draft_vocab=draft_vocab)
+    rng = np.random.default_rng(seed)
+    params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(np.float32),
+                          init_head(cfg, seed))
+    d2t = np.sort(rng.choice(target.config.vocab_size, draft_vocab, replace=False)).astype(np.int32)
+    params = {**params, "d2t": d2t, "lm_head": {"kernel": np.asarray(target.params["lm_head"]["kernel"])[:, d2t]}}
+    return Eagle3(cfg, params)
+
+
+@pytest.mark.parametrize("draft_vocab", [None, 40])
+def test_export_to_speculators_round_trips(tmp_path, draft_vocab):
+    """A head trained here, exported in the speculators format and loaded back, drafts the same logits and the
+    same greedy run (target-vocabulary heads get the target's LM head and embedding written in)."""
+    from parse_jax.speculation.eagle3 import export_speculators, target_taps
+    from tests.speculation.test_eagle3 import random_head
+
+    target = random_model("qwen3", 80, num_layers=8)  # default taps (3, 5, 6): distinct, as speculators needs
+    head = random_head(target, 81, scale=0.2) if draft_vocab is None else _random_draft_vocab_head(target, 40, 81)
+    out = export_speculators(head, target, tmp_path / "spec", verifier="Qwen/Qwen3-tiny")
+    assert head_layout(out) == "speculators"
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == list(head.config.taps)
+    assert cfg["draft_vocab_size"] == (draft_vocab or target.config.vocab_size)
+    names = set(safetensors.numpy.load_file(out / "model.safetensors"))
+    assert {"fc.weight", "layers.0.self_attn.q_proj.weight", "lm_head.weight", "embed_tokens.weight"} <= names
+    assert ({"d2t", "t2d"} <= names) == (draft_vocab is not None)
+    back = load_eagle3(out, target)
+    rng = np.random.default_rng(82)
+    tokens = jnp.asarray(rng.integers(0, target.config.vocab_size, (2, 10)), jnp.int32)
+    from parse_jax.train.forward import train_forward
+
+    _, hiddens = train_forward(target.params, target.config, tokens)
+    feats = target_taps(tuple(hiddens), head.config.taps)
+    for a, b in zip(ttt_logits(head.params, head.config, target.params, target.config, tokens, feats, 3),
+                    ttt_logits(back.params, back.config, target.params, target.config, tokens, feats, 3)):
+        if draft_vocab is None:  # exported with the target's LM head as its own: same logits, same ids
+            b = np.asarray(b)[..., np.asarray(back.params["d2t"])]
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
+    one = eagle3_generate(target, head, prompts, gamma=3, max_new_tokens=12)
+    two = eagle3_generate(target, back, prompts, gamma=3, max_new_tokens=12)
+    assert one.tokens == two.tokens == generate(target, prompts, max_new_tokens=12).tokens
+    assert one.stats["accepted_tokens"] == two.stats["accepted_tokens"]
+    with pytest.raises(CheckpointError, match="already exists"):
+        export_speculators(head, target, out)
+    shallow = random_model("qwen3", 80, num_layers=4)  # default taps (2, 3, 3)
+    with pytest.raises(ConfigError, match=r"taps layers \[2, 3, 3\], some twice"):
+        export_speculators(random_head(shallow, 1), shallow, tmp_path / "other")
