@@ -280,9 +280,11 @@ def cmd_train_eagle3(args: argparse.Namespace) -> int:
     target, _ = models_from_args(args, need_draft=False)
     if args.data is not None:
         from parse_jax.train.eagle3_data import train_eagle3_data
+        from parse_jax.train.trainer import PhaseOptions
 
-        train_eagle3_data(target, args.data, args.out, spec, regenerate=args.regenerate, mode=args.mode,
-                          progress=not args.no_progress, verifier=args.verifier or args.model)
+        train_eagle3_data(target, args.data, args.out, spec, regenerate=args.regenerate,
+                          run=PhaseOptions(mode=args.mode, progress=not args.no_progress),
+                          verifier=args.verifier or args.model)
         extra = f" and {Path(args.out) / 'speculators'} (the speculators format, for vLLM)"
     else:
         train_eagle3(target, load_task(args.task), args.out, spec, mode=args.mode, progress=not args.no_progress)

@@ -213,11 +213,14 @@ def make_data_loss(target, cfg: Eagle3Config, spec: Eagle3Spec, frozen: dict[str
 
 
 def train_eagle3_data(target, data: str | Path, out: str | Path, spec: Eagle3Spec | None = None, *,
-                      regenerate: bool = False, mode: str = "auto", progress: bool = True, on_step=None,
-                      verifier: str | None = None) -> Eagle3:
+                      regenerate: bool = False, run: PhaseOptions | None = None, verifier: str | None = None) -> Eagle3:
     """Train (or resume) a head for `target` on a JSONL file into `out`; returns it, saved in `out/eagle3/` and,
-    where speculators can express it, `out/speculators/` (`verifier`: the target's folder or hub id it names)."""
+    where speculators can express it, `out/speculators/` (`verifier`: the target's folder or hub id it names).
+    `run`: how the trainer runs (`mode`, `progress`, `on_step` of `PhaseOptions`; its init and loss are this
+    head's)."""
     spec = spec or Eagle3Spec()
+    run = run or PhaseOptions()
+    progress = run.progress
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"EAGLE-3 training: out {out} is a file; a training run needs a folder")
@@ -233,8 +236,7 @@ def train_eagle3_data(target, data: str | Path, out: str | Path, spec: Eagle3Spe
 
     fingerprint: dict[str, Any] = {"eagle3": cfg.to_dict(), "eagle3_spec": dataclasses.asdict(spec),
                                    "data": _data_key(Path(data), spec, regenerate, target)}
-    options = PhaseOptions(mode=mode, init=init_head(cfg, spec.seed), loss=make_data_loss(target, cfg, spec, frozen),
-                           on_step=on_step, progress=progress)
+    options = dataclasses.replace(run, init=init_head(cfg, spec.seed), loss=make_data_loss(target, cfg, spec, frozen))
     params, _ = train_phase("eagle3", cfg.layer, spec.phase(), batch_fn, out / "head_run", fingerprint, options)
     head = Eagle3(cfg, {**jax.device_get(params), **jax.device_get(frozen)})
     save_eagle3(head, out / "eagle3", overwrite=True)

@@ -12,7 +12,7 @@ from parse_jax.runtime.decode import generate
 from parse_jax.speculation.eagle3 import eagle3_generate
 from parse_jax.train.eagle3_data import data_taps, draft_vocabulary, read_records, train_eagle3_data
 from parse_jax.train.recipe import Eagle3Spec
-from parse_jax.train.trainer import latest_step
+from parse_jax.train.trainer import PhaseOptions, latest_step
 
 SPEC = Eagle3Spec(steps=30, batch_size=8, lr=1e-2, warmup_steps=2, unroll=2, samples=48, seq_len=32,
                   checkpoint_every=10, draft_vocab_size=60)
@@ -93,12 +93,12 @@ def test_training_lowers_the_loss_resumes_and_the_head_loads(hf_target, data_fil
             raise Crash
 
     with pytest.raises(Crash):
-        train_eagle3_data(hf_target, data_file, tmp_path / "run", SPEC, regenerate=True, progress=False,
-                          on_step=crash)
+        train_eagle3_data(hf_target, data_file, tmp_path / "run", SPEC, regenerate=True,
+                          run=PhaseOptions(progress=False, on_step=crash))
     assert latest_step(tmp_path / "run" / "head_run") == 10
     seen = []
-    head = train_eagle3_data(hf_target, data_file, tmp_path / "run", SPEC, regenerate=True, progress=False,
-                             on_step=seen.append)
+    head = train_eagle3_data(hf_target, data_file, tmp_path / "run", SPEC, regenerate=True,
+                             run=PhaseOptions(progress=False, on_step=seen.append))
     assert seen[0] == 11 and seen[-1] == 30  # resumed after the last checkpoint
     run = json.loads((tmp_path / "run" / "head_run" / "run.json").read_text())
     assert run["phase"] == "eagle3"
