@@ -21,7 +21,7 @@ _LAZY = {
     "shard_model": "parse_jax.distributed.sharded",
     "Eagle3": "parse_jax.speculation.eagle3", "eagle3_generate": "parse_jax.speculation.eagle3",
     "load_eagle3": "parse_jax.speculation.eagle3",
-    "save_eagle3": "parse_jax.speculation.eagle3",
+    "save_eagle3": "parse_jax.speculation.eagle3", "export_speculators": "parse_jax.speculation.eagle3",
     "ParseConfig": "parse_jax.settings", "ParseEngine": "parse_jax.engine",
     "SpecSettings": "parse_jax.settings", "Eagle3Settings": "parse_jax.settings",
     "align_vocab": "parse_jax.models.vocab",
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from parse_jax.runtime.requests import GenerateResult
     from parse_jax.settings import Eagle3Settings, ParseConfig, SpecSettings
     from parse_jax.speculation.draft_model import speculative_generate
-    from parse_jax.speculation.eagle3 import Eagle3, eagle3_generate, load_eagle3, save_eagle3
+    from parse_jax.speculation.eagle3 import Eagle3, eagle3_generate, export_speculators, load_eagle3, save_eagle3
     from parse_jax.tasks import load_task
 
 
@@ -66,5 +66,5 @@ def __dir__() -> list[str]:
 
 __all__ = ["CheckpointError", "ConfigError", "Eagle3", "Eagle3Settings", "EvalResult", "GenerateResult", "InputError",
            "Model", "ModelConfig", "ParseConfig", "ParseEngine", "ParseJaxError", "SpecSettings", "align_vocab",
-           "eagle3_generate", "evaluate", "generate", "load_eagle3", "load_model", "load_pair", "load_sharded",
-           "load_task", "make_mesh", "save_eagle3", "save_model", "shard_model", "speculative_generate"]
+           "eagle3_generate", "evaluate", "export_speculators", "generate", "load_eagle3", "load_model", "load_pair",
+           "load_sharded", "load_task", "make_mesh", "save_eagle3", "save_model", "shard_model", "speculative_generate"]

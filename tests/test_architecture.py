@@ -17,7 +17,7 @@ MAX_PARAMS = 8
 PUBLIC_ENTRY_POINTS = {
     ("checkpoints/load.py", "load_model"), ("checkpoints/load.py", "load_sharded"),
     ("runtime/decode.py", "generate"), ("speculation/draft_model.py", "speculative_generate"),
-    ("speculation/eagle3.py", "eagle3_generate"), ("harness/eval/evaluate.py", "evaluate"),
+    ("speculation/eagle3/decode.py", "eagle3_generate"), ("harness/eval/evaluate.py", "evaluate"),
     ("engine.py", "generate"),  # eng.generate(prompts, mode, ..., eos_ids, *, max_batch)
 }
 
@@ -52,7 +52,8 @@ def test_program_helpers_take_sampling_as_two_objects():
     top_p one by one."""
     loose = {"greedy", "temperature", "top_k", "top_p"}
     for rel in ("runtime/decode.py", "verify/round.py", "modes/parse.py", "modes/sequential.py",
-                "speculation/draft_model.py", "speculation/eagle3.py"):
+                "speculation/draft_model.py", "speculation/eagle3/decode.py",
+                "speculation/eagle3/tree.py"):
         for node in ast.walk(ast.parse((ROOT / rel).read_text())):
             if isinstance(node, ast.FunctionDef) and not node.name.endswith("generate") and not (
                     node.name.startswith("check_")):  # entry points and checks take the user's settings

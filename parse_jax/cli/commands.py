@@ -22,7 +22,7 @@ from parse_jax.cli.setup import (
     template_kwargs,
     writes_results,
 )
-from parse_jax.errors import ConfigError
+from parse_jax.errors import ConfigError, InputError
 from parse_jax.utils.progress import logger, phase
 from parse_jax.utils.validation import check_float, check_text
 
@@ -279,9 +279,24 @@ def cmd_train_eagle3(args: argparse.Namespace) -> int:
 
     check_out_folder(args.out)
     spec = Eagle3Spec(steps=args.steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
-                      samples=args.samples, seed=args.seed)  # bad settings fail before the target loads
+                      samples=args.samples, seq_len=args.seq_len, seed=args.seed,
+                      draft_vocab_size=args.draft_vocab_size)  # bad settings fail before the target loads
+    if args.data is None and (args.regenerate or args.draft_vocab_size):
+        raise ConfigError("--regenerate and --draft-vocab-size train on a dataset: add --data FILE.jsonl")
+    if args.data is not None and not Path(args.data).is_file():
+        raise InputError(f"--data: file not found: {args.data}")
     target, _ = models_from_args(args, need_draft=False)
-    train_eagle3(target, load_task(args.task), args.out, spec, mode=args.mode, progress=not args.no_progress)
-    print(f"wrote {Path(args.out) / 'eagle3'} (load with pj.load_eagle3(DIR, target), or --eagle3 DIR; copy it to "
-          "PAIR/eagle3 to make it the pair's default head)")
+    if args.data is not None:
+        from parse_jax.train.eagle3_data import train_eagle3_data
+        from parse_jax.train.trainer import PhaseOptions
+
+        train_eagle3_data(target, args.data, args.out, spec, regenerate=args.regenerate,
+                          run=PhaseOptions(mode=args.mode, progress=not args.no_progress),
+                          verifier=args.verifier or args.model)
+        extra = f" and {Path(args.out) / 'speculators'} (the speculators format, for vLLM)"
+    else:
+        train_eagle3(target, load_task(args.task), args.out, spec, mode=args.mode, progress=not args.no_progress)
+        extra = ""
+    print(f"wrote {Path(args.out) / 'eagle3'}{extra} (load with pj.load_eagle3(DIR, target), or --eagle3 DIR; "
+          "copy it to PAIR/eagle3 to make it the pair's default head)")
     return 0

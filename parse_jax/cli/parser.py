@@ -339,11 +339,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
-    h = sub.add_parser("train-eagle3", help="train an EAGLE-3 head for a target on the embedded task (resumable)")
+    h = sub.add_parser("train-eagle3", help="train an EAGLE-3 head for a target, on a JSONL dataset (--data) or the "
+                                            "embedded task (resumable)")
     add_model_args(h)
-    h.add_argument("--out", required=True, help="run folder: samples, checkpoints, and the head in OUT/eagle3")
-    h.add_argument("--task", default="default", help="embedded task preset")
-    for name in ("steps", "batch_size", "lr", "unroll", "samples", "seed"):
+    h.add_argument("--out", required=True, help="run folder: data, checkpoints, and the head in OUT/eagle3 (with "
+                                                "--data also OUT/speculators, the format vLLM loads)")
+    h.add_argument("--task", default="default", help="embedded task preset (without --data)")
+    h.add_argument("--data", default=None, metavar="FILE.jsonl",
+                   help='train on these records: {"prompt", "response"} or chat {"messages": [...]} (the last '
+                        "assistant message is the response), for any HF target")
+    h.add_argument("--regenerate", action="store_true",
+                   help="with --data: the target writes the responses (greedy) instead of taking them as given")
+    h.add_argument("--verifier", default=None,
+                   help="with --data: the target's name or path written into OUT/speculators' speculators_config "
+                        "(default: the --model folder)")
+    for name in ("steps", "batch_size", "lr", "unroll", "samples", "seq_len", "seed", "draft_vocab_size"):
         add_setting_flag(h, Eagle3Spec, name)
     hm = h.add_mutually_exclusive_group()
     hm.add_argument("--resume", dest="mode", action="store_const", const="resume")

@@ -121,7 +121,8 @@ def make_loss(target, cfg: Eagle3Config, spec: Eagle3Spec):
     def loss(head_params, batch):
         tokens, prompt_len, teacher = batch["tokens"], batch["prompt_len"], batch["teacher"]
         t = tokens.shape[1]
-        real = tokens != PAD_ID
+        # real tokens: the rows' own lengths when given (id 0 is a real token of most vocabularies), else non-padding
+        real = (jnp.arange(t)[None] < batch["length"][:, None]) if "length" in batch else tokens != PAD_ID
         steps = ttt_logits(head_params, cfg, target_params, target_cfg, tokens, batch["features"], spec.unroll)
         total, metrics, weight_sum = 0.0, {}, 0.0
         for k, head_logits in enumerate(steps):

@@ -114,6 +114,9 @@ class Eagle3Spec:
     samples: int = setting(4000, "train problems the target solves for the data", lo=1)
     seq_len: int = setting(40, "row length (prompt, solution, EOS, padding)", lo=1)
     seed: int = setting(0, "seed of the problems, the initial weights and the batches", lo=0, hi=SEED_MAX)
+    draft_vocab_size: int = setting(0, "with --data: the head drafts over this many of the most frequent response "
+                                       "tokens, with its own LM head and d2t/t2d maps (0: the target's whole "
+                                       "vocabulary, its LM head shared)", lo=0)
     checkpoint_every: int = setting(200, "steps between checkpoints", lo=1)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,278 @@
+"""EAGLE-3 chain (and tree) drafting with a head (`head.py`): gamma head steps, then ONE target pass verifying them
+(and any sibling leaves, `tree.py`), lossless acceptance, all in one jitted program; also the target's continuation
+from a committed cache (PARSE's accepted boundary, mode `parse+eagle3`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from parse_jax.errors import ConfigError, InputError
+from parse_jax.models.cache import KVCache
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.decoder import Decoder, causal_metadata
+from parse_jax.runtime.programs import forward_fn, register_program
+from parse_jax.runtime.requests import PAD_ID, GenerateResult, Request, SamplingParams
+from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.speculation.draft_model import accept_proposals, emit_accepted, run_spec, spec_batch, spec_request
+from parse_jax.speculation.eagle3.head import (
+    Eagle3,
+    Eagle3Config,
+    Eagle3Head,
+    draft_logits,
+    embed,
+    head_module,
+    layer_params,
+    target_taps,
+    to_target_vocab,
+)
+from parse_jax.speculation.eagle3.tree import move_kv, tree_block, tree_leaves
+
+
+@struct.dataclass
+class EagleState:
+    target_cache: KVCache
+    head_cache: KVCache      # one entry per committed target position (same lengths as the target's)
+    h_last: jax.Array        # [B, d] head output at the last committed position: drafts the token after `last`
+    logits_last: jax.Array   # [B, V] its logits
+    tokens: jax.Array        # [B, width] emitted ids
+    num_new: jax.Array
+    done: jax.Array
+    last: jax.Array          # [B] last emitted token, not yet in the target's cache
+    rounds: jax.Array        # target passes
+    accepted: jax.Array      # [B] drafted tokens accepted
+    proposed: jax.Array      # [B] drafted tokens proposed
+
+
+
+class EagleFns(NamedTuple):
+    """The functions an EAGLE-3 loop calls inside a jit (`head_applies`): the target with its taps, the head, and
+    the target's LM head."""
+
+    target: Callable
+    head: Callable
+    lm: Callable
+
+
+@struct.dataclass
+class EagleContext:
+    """What the target has read before the loop starts: its tokens [B, L] and taps [B, L, 3d], how many count per
+    row [B], and the target's next-token logits after them [B, V]."""
+
+    tokens: jax.Array
+    features: jax.Array
+    length: jax.Array
+    first_logits: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleLoop:
+    """The static settings of an EAGLE-3 drafting loop (one program per value)."""
+
+    config: Eagle3Config
+    gamma: int
+    num_new: int
+    tree: int = 0          # sibling leaves per round (greedy only)
+    first_pass: int = 0    # target passes already made: 1 after a prefill, 0 from a PARSE boundary
+
+
+def eagle_loop(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop: EagleLoop, max_new: jax.Array,
+               eos_ids: jax.Array, sampler: Sampler, args: SamplingArgs):
+    """From a target cache holding `ctx.length` context tokens and the target's taps at those positions: emit the
+    first token from `ctx.first_logits`, fill the head's cache, then rounds of (gamma head steps -> one target pass
+    -> lossless acceptance) until every row is done. `loop.tree` > 0 (greedy only): the chain plus that many sibling
+    leaves picked by draft confidence, verified in the same target pass (`tree_block`)."""
+    target_fwd, head_apply, lm = fns
+    gamma, num_new, tree = loop.gamma, loop.num_new, loop.tree
+    first_logits, ctx_tokens, ctx_feats, n = ctx.first_logits, ctx.tokens, ctx.features, ctx.length
+    head_cache = KVCache.init(loop.config.layer, first_logits.shape[0], target_cache.max_len)
+    b = first_logits.shape[0]
+    rows = jnp.arange(b)
+    width = num_new + gamma + 1
+    first = sampler.sample(first_logits, args.fold(2**31 - 1))
+    # the head's entry for position t reads x_{t+1}: the context shifted by one, then the first emitted token
+    shifted = jnp.concatenate([ctx_tokens[:, 1:], ctx_tokens[:, :1]], axis=1)
+    shifted = shifted.at[rows, n - 1].set(first)
+    length = ctx_tokens.shape[1]
+    limit, group = causal_metadata(b, length)
+    positions = jnp.broadcast_to(jnp.arange(1, length + 1, dtype=jnp.int32), (b, length))
+    out, normed, head_cache = head_apply(shifted, ctx_feats, True, positions, head_cache, limit, group)
+    head_cache = head_cache.commit(n)
+    done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
+    tokens = jnp.full((b, width), PAD_ID, jnp.int32).at[:, 0].set(jnp.where(max_new > 0, first, PAD_ID))
+    state = EagleState(target_cache=target_cache, head_cache=head_cache, h_last=out[rows, n - 1],
+                       logits_last=lm(normed[rows, n - 1]), tokens=tokens, num_new=jnp.minimum(max_new, 1),
+                       done=done, last=first, rounds=jnp.int32(loop.first_pass), accepted=jnp.zeros((b,), jnp.int32),
+                       proposed=jnp.zeros((b,), jnp.int32))
+    one_limit, one_group = causal_metadata(b, 1)
+
+    def draft_chain(state: EagleState, a_draft: SamplingArgs):
+        """gamma proposals: the first from `logits_last`, then gamma - 1 head steps on the head's own outputs.
+        Returns (props [B, gamma], q [B, gamma, V] the distributions they were drawn from, head logits)."""
+        q1 = sampler.probs(state.logits_last, args)
+        d1 = sampler.sample(state.logits_last, a_draft.fold(0))
+        if gamma == 1:
+            return d1[:, None], q1[:, None], state.logits_last[:, None]
+        base = state.head_cache.lengths
+
+        def step(carry, k):
+            cache, tok, hidden = carry
+            out, normed, cache = head_apply(tok[:, None], hidden[:, None], False, (base + k)[:, None], cache,
+                                            one_limit, one_group)
+            cache = cache.commit(1)
+            logits = lm(normed[:, 0])
+            nxt = sampler.sample(logits, a_draft.fold(k))
+            return (cache, nxt, out[:, 0]), (nxt, sampler.probs(logits, args), logits)
+
+        _, (rest, qs, ls) = jax.lax.scan(step, (state.head_cache, d1, state.h_last), jnp.arange(1, gamma))
+        props = jnp.concatenate([d1[:, None], rest.T], axis=1)
+        q = jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+        return props, q, jnp.concatenate([state.logits_last[:, None], jnp.swapaxes(ls, 0, 1)], axis=1)
+
+    def cond(state: EagleState):
+        return ~jnp.all(state.done)
+
+    def body(state: EagleState):
+        a_draft, a_accept, a_fix = args.fold(state.rounds).split(3)
+        props, q, head_logits = draft_chain(state, a_draft)
+        trunk = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
+        start = state.target_cache.lengths[:, None]
+        if tree:
+            leaf_depth, leaf_tok = tree_leaves(props, head_logits, tree)
+            block, pos, blk_limit, blk_group = tree_block(trunk, leaf_depth, leaf_tok, start)
+        else:
+            block = trunk
+            blk_limit, blk_group = causal_metadata(b, gamma + 1)
+            pos = start + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+        logits, t_cache, feats = target_fwd(block, pos, state.target_cache, blk_limit, blk_group)
+        p = sampler.probs(logits[:, : gamma + 1], args)
+        n_acc, emitted = accept_proposals(p, q, props, sampler, a_accept.key, a_fix.key)
+        path = jnp.broadcast_to(jnp.arange(gamma + 1 + bool(tree), dtype=jnp.int32), (b, gamma + 1 + bool(tree)))
+        if tree:  # greedy: a leaf at the first rejected depth that equals the target's token is accepted too
+            hit = ((leaf_depth == n_acc[:, None]) & (leaf_tok == emitted[rows, n_acc][:, None])
+                   & (n_acc < gamma)[:, None])
+            leaf_ok = hit.any(axis=1)
+            leaf_at = gamma + 1 + jnp.argmax(hit, axis=1)  # its block index
+            bonus = jnp.argmax(logits[rows, leaf_at], axis=-1).astype(jnp.int32)
+            emitted = jnp.concatenate([emitted, jnp.full((b, 1), PAD_ID, jnp.int32)], axis=1)
+            emitted = emitted.at[rows, n_acc + 1].set(jnp.where(leaf_ok, bonus, emitted[rows, n_acc + 1]))
+            path = path.at[rows, n_acc + 1].set(jnp.where(leaf_ok, leaf_at, n_acc + 1))
+            t_cache = move_kv(t_cache, start[:, 0] + leaf_at, start[:, 0] + n_acc + 1, leaf_ok)
+            n_acc = n_acc + leaf_ok.astype(jnp.int32)
+            feats = jnp.take_along_axis(feats, path[..., None], axis=1)
+        tokens, num, done, last, commit = emit_accepted(state.tokens, state.num_new, state.done, state.last,
+                                                        emitted, n_acc, eos_ids, max_new)
+        live = (~state.done).astype(jnp.int32)
+        # the head's entries for the verified path: tokens emitted, features from this same target pass
+        w = emitted.shape[1]
+        h_limit, h_group = causal_metadata(b, w)
+        h_pos = start + 1 + jnp.arange(w, dtype=jnp.int32)[None]
+        out, normed, h_cache = head_apply(emitted, feats[:, :w], True, h_pos, state.head_cache, h_limit, h_group)
+        return state.replace(
+            target_cache=t_cache.commit(commit), head_cache=h_cache.commit(commit),
+            h_last=jnp.where(live[:, None] > 0, out[rows, n_acc], state.h_last),
+            logits_last=jnp.where(live[:, None] > 0, lm(normed[rows, n_acc]), state.logits_last),
+            tokens=tokens, num_new=num, done=done, last=last, rounds=state.rounds + 1,
+            accepted=state.accepted + n_acc * live, proposed=state.proposed + (gamma + tree) * live)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def head_applies(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, target_params, head_params):
+    """The target with its taps, the head (its own embedding table or the target's) and the LM head: the head's
+    logits placed at target ids (a draft vocabulary's through `d2t`, every other id masked)."""
+    target = Decoder(target_cfg, impl)
+    head = head_module(cfg, impl)
+    layer = {"params": layer_params(head_params)}
+
+    forward = forward_fn(target, target_params, return_hidden=True)
+
+    def target_fwd(tokens, positions, cache, limit, group):
+        logits, cache, hiddens = forward(tokens, positions, cache, limit, group)
+        return logits, cache, target_taps(hiddens, cfg.taps)
+
+    def head_apply(tokens, hidden, fuse: bool, positions, cache, limit, group):
+        if fuse:
+            hidden = head.apply(layer, hidden, method=Eagle3Head.fuse)
+        return head.apply(layer, embed(head_params, target_params, tokens), hidden, positions, cache, limit, group)
+
+    def lm(normed):
+        logits = draft_logits(head_params, target_params, target_cfg, normed)
+        return to_target_vocab(head_params, logits, target_cfg.vocab_size)
+
+    return EagleFns(target_fwd, head_apply, lm)
+
+
+@functools.cache
+def generate_program(target_cfg: ModelConfig, impl: str, cache_len: int, loop: EagleLoop, sampler: Sampler):
+    """Target + EAGLE-3 from prompts: one target prefill (with feature taps), then `eagle_loop`."""
+    num_new = loop.num_new
+
+    def run(target_params, head_params, prompt, prompt_lens, max_new, eos_ids, args: SamplingArgs):
+        fns = head_applies(target_cfg, loop.config, impl, target_params, head_params)
+        b, p = prompt.shape
+        limit, group = causal_metadata(b, p)
+        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+        logits, t_cache, feats = fns.target(prompt, positions, KVCache.init(target_cfg, b, cache_len), limit, group)
+        ctx = EagleContext(tokens=prompt, features=feats, length=prompt_lens,
+                           first_logits=logits[jnp.arange(b), prompt_lens - 1])
+        state = eagle_loop(fns, t_cache.commit(prompt_lens), ctx, loop=loop, max_new=max_new, eos_ids=eos_ids,
+                           sampler=sampler, args=args)
+        return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
+
+    return register_program(jax.jit(run))
+
+
+@functools.cache
+def continue_program(target_cfg: ModelConfig, impl: str, loop: EagleLoop, sampler: Sampler):
+    """The target's continuation with EAGLE-3 from a committed cache (PARSE's accepted boundary): the context's
+    taps come from the verification pass that scored the prefixes, so nothing is recomputed."""
+    num_new = loop.num_new
+
+    def run(target_params, head_params, cache, ctx: EagleContext, max_new, eos_ids, args: SamplingArgs):
+        fns = head_applies(target_cfg, loop.config, impl, target_params, head_params)
+        state = eagle_loop(fns, cache, ctx, loop=loop, max_new=max_new, eos_ids=eos_ids, sampler=sampler,
+                           args=args)
+        return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
+
+    return register_program(jax.jit(run))
+
+
+def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequence[int]], *, gamma: int = 4,
+                    max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                    seed: int = 0, add_bos: bool = True, eos_ids: Sequence[int] | None = None,
+                    tree: int = 0) -> GenerateResult:
+    """Target + EAGLE-3 drafting, lossless: greedy output equals the target's; sampled output follows the target's
+    distribution (rejection sampling against the head's distribution). `tree` > 0: the chain of `gamma` plus that
+    many sibling leaves chosen by draft confidence, all verified in one target pass (greedy only)."""
+    head.config.check_target(target.config)
+    check_tree(tree, temperature)
+    if int(gamma) < 1:
+        raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    req = spec_request(target, prompts, max_new_tokens, sampling, add_bos, eos_ids)
+    return eagle3_speculate(target, head, req, gamma=int(gamma), tree=int(tree))
+
+
+def eagle3_speculate(target, head: Eagle3, req: Request, *, gamma: int, tree: int = 0) -> GenerateResult:
+    """EAGLE-3 drafting of a validated request (mode `eagle3`)."""
+    sb = spec_batch(target, req, gamma=gamma, capacity=target.config.max_position_embeddings, extra_slots=tree)
+    loop = EagleLoop(config=head.config, gamma=gamma, num_new=sb.num_new, tree=tree, first_pass=1)
+    program = generate_program(target.config, target.attention_impl, sb.cache_len, loop, sb.sampling.sampler)
+    res = run_spec(target, program, head.params, sb, gamma)
+    res.stats["tree"] = tree
+    return res
+
+
+def check_tree(tree: int, temperature: float) -> None:
+    if int(tree) < 0:
+        raise ConfigError(f"tree (sibling leaves per round) must be >= 0, got {tree}")
+    if tree and temperature > 0:
+        raise ConfigError("EAGLE-3 tree drafting is greedy only (temperature 0); use the chain (tree=0) to sample")
