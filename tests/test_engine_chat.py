@@ -93,12 +93,8 @@ def test_a_chat_model_with_the_embedded_tasks_settings_is_warned_about(qwen):
 
 def test_the_shipped_qwen3_config_runs_on_a_qwen_format_pair(qwen):
     """configs/parse/qwen3_chat.yaml: a chat-rendered suffix, judge words, blank-line steps in the decoded text."""
-    import yaml
-
-    from parse_jax.cli.setup import PARSE_CONFIG_DIR
-
     _, m = qwen
-    cfg = ParseConfig.from_flat(**yaml.safe_load((PARSE_CONFIG_DIR / "qwen3_chat.yaml").read_text()))
+    cfg = ParseConfig.load("qwen3_chat")
     assert cfg.suffix_format == "chat" and cfg.delimiters == ("\n\n",)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # settings made for the model: no warning about toy defaults

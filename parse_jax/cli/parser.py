@@ -51,10 +51,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parse_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--parse-config", dest="parse_config_file", default=None, metavar="FILE.yaml",
-                   help="PARSE settings: a YAML file of ParseConfig fields (verify_suffix, judge_yes, judge_no, "
-                        "delimiter, threshold, ...) or a shipped one by name (qwen3_chat); --set and the flags "
-                        "below override it")
+    p.add_argument("--parse-config", dest="parse_config_file", default=None, metavar="NAME|FILE|JSON",
+                   help="PARSE settings, read as ParseConfig.load reads them: a shipped config by name (qwen3_chat), "
+                        "a YAML or JSON file of ParseConfig fields (verify_suffix, judge_yes, judge_no, delimiter, "
+                        "threshold, ...) or inline JSON ('{\"threshold\": 0.3}'); --set and the flags below "
+                        "override it")
     p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                    help="one ParseConfig field (repeatable), the value read as a YAML scalar, e.g. --set "
                         "threshold=0.3; a text field takes the text as given, or a quoted YAML string with escapes: "

@@ -30,6 +30,34 @@ def test_parse_config_file_then_set_then_flags(tmp_path):
     assert parse_config_fields(args) == {"delimiter": "\\n", "segmenter": "hybrid"}  # single quotes: no escapes
 
 
+def test_parse_config_takes_a_name_a_path_or_inline_json_and_exponent_floats(tmp_path):
+    from parse_jax.settings import PARSE_CONFIG_DIR, ParseConfig
+
+    def fields(*flags):
+        return parse_config_fields(build_parser().parse_args(["generate", *flags, "x"]))
+
+    named = fields("--parse-config", "qwen3_chat")
+    assert named == fields("--parse-config", str(PARSE_CONFIG_DIR / "qwen3_chat.yaml"))
+    assert ParseConfig.from_flat(**named) == ParseConfig.load("qwen3_chat")
+    assert fields("--parse-config", '{"threshold": 0.25, "delimiter": ["\\n\\n", "."]}', "--set",
+                  "max_prefixes=3") == {"threshold": 0.25, "delimiter": ("\n\n", "."), "max_prefixes": 3}
+    assert fields("--set", "threshold=1e-1") == {"threshold": 0.1}
+    f = tmp_path / "pc.yaml"
+    f.write_text("threshold: 1e-1\n")
+    assert fields("--parse-config", str(f)) == {"threshold": 0.1}
+
+
+def test_a_parse_config_key_given_twice_is_one_error_line(tmp_path, capsys):
+    f = tmp_path / "pc.yaml"
+    f.write_text("threshold: 0.3\nmax_prefixes: 3\nthreshold: 0.9\n")
+    rc, _, err = _main(capsys, "generate", "--parse-config", str(f), PROMPT)
+    assert rc == 2 and err.strip().splitlines() == [
+        f"parse-jax generate: error: --parse-config {f}: key 'threshold' is given twice (lines 1 and 3); give "
+        "each setting once"], err
+    rc, _, err = _main(capsys, "generate", "--parse-config", '{"threshold": 0.3', PROMPT)
+    assert rc == 2 and "--parse-config JSON is not valid JSON at line 1" in err
+
+
 def test_generate_with_a_parse_config_is_the_engine_with_those_settings(pair_dir, tmp_path, capsys):
     from parse_jax import ParseConfig, ParseEngine, load_pair
 
