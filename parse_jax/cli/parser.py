@@ -274,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--temperature", type=float, default=0.0)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="evaluate only the first N records (file order), as lm-eval's --limit; a later run with a "
+                        "larger N resumes the same results file")
     e.add_argument("--on-bad-line", choices=["error", "skip"], default="error",
                    help="a missing or malformed line: stop with the list of bad lines, or skip them (reported)")
     e.add_argument("--chat", choices=["auto", "on", "off"], default="auto",

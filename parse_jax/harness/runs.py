@@ -17,6 +17,7 @@ from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.eval.report import wilson
 from parse_jax.modes.table import MODE_TABLE
 from parse_jax.runtime.decode import generate
+from parse_jax.runtime.metrics import combine
 from parse_jax.runtime.programs import compiled_programs
 from parse_jax.runtime.requests import GenerateResult
 from parse_jax.utils import atomic, compile_cache
@@ -178,6 +179,7 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     seconds = {m: np.zeros(repeats) for m in names}
     outputs: dict[str, list] = {m: [None] * n for m in names}
     stats_sum: dict[str, dict] = {m: {} for m in names}
+    field: dict[str, list[dict]] = {m: [] for m in names}  # each chunk's stats: the field's metrics from their counts
     bar = tqdm(total=repeats * len(chunks) * len(names), desc="bench", disable=not settings.progress)
     for r in range(repeats):
         for ci, chunk in enumerate(chunks):
@@ -189,6 +191,7 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
                 if r == 0:
                     outputs[name][ci * batch_size: ci * batch_size + len(chunk)] = list(zip(res.texts, res.tokens))
                     acc = stats_sum[name]
+                    field[name].append(res.stats)
                     for key, value in res.stats.items():
                         if isinstance(value, (int, float)) and not isinstance(value, bool):
                             acc[key] = acc.get(key, 0) + value
@@ -228,8 +231,17 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
             "accepted_tokens": int(s.get("accepted_tokens", 0)),
             "verify_tokens": int(s.get("verify_tokens", 0)),
             "verify_passes": int(s.get("verify_passes", 0)),
+            **field_metrics(field[name]),
         }
     return rows
+
+
+def field_metrics(parts: list[dict]) -> dict:
+    """The field's speculation metrics of a mode (parse_jax/runtime/metrics.py), from every chunk's raw counts;
+    empty for a mode that reports none (target)."""
+    out = combine(parts)
+    out.pop("accepted_tokens", None)  # the row has its own
+    return out
 
 
 

@@ -24,6 +24,7 @@ from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.modes.context import ModeContext, parse_result
 from parse_jax.runtime.decode import decode_loop, is_eos, prefill
+from parse_jax.runtime.metrics import SCORE_BINS
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
@@ -90,7 +91,8 @@ class ContinueSpec:
 
 
 def _round_stats(v, draft_len) -> dict:
-    return {"accepted": v.accepted, "prefixes": v.prefixes, "draft_len": draft_len, "block_tokens": v.block_tokens}
+    return {"accepted": v.accepted, "prefixes": v.prefixes, "draft_len": draft_len, "block_tokens": v.block_tokens,
+            "rejected_at": v.rejected_at, "score_hist": v.score_hist}
 
 
 @functools.cache
@@ -206,6 +208,8 @@ class MultiState:
     drafted: jax.Array       # [B] draft tokens written
     block_tokens: jax.Array  # [B] verification tokens
     prefixes: jax.Array      # [B] prefixes scored
+    rejected_at: jax.Array   # [B, K + 1] passes by their first rejected prefix (K: none) (runtime/metrics.py)
+    score_hist: jax.Array    # [B, 2, SCORE_BINS] judge scores of accepted / other prefixes
 
 
 def write_at(buf: jax.Array, start: jax.Array, values: jax.Array, count: jax.Array) -> jax.Array:
@@ -278,7 +282,9 @@ def multi_round_program(pair: PairSpec, spec: RoundSpec, shape: MultiShape, samp
                 passes=s.passes + 1 + jnp.maximum(cstate.step - 1, 0),
                 accepted=s.accepted + acc, drafted=s.drafted + jnp.where(live, draft_len, 0),
                 block_tokens=s.block_tokens + jnp.where(live, v.block_tokens, 0),
-                prefixes=s.prefixes + jnp.where(live, v.prefixes, 0))
+                prefixes=s.prefixes + jnp.where(live, v.prefixes, 0),
+                rejected_at=s.rejected_at + jnp.where(live[:, None], v.rejected_at, 0),
+                score_hist=s.score_hist + jnp.where(live[:, None, None], v.score_hist, 0))
 
         d_cache, d_first = prefill(d_fwd, draft_cfg, prompt, prompt_lens, shape.cache_len)
         zeros = jnp.zeros((b,), jnp.int32)
@@ -286,7 +292,9 @@ def multi_round_program(pair: PairSpec, spec: RoundSpec, shape: MultiShape, samp
                            seq=jnp.zeros((b, p + shape.num_new + d), jnp.int32).at[:, :p].set(prompt),
                            out=jnp.full((b, shape.num_new + d), PAD_ID, jnp.int32), num_new=zeros,
                            last=prompt[rows, prompt_lens - 1], done=max_new <= 0, rounds=jnp.int32(0),
-                           passes=jnp.int32(0), accepted=zeros, drafted=zeros, block_tokens=zeros, prefixes=zeros)
+                           passes=jnp.int32(0), accepted=zeros, drafted=zeros, block_tokens=zeros, prefixes=zeros,
+                           rejected_at=jnp.zeros((b, spec.max_prefixes + 1), jnp.int32),
+                           score_hist=jnp.zeros((b, 2, SCORE_BINS), jnp.int32))
         state = round_(state, True, d_cache, d_first)
 
         def catch_up(s: MultiState) -> tuple[KVCache, jax.Array]:
@@ -303,7 +311,7 @@ def multi_round_program(pair: PairSpec, spec: RoundSpec, shape: MultiShape, samp
         s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: round_(s, False, *catch_up(s)), state)
         return {"tokens": s.out, "num_new": s.num_new, "rounds": s.rounds, "target_passes": s.passes,
                 "accepted": s.accepted, "draft_len": s.drafted, "block_tokens": s.block_tokens,
-                "prefixes": s.prefixes}
+                "prefixes": s.prefixes, "rejected_at": s.rejected_at, "score_hist": s.score_hist}
 
     return register_program(jax.jit(run))
 

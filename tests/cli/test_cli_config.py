@@ -133,6 +133,28 @@ def test_eval_parse_config_on_gsm8k_records_and_its_header(pair_dir, tmp_path, c
     assert rc == 2 and "threshold" in err and out.read_bytes() == before  # another setting: refused, untouched
 
 
+def test_eval_limit_takes_the_first_records_and_a_larger_limit_resumes(pair_dir, tmp_path, capsys):
+    from parse_jax.harness.eval.data import write_task_jsonl
+    from parse_jax.tasks import load_task
+
+    data = write_task_jsonl(load_task(), 5, tmp_path / "d.jsonl", seed=3)
+    out = tmp_path / "r.jsonl"
+    args = ["eval", "--pair", str(pair_dir), "--data", str(data), "--out", str(out), "--mode", "sd",
+            "--max-new-tokens", "6", "--batch-size", "2", "--no-progress"]
+    rc, _, err = _main(capsys, *args, "--limit", "2")
+    assert rc == 0, err
+    rows = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    assert [r["line"] for r in rows] == [1, 2]
+    prompts = [json.loads(x)["prompt"] for x in data.read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == prompts[:2] and all(r["output"] for r in rows)
+    assert all(r["stats"]["num_drafts"] >= 1 and "accepted_tokens" in r["stats"] for r in rows)
+    rc, _, err = _main(capsys, *args, "--limit", "4")
+    assert rc == 0, err
+    assert [json.loads(x)["line"] for x in out.read_text().splitlines()[1:]] == [1, 2, 3, 4]  # resumed, not redone
+    rc, _, err = _main(capsys, *args, "--limit", "0")
+    assert rc == 2 and "--limit must be >= 1, got 0" in err
+
+
 @pytest.fixture(scope="module")
 def chat_pair(tmp_path_factory):
     from tests.models.hf_tiny import make_tiny_hf

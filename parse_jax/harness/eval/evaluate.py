@@ -20,6 +20,7 @@ from typing import Any
 from parse_jax.errors import InputError
 from parse_jax.harness.eval.data import Record, load_records, parse_record
 from parse_jax.harness.eval.results import DEFAULT_INSTRUCTION, PromptFormat, ResultsFile, run_eval
+from parse_jax.utils.validation import check_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,14 +71,15 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
              seed: int = 0, task: Any = None, chat: str = "auto", instruction: str = DEFAULT_INSTRUCTION,
              results: ResultsFile | None = None, progress: bool = False,
              log: Callable[[str], None] | None = None, eos_ids: Sequence[int] | None = None,
-             template_kwargs: dict | None = None) -> EvalResult:
+             template_kwargs: dict | None = None, limit: int | None = None) -> EvalResult:
     """Generate with `mode` (a bench mode: target, sd, sequential, parse, parse-multi, eagle3, parse+eagle3, draft)
     on every record, grade, and total. `draft` may be None for mode "target"; `config`: a `ParseConfig`.
 
     `results`: a `ResultsFile` to append to and resume from (what `parse-jax eval --out` uses); default: in
     memory. Batch b's seed is `seed + its first record's line`, so a resumed run draws what a whole one would.
     `eos_ids`: the stop ids (default: the models' own); `template_kwargs`: for the chat template (e.g.
-    enable_thinking=False). Every setting is checked before the first record runs."""
+    enable_thinking=False); `limit`: only the first `limit` records (lm-eval's --limit). Every setting is checked
+    before the first record runs."""
     from parse_jax.harness.runs import RunSettings, mode_runner
     from parse_jax.tasks import load_task
 
@@ -85,6 +87,8 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
                            eos_ids=eos_ids, progress=progress)
     task = task if task is not None else load_task()
     records = as_records(records, task)
+    if limit is not None:
+        records = records[: check_int("limit", limit, 1, error=InputError)]
     runner = mode_runner(target, draft, config, mode, temperature=settings.temperature, eos_ids=settings.eos_ids)
     results = results if results is not None else ResultsFile.in_memory()
 
