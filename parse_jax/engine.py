@@ -130,19 +130,22 @@ class ParseEngine:
         self._costs: PassCosts | None = None
 
     def _encode_setting(self, name: str, text: str) -> list[int]:
-        """A setting's text as ids; text the tokenizer cannot write back (unknown characters, which would become an
-        unknown token, or special tokens) is refused."""
+        """A setting's text as ids, special tokens in it (`<|im_end|>`, `<|eot_id|>`: a hand-written chat turn) as
+        the model's special ids, as transformers encodes them. Text the tokenizer cannot write back is refused:
+        unknown characters (the unknown token), or ids that do not survive a round trip keeping special tokens."""
         tok = self.target.tokenizer
-        ids = tok.encode(text)
+        ids = [int(t) for t in tok.encode(text)]
         if not ids:
             raise ConfigError(f"{name} {text!r} encodes to no tokens")
         if tok.has_unknown(ids):
             raise ConfigError(f"{name} {text!r} is not in this tokenizer's vocabulary (it encodes to the unknown "
                               "token)")
-        if "".join(tok.decode(ids).split()) != "".join(text.split()):  # spacing may differ (word-level vocabularies)
+        back = tok.decode(ids, keep_special=True)
+        # spacing may differ (word-level vocabularies); the ids must come back the same
+        if "".join(back.split()) != "".join(text.split()) or [int(t) for t in tok.encode(back)] != ids:
             raise ConfigError(f"{name} {text!r} cannot be written in this tokenizer's vocabulary (it encodes to "
-                              f"{ids}, which decode to {tok.decode(ids)!r})")
-        return [int(t) for t in ids]
+                              f"{ids}, which decode to {back!r})")
+        return ids
 
     # --- segmentation and scoring (the numpy reference path) ------------------------------------------------
 

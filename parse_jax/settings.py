@@ -3,20 +3,28 @@ EAGLE-3's (`Eagle3Settings`), each validated where it is built (parse_jax.utils.
 
 Each field says why it exists and what range it takes in its metadata (`setting(...)`); `__post_init__` checks the
 field against it and the CLI builds its flags (type, choices, help, default, range) from it, so neither keeps a copy.
-Nothing here imports jax (nor anything but the standard library, parse_jax.errors and parse_jax.utils.validation).
+Nothing here imports jax (nor anything but the standard library, parse_jax.errors and parse_jax.utils; PyYAML when a
+YAML text is read or written).
 
 Config files and the CLI name every setting flat (`gamma`, `eagle3_gamma`, `eagle3_tree` beside PARSE's):
-`ParseConfig.from_flat` and `ParseConfig.flat_fields` map those names onto the groups.
+`ParseConfig.from_flat` and `ParseConfig.flat_fields` map those names onto the groups. `ParseConfig.load` is the one
+reader of PARSE settings (a shipped name, a YAML or JSON file, a JSON string, a mapping; the CLI's --parse-config and
+--set go through it too), `ParseConfig.save` writes one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
 import typing
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from parse_jax.errors import ConfigError
+from parse_jax.utils.paths import config_dir
 from parse_jax.utils.validation import check_choice, check_float, check_int
 
 Policy = Literal["earliest_error", "longest_valid"]
@@ -239,3 +247,114 @@ class ParseConfig:
         out = {k: getattr(self, k) for k in self.flat_fields() if k not in self.FLAT_GROUPS}
         out.update({key: getattr(getattr(self, group), field) for key, (group, field) in self.FLAT_GROUPS.items()})
         return out
+
+    # --- reading and writing PARSE settings files -------------------------------------------------------
+
+    @classmethod
+    def load(cls, source: str | os.PathLike | Mapping[str, Any] | ParseConfig, **overrides: Any) -> ParseConfig:
+        """PARSE settings from `source`: a shipped config by name (`"qwen3_chat"`: configs/parse/NAME.yaml), a YAML
+        or JSON file, a JSON string (`'{"threshold": 0.3}'`), a mapping of flat settings, or a ParseConfig; then the
+        flat `overrides`. Settings not given keep their defaults. Every key must be a setting and every value of its
+        type and range; a key given twice in a file is refused (ConfigError naming the source, the key and the value).
+        """
+        if isinstance(source, ParseConfig):
+            return cls.from_flat(source, **read_settings(overrides, "overrides")) if overrides else source
+        fields = read_source(source)
+        fields.update(read_settings(overrides, "overrides"))
+        return cls.from_flat(**fields)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write every setting (flat names) to `path`, YAML unless it ends in .json, atomically (the old file stays
+        whole until the new one is complete); `ParseConfig.load(path)` reads back an equal config."""
+        from parse_jax.utils.atomic import write_text
+
+        flat = {k: list(v) if isinstance(v, tuple) else v for k, v in self.flat().items()}
+        path = Path(path)
+        if path.suffix.lower() == ".json":
+            return write_text(path, json.dumps(flat, indent=2, ensure_ascii=False) + "\n")
+        import yaml
+
+        return write_text(path, "# PARSE settings (parse_jax.ParseConfig.save); read with ParseConfig.load or "
+                                "--parse-config\n" + yaml.safe_dump(flat, sort_keys=False, allow_unicode=True))
+
+
+PARSE_CONFIG_DIR = config_dir() / "parse"
+
+
+def shipped_parse_configs() -> list[str]:
+    """The names of the shipped PARSE configs (configs/parse/NAME.yaml)."""
+    return sorted(p.stem for p in PARSE_CONFIG_DIR.glob("*.yaml")) if PARSE_CONFIG_DIR.is_dir() else []
+
+
+def read_source(source: str | os.PathLike | Mapping[str, Any], where: str | None = None) -> dict[str, Any]:
+    """The checked flat settings of one source (see `ParseConfig.load`); errors name `where` (default: the source
+    itself)."""
+    from parse_jax.utils.yaml_file import read_json, read_yaml
+
+    if isinstance(source, Mapping):
+        return read_settings(source, where or "PARSE settings")
+    if not isinstance(source, (str, os.PathLike)):
+        raise ConfigError(f"PARSE settings must be a shipped name, a YAML/JSON path, a JSON string or a mapping, got "
+                          f"{type(source).__name__}")
+    if isinstance(source, str) and source.lstrip().startswith("{"):
+        where = where or "PARSE settings JSON"
+        return read_settings(_mapping(read_json(source, where), where), where)
+    path = Path(source)
+    if isinstance(source, str) and not path.exists() and (PARSE_CONFIG_DIR / f"{source}.yaml").is_file():
+        path = PARSE_CONFIG_DIR / f"{source}.yaml"  # a shipped PARSE config by name, e.g. qwen3_chat
+    elif isinstance(source, str) and not path.exists() and not path.suffix and os.sep not in source:
+        raise ConfigError(f"{where or 'PARSE config'} {source!r}: no such file and no shipped PARSE config of that "
+                          f"name; shipped: {', '.join(shipped_parse_configs()) or 'none'}")
+    where = where or f"PARSE config {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {where}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not UTF-8 text") from None
+    loaded = read_json(text, where) if path.suffix.lower() == ".json" else read_yaml(text, where)
+    return read_settings(_mapping({} if loaded is None else loaded, where), where)
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must hold a mapping of ParseConfig fields (threshold: 0.5, ...), got "
+                          f"{type(value).__name__}")
+    return value
+
+
+def read_settings(settings: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Flat settings checked one by one: each key a setting, each value of its type and range (errors name `where`,
+    the key and the value)."""
+    return dict(read_setting(key, value, where) for key, value in settings.items())
+
+
+def read_setting(key: Any, value: Any, where: str, raw: str | None = None) -> tuple[str, Any]:
+    """(key, value) of one flat setting, checked. `raw`: the text of a `--set KEY=VALUE` (a text setting keeps it as
+    given unless it is a quoted YAML string: `--set judge_yes=Yes` is "Yes", not YAML's true)."""
+    fields = ParseConfig.flat_fields()
+    if key not in fields:
+        raise ConfigError(f"{where}: unknown PARSE setting {key!r}; the settings are ParseConfig's fields: "
+                          f"{', '.join(fields)}")
+    kind = type(fields[key])
+    if key == "delimiter" and isinstance(value, (list, tuple)):  # several delimiters: a list of strings
+        if not value or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{where}: delimiter must be a string or a list of non-empty strings, got {value!r}")
+        return key, tuple(value)
+    if kind is str:
+        if raw is not None:
+            value = value if raw.strip()[:1] in ("'", '"') else raw  # a quoted value is YAML's: "\n\n" is newlines
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: {key} must be a string, got {value!r} (quote it in YAML)")
+        return key, value
+    return key, check_setting(*ParseConfig.flat_setting(key), value, f"{where}: {key}")
+
+
+def read_set_item(item: str) -> tuple[str, Any]:
+    """(key, value) of one `--set KEY=VALUE`, the value read as a YAML scalar, checked."""
+    from parse_jax.utils.yaml_file import read_yaml_scalar
+
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set threshold=0.3")
+    return read_setting(key.strip(), read_yaml_scalar(raw), f"--set {item}", raw=raw)

@@ -74,6 +74,28 @@ def test_chat_suffix_scores_equal_transformers_separate_passes(qwen):
     assert res.stats["host_transfers"] == 1 and len(res.tokens[0]) > 0 and len(alone.tokens[0]) > 0
 
 
+def test_a_plain_chatml_suffix_with_special_tokens_scores_as_the_chat_template_suffix(qwen):
+    """A hand-written ChatML turn as a plain verify_suffix: its special tokens encode as the model's special ids
+    (as transformers encodes them), so the prefix scores are those of the chat-template suffix it spells out."""
+    _, m = qwen
+    tok = m.tokenizer
+    words = {"judge_yes": " correct", "judge_no": " wrong", "delimiter": "\n\n"}
+    chat = ParseEngine(m, m, ParseConfig(suffix_format="chat", verify_suffix=QUESTION, **words))
+    spelled = ("<|im_end|>\n<|im_start|>user\n" + QUESTION + "<|im_end|>\n<|im_start|>assistant\n"
+               "<think>\n\n</think>\n\n")
+    plain = ParseEngine(m, m, ParseConfig(verify_suffix=spelled, **words))
+    special = {tok.token_to_id("<|im_end|>"), tok.token_to_id("<|im_start|>")}
+    assert special <= set(plain.suffix_ids) and special <= tok.special_ids  # one special id each, not their letters
+    assert plain.suffix_ids == chat.suffix_ids
+    ctx = tok.encode(tok.apply_chat_template([{"role": "user", "content": "add 3 and 4"}], enable_thinking=False))
+    draft = tok.encode("we add 3 * 4 = 12.\n\nthe total is 12:\n\nThe answer is 12.")
+    bounds = chat.boundaries(draft)
+    assert len(bounds) == 3
+    np.testing.assert_array_equal(plain.prefix_scores(ctx, draft, bounds), chat.prefix_scores(ctx, draft, bounds))
+    with pytest.raises(ConfigError, match="special token"):  # judge words stay ordinary text
+        ParseEngine(m, m, ParseConfig(verify_suffix=spelled, judge_yes="<|im_end|>", judge_no=" wrong"))
+
+
 def test_judge_words_that_cannot_be_scored_are_refused(qwen):
     _, m = qwen
     with pytest.raises(ConfigError, match="special token"):
@@ -93,12 +115,8 @@ def test_a_chat_model_with_the_embedded_tasks_settings_is_warned_about(qwen):
 
 def test_the_shipped_qwen3_config_runs_on_a_qwen_format_pair(qwen):
     """configs/parse/qwen3_chat.yaml: a chat-rendered suffix, judge words, blank-line steps in the decoded text."""
-    import yaml
-
-    from parse_jax.cli.setup import PARSE_CONFIG_DIR
-
     _, m = qwen
-    cfg = ParseConfig.from_flat(**yaml.safe_load((PARSE_CONFIG_DIR / "qwen3_chat.yaml").read_text()))
+    cfg = ParseConfig.load("qwen3_chat")
     assert cfg.suffix_format == "chat" and cfg.delimiters == ("\n\n",)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # settings made for the model: no warning about toy defaults

@@ -2,6 +2,7 @@
 the same default, the same choices, the same range (a value out of it refused by the flag exactly as by the field)."""
 
 import dataclasses
+import re
 import subprocess
 import sys
 import typing
@@ -24,7 +25,8 @@ def test_settings_import_no_jax_nor_anything_above_them():
     assert r.returncode == 0, r.stderr
     loaded = eval(r.stdout)
     assert loaded == ["parse_jax", "parse_jax.errors", "parse_jax.settings", "parse_jax.utils",
-                      "parse_jax.utils.validation", "parse_jax.utils.version"]  # the package root's __version__
+                      "parse_jax.utils.paths", "parse_jax.utils.validation",
+                      "parse_jax.utils.version"]  # the package root's __version__
 
 
 @pytest.mark.subprocess
@@ -138,3 +140,70 @@ def test_train_steps_flag_has_the_phase_range(capsys):
     assert action.default is None and about(PhaseSpec, "steps").help in action.help
     assert main(["train", "--recipe", "pair_default", "--steps", "0"]) == 2
     assert capsys.readouterr().err.strip() == "parse-jax train: error: --steps must be >= 1, got 0"
+
+
+# --- ParseConfig.load / save: one reader of PARSE settings -----------------------------------------------------------
+
+def test_load_a_shipped_name_its_file_its_json_and_a_mapping_are_one_config(tmp_path):
+    import json
+
+    from parse_jax.settings import PARSE_CONFIG_DIR
+
+    path = PARSE_CONFIG_DIR / "qwen3_chat.yaml"
+    named = ParseConfig.load("qwen3_chat")
+    assert named.suffix_format == "chat" and named.delimiters == ("\n\n",) and named.max_draft_tokens == 512
+    flat = {k: list(v) if isinstance(v, tuple) else v for k, v in named.flat().items()}
+    assert named == ParseConfig.load(path) == ParseConfig.load(str(path)) == ParseConfig.load(json.dumps(flat))
+    assert named == ParseConfig.load(flat) == ParseConfig.load(named)
+    assert named != ParseConfig()  # the file's settings, not the defaults
+    assert ParseConfig.load("qwen3_chat", threshold=0.25).threshold == 0.25
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_save_writes_a_file_load_reads_back_equal(tmp_path, suffix):
+    cfg = ParseConfig(threshold=1e-3, delimiter=("\n\n", "."), verify_suffix=" is it right?\n", judge_yes="Yes",
+                      speculation=SpecSettings(gamma=7), eagle3=Eagle3Settings(tree=3))
+    out = cfg.save(tmp_path / f"pc{suffix}")
+    assert out == tmp_path / f"pc{suffix}" and ParseConfig.load(out) == cfg
+    assert [p.name for p in tmp_path.iterdir()] == [f"pc{suffix}"]  # no temporary left beside it
+    ParseConfig(threshold=0.7).save(out)  # replaced whole
+    assert ParseConfig.load(out) == ParseConfig(threshold=0.7)
+
+
+def test_load_reads_exponent_floats_as_yaml_1_2_does(tmp_path):
+    f = tmp_path / "pc.yaml"
+    f.write_text("threshold: 1e-1\nmax_prefixes: 3\n")
+    assert ParseConfig.load(f).threshold == pytest.approx(0.1)
+    args = build_parser().parse_args(["generate", "--set", "threshold=1e-1", "x"])
+    from parse_jax.cli.setup import parse_config
+
+    assert parse_config(args).threshold == pytest.approx(0.1)
+    f.write_text('judge_yes: "1e-1"\n')  # quoted: a string still
+    assert ParseConfig.load(f).judge_yes == "1e-1"
+
+
+@pytest.mark.parametrize("text, suffix", [("threshold: 0.3\nmax_prefixes: 3\nthreshold: 0.9\n", ".yaml"),
+                                          ('{"threshold": 0.3, "threshold": 0.9}', ".json")])
+def test_load_refuses_a_key_given_twice_naming_it(tmp_path, text, suffix):
+    f = tmp_path / f"pc{suffix}"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=r"key 'threshold' is given twice"):
+        ParseConfig.load(f)
+    if suffix == ".json":
+        with pytest.raises(ConfigError, match=r"PARSE settings JSON: key 'threshold' is given twice"):
+            ParseConfig.load(text)
+
+
+@pytest.mark.parametrize("source, message", [
+    ("no_such_config", "no such file and no shipped PARSE config of that name; shipped: qwen3_chat"),
+    ("/nowhere/pc.yaml", "cannot read PARSE config /nowhere/pc.yaml"),
+    ('{"threshold": 0.3', "PARSE settings JSON is not valid JSON at line 1"),
+    ('{"treshold": 0.3}', "unknown PARSE setting 'treshold'"),
+    ({"threshold": 7}, "PARSE settings: threshold must lie in [0, 1], got 7"),
+    ({"judge_yes": True}, "judge_yes must be a string, got True"),
+    ('["threshold"]', "no such file"),
+    (3, "got int"),
+])
+def test_load_refuses_bad_sources_in_one_line(source, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ParseConfig.load(source)

@@ -5,10 +5,13 @@ What `ocp.CheckpointManager` writes, and what is read here::
     RUN/run.json                    this project's runs (parse_jax/train/trainer.py): the run's fingerprint, whose
                                     "model" entry is the ModelConfig; other runs give `config_from=`
     RUN/ckpt/<step>/<item>/         a finished step, one subfolder per item: the trainer writes `state`
-                                    ({"params", "opt_state"}) and `meta` (JSON); a single-item manager `default`
+                                    ({"params", "opt_state"}) and `meta` (JSON); a single-item manager `default`.
+                                    <step> is named as the run's manager names steps (23, 0023, step_23,
+                                    step_0023), found with Orbax's step utilities
     RUN/ckpt/<step>.orbax-checkpoint-tmp-<time>/   a step still being written: never read
 
-`path` may be the run folder (holding `ckpt/`), the CheckpointManager folder itself, or one step's folder.
+`path` may be the run folder (holding `ckpt/`), the CheckpointManager folder itself, or one step's folder, on any
+path etils.epath and Orbax accept (a local folder, gs://...).
 
 The params are one sub-tree of one item (`state/params`, beside the optimizer state). It is found from Orbax's
 tree metadata (no array is read for that): every dict holding `embed_tokens` is a candidate, and those named
@@ -23,11 +26,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
+import re
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from parse_jax.checkpoints.orbax import (
     CONFIG_FILE,
@@ -51,20 +56,32 @@ COMMIT_FILE = "commit_success.txt"  # Orbax writes it last into each step (the m
 
 
 # ------------------------------------------------------------------------------------------------ steps
+# Paths go through etils.epath (local, gs:// and any other path Orbax accepts); step names are read with Orbax's own
+# step utilities (`ocp.step`), so every name format a CheckpointManager writes is found: the default (`23`), zero
+# padded (`step_format_fixed_length`: `0023`) and prefixed (`step_prefix`: `step_23`, `step_0023`).
+
+
+def as_path(path: Any) -> epath.Path:
+    """`path` as an epath.Path (a local path made absolute; gs:// and other remote paths as they are)."""
+    p = epath.Path(path)
+    return p.absolute() if "://" not in str(path) else p
 
 
 def _step_of(name: str) -> int | None:
-    """The step a step folder's name gives (Orbax's default names: the step, maybe zero-padded)."""
-    return int(name) if name.isdigit() else None
+    """The step a finished step folder's name gives (Orbax's name formats: `23`, `0023`, `PREFIX_23`), None for any
+    other name (a temporary folder included)."""
+    if TMP_MARK in name or not (name.isdigit() or re.fullmatch(ocp.step.ALLOWED_STEP_NAME_PATTERN, name)):
+        return None
+    return ocp.step.step_from_checkpoint_name(name)
 
 
 def _tmp_step_of(name: str) -> int | None:
-    """The step of a temporary folder `<step>.orbax-checkpoint-tmp-<time>`."""
-    head, mark, _ = name.partition(TMP_MARK)
-    return _step_of(head) if mark else None
+    """The step of a temporary folder `<name>.orbax-checkpoint-tmp-<time>`."""
+    m = re.match(ocp.step.TMP_DIR_STEP_PATTERN, name)
+    return int(m.group(1)) if m else None
 
 
-def _is_manager(folder: Path) -> bool:
+def _is_manager(folder: epath.Path) -> bool:
     """A folder with step subfolders (finished or being written)."""
     if not folder.is_dir():
         return False
@@ -72,10 +89,10 @@ def _is_manager(folder: Path) -> bool:
                for c in folder.iterdir())
 
 
-def locate(path: Path, step: int | None = None) -> tuple[Path, int | None] | None:
+def locate(path: Any, step: int | None = None) -> tuple[epath.Path, int | None] | None:
     """(CheckpointManager folder, step) for a run folder, a CheckpointManager folder or one step's folder;
     None when `path` is none of them (a plain model folder)."""
-    path = Path(path).absolute()
+    path = as_path(path)
     if _is_manager(path):
         return path, step
     if (path / CONFIG_FILE).is_file() or (path / "config.json").is_file():
@@ -99,19 +116,25 @@ def _as_step(step: Any) -> int:
         raise ConfigError(f"step must be an integer, got {step!r}") from None
 
 
-def list_steps(manager: Path) -> tuple[dict[int, Path], dict[int, Path]]:
-    """({step: folder} of finished steps, {step: folder} of steps still being written): a temporary folder, a step
-    with an item still in a temporary folder, or, where the other steps carry Orbax's commit marker (file systems
-    without atomic renames), a step without it."""
-    done, writing = {}, {}
-    for c in manager.iterdir():
+def list_steps(manager: Any) -> tuple[dict[int, epath.Path], dict[int, epath.Path]]:
+    """({step: folder} of finished steps, {step: folder} of steps still being written), as Orbax tells them apart:
+    a temporary folder (`ocp.step.is_path_temporary`: a `.orbax-checkpoint-tmp` name, or on object stores a step
+    without its commit marker) or a folder Orbax does not call finalized; besides, a step with an item still in a
+    temporary folder, and, where the other steps carry Orbax's commit marker, a step without it. Two finished
+    folders naming one step (`5` and `step_5`) are an error."""
+    done: dict[int, epath.Path] = {}
+    writing: dict[int, epath.Path] = {}
+    for c in as_path(manager).iterdir():
         if not c.is_dir():
             continue
         if (s := _tmp_step_of(c.name)) is not None:
             writing[s] = c
         elif (s := _step_of(c.name)) is not None:
-            if any(TMP_MARK in item.name for item in c.iterdir()):
+            if (ocp.step.is_path_temporary(c) or not ocp.step.is_path_finalized(c)
+                    or any(TMP_MARK in item.name for item in c.iterdir())):
                 writing[s] = c
+            elif s in done:
+                raise CheckpointError(f"step {s} is named twice in {manager}: {done[s].name} and {c.name}")
             else:
                 done[s] = c
     if any((d / COMMIT_FILE).is_file() for d in done.values()):
@@ -126,7 +149,7 @@ def _steps_text(steps: dict[int, Path]) -> str:
         f" ({len(shown)} steps)" if len(shown) > 20 else "")
 
 
-def select_step(manager: Path, step: int | None) -> tuple[int, Path]:
+def select_step(manager: epath.Path, step: int | None) -> tuple[int, epath.Path]:
     """(step, folder): `step`, or the latest finished one; a missing step or one still being written is an error."""
     done, writing = list_steps(manager)
     if step is None:
@@ -147,7 +170,7 @@ def select_step(manager: Path, step: int | None) -> tuple[int, Path]:
 def resolve_step(path: str | Path, step: int | None = None) -> int | None:
     """The step `load_model(path, step)` would read (None for a plain model folder): for provenance and for keying
     results, before anything is loaded."""
-    found = locate(Path(path), step)
+    found = locate(path, step)
     return None if found is None else select_step(*found)[0]
 
 
@@ -298,7 +321,7 @@ def run_config(manager: Path, config_from: Any) -> tuple[ModelConfig, Tokenizer 
         tok_dir = next((f for f in folders if (f / "tokenizer.json").is_file()), None)
         return cfg, None if tok_dir is None else folder_tokenizer(tok_dir, cfg)
     if config_from is not None:
-        src = Path(config_from).absolute()
+        src = as_path(config_from)
         found = _config_of_folder(src) if src.is_dir() else None
         if found is None:
             raise ConfigError(f"config_from {src}: expected a Hugging Face folder (config.json), a parse-jax "
@@ -343,7 +366,7 @@ def load_run(path: str | Path, which: RunStep = RunStep(), *, mesh: Any = None, 
 
     The model's `loaded_from` attribute says what was read: {"path", "step", "params_path"}."""
     step, params_path, config_from = which.step, which.params_path, which.config_from
-    found = locate(Path(path), step)
+    found = locate(path, step)
     if found is None:
         raise CheckpointError(f"{path} is not an Orbax CheckpointManager folder (no step subfolders)")
     manager, step = found

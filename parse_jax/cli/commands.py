@@ -24,7 +24,7 @@ from parse_jax.cli.setup import (
 )
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.utils.progress import logger, phase
-from parse_jax.utils.validation import check_float, check_text
+from parse_jax.utils.validation import check_float, check_int, check_text
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -206,6 +206,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     eos_ids_from_args(args)
     task = load_task(args.task)
     records, bad = load_records(args.data, task, args.on_bad_line)
+    if args.limit is not None:  # lm-eval's --limit: the first N records
+        records = records[: check_int("--limit", args.limit, 1)]
     cfg = parse_config(args)
     if not writes_results():
         raise ConfigError("eval appends to one results file: run it as a single process (a mesh of one host's "

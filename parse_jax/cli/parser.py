@@ -61,10 +61,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parse_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--parse-config", dest="parse_config_file", default=None, metavar="FILE.yaml",
-                   help="PARSE settings: a YAML file of ParseConfig fields (verify_suffix, judge_yes, judge_no, "
-                        "delimiter, threshold, ...) or a shipped one by name (qwen3_chat); --set and the flags "
-                        "below override it")
+    p.add_argument("--parse-config", dest="parse_config_file", default=None, metavar="NAME|FILE|JSON",
+                   help="PARSE settings, read as ParseConfig.load reads them: a shipped config by name (qwen3_chat), "
+                        "a YAML or JSON file of ParseConfig fields (verify_suffix, judge_yes, judge_no, delimiter, "
+                        "threshold, ...) or inline JSON ('{\"threshold\": 0.3}'); --set and the flags below "
+                        "override it")
     p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                    help="one ParseConfig field (repeatable), the value read as a YAML scalar, e.g. --set "
                         "threshold=0.3; a text field takes the text as given, or a quoted YAML string with escapes: "
@@ -302,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--batch-size", type=int, default=8)
     add_batching_arg(e)
+    e.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="evaluate only the first N records (file order), as lm-eval's --limit; a later run with a "
+                        "larger N resumes the same results file")
     add_bad_line_arg(e)
     e.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
                    help="GSM8K questions through the model's chat template (auto: when it has one)")

@@ -12,12 +12,8 @@ import sys
 from pathlib import Path
 
 from parse_jax.errors import ConfigError, InputError, ParseJaxError
-from parse_jax.utils.paths import config_dir
 from parse_jax.utils.progress import logger, phase
 from parse_jax.utils.validation import check_int
-
-PARSE_CONFIG_DIR = config_dir() / "parse"
-
 
 
 def models_from_args(args: argparse.Namespace, need_draft: bool):
@@ -119,66 +115,21 @@ def attach_eagle3(args: argparse.Namespace, target) -> None:
 
 
 def parse_config_fields(args: argparse.Namespace) -> dict:
-    """ParseConfig settings of a command: the --parse-config YAML file, then each --set KEY=VALUE (in order),
-    then the explicit flags (--threshold, ...): a later source overrides an earlier one. Every key must be a
-    ParseConfig field and every value of that field's type (errors name the key, the value and the source)."""
-    import yaml
+    """ParseConfig settings of a command: --parse-config (a shipped name, a YAML/JSON file or inline JSON, read by
+    `ParseConfig.load`'s reader), then each --set KEY=VALUE (in order), then the explicit flags (--threshold, ...):
+    a later source overrides an earlier one. Every key must be a ParseConfig field and every value of that field's
+    type (errors name the key, the value and the source)."""
+    from parse_jax.settings import ParseConfig, read_set_item, read_source
 
-    from parse_jax.settings import ParseConfig, check_setting
-
-    fields = {name: type(default) for name, default in ParseConfig.flat_fields().items()}
     out: dict = {}
-
-    def put(key, value, where: str, raw: str | None = None) -> None:
-        if key not in fields:
-            raise ConfigError(f"{where}: unknown PARSE setting {key!r}; the settings are ParseConfig's fields: "
-                              f"{', '.join(fields)}")
-        kind = fields[key]
-        if key == "delimiter" and isinstance(value, list):  # several delimiters: a YAML list of strings
-            if not value or not all(isinstance(v, str) and v for v in value):
-                raise ConfigError(f"{where}: delimiter must be a string or a list of non-empty strings, got {value!r}")
-            value = tuple(value)
-        elif kind is str:
-            if raw is not None:  # --set judge_yes=Yes stays the text given (YAML would read a boolean); a quoted
-                value = value if raw.strip()[:1] in ("'", '"') else raw  # value is YAML's: "\n\n" is newlines
-            if not isinstance(value, str):
-                raise ConfigError(f"{where}: {key} must be a string, got {value!r} (quote it in YAML)")
-        elif kind in (int, float):  # the field's type and range, the source named
-            value = check_setting(*ParseConfig.flat_setting(key), value, f"{where}: {key}")
-        out[key] = value
-
-    path = getattr(args, "parse_config_file", None)
-    if path is not None and not Path(path).exists() and (PARSE_CONFIG_DIR / f"{path}.yaml").is_file():
-        path = PARSE_CONFIG_DIR / f"{path}.yaml"  # a shipped PARSE config by name, e.g. qwen3_chat
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ConfigError(f"cannot read --parse-config {path}: {e.strerror or e}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"--parse-config {path} is not UTF-8 text") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            raise ConfigError(f"--parse-config {path} is not valid YAML{at}: "
-                              f"{getattr(e, 'problem', None) or e}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--parse-config {path} must hold a mapping of ParseConfig fields (threshold: 0.5, "
-                              f"...), got {type(loaded).__name__}")
-        for key, value in loaded.items():
-            put(key, value, f"--parse-config {path}")
+    source = getattr(args, "parse_config_file", None)
+    if source is not None:
+        inline = source.lstrip().startswith("{")
+        out.update(read_source(source, "--parse-config JSON" if inline else f"--parse-config {source}"))
     for item in getattr(args, "set", None) or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set threshold=0.3")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
-            value = raw
-        put(key.strip(), value, f"--set {item}", raw=raw)
-    for key in fields:  # the flags (--threshold, ...) are named as the settings they set
+        key, value = read_set_item(item)
+        out[key] = value
+    for key in ParseConfig.flat_fields():  # the flags (--threshold, ...) are named as the settings they set
         if getattr(args, key, None) is not None:
             out[key] = getattr(args, key)
     return out

@@ -132,11 +132,54 @@ def bench_figures(result: dict) -> dict[str, Figure]:
     ax.set_title(f"accuracy on {result['n']} held-out problems", fontsize=10)
     _freeze_layout(fig)
     figs["bench_accuracy"] = fig
+    figs.update(acceptance_figures(rows))
+    return figs
+
+
+def acceptance_figures(rows: dict) -> dict[str, Figure]:
+    """The field's speculation metrics (parse_jax/runtime/metrics.py), for the modes that report them:
+    {"bench_acceptance": acceptance rate per draft position of each token-speculation mode (sd, eagle3),
+    "bench_rejected_step": the histogram of the first rejected step of each PARSE pass}."""
+    figs = {}
+    spec = {m: r["acceptance_rate_per_pos"] for m, r in rows.items() if r.get("acceptance_rate_per_pos")}
+    if spec:
+        fig, ax = plt.subplots(figsize=(7.5, 4.6), layout="constrained")
+        xy, labels = [], []
+        for m, rates in spec.items():
+            pos = np.arange(1, len(rates) + 1)
+            ax.plot(pos, rates, marker="o", label=f"{m} (acceptance length {rows[m]['acceptance_length']:.2f})")
+            xy += [(float(x), float(y)) for x, y in zip(pos, rates)]
+            labels += [f"{y:.2f}" for y in rates]
+        ax.set_ylim(0, 1.25)
+        ax.set_xlim(0.5, max(len(r) for r in spec.values()) + 0.5)
+        ax.set_xticks(np.arange(1, max(len(r) for r in spec.values()) + 1))
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance rate (accepted at the position / drafts)")
+        ax.set_title("acceptance per draft position", fontsize=10)
+        ax.legend(fontsize=8, loc="upper right")
+        label_points(ax, xy, labels)  # every point its value, where it overlaps nothing (or in the legend)
+        figs["bench_acceptance"] = fig
+    parse = {m: r["first_rejected_step_hist"] for m, r in rows.items() if r.get("first_rejected_step_hist")}
+    if parse:
+        fig, axes = plt.subplots(1, len(parse), figsize=(max(6.0, 4.5 * len(parse)), 4.3), layout="constrained",
+                                 squeeze=False)
+        for ax, (m, hist) in zip(axes[0], parse.items()):
+            labels = [str(k + 1) for k in range(len(hist) - 1)] + ["none"]
+            total = max(sum(hist), 1)
+            _bars(ax, labels, [100 * h / total for h in hist], [100 * h / total for h in hist],
+                  [100 * h / total for h in hist], "{:.0f}%", "tab:red",
+                  ["tab:red"] * (len(hist) - 1) + ["tab:green"])
+            ax.set_xlabel("first rejected step (none: every step accepted)")
+            ax.set_ylabel(f"verification passes, % (of {sum(hist)})")
+            ax.set_title(f"{m}: where the draft is first rejected", fontsize=10)
+        _freeze_layout(fig)
+        figs["bench_rejected_step"] = fig
     return figs
 
 
 def bench_plots(result: dict, folder: Path) -> list[Path]:
-    """bench_throughput.png (tokens/s, speed-up, the draft-alone ceiling) and bench_accuracy.png."""
+    """bench_throughput.png (tokens/s, speed-up, the draft-alone ceiling), bench_accuracy.png and, for the modes
+    that report them, bench_acceptance.png (per draft position) and bench_rejected_step.png (PARSE)."""
     return [_save(fig, Path(folder) / f"{name}.png") for name, fig in bench_figures(result).items()]
 
 

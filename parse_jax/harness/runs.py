@@ -17,6 +17,7 @@ from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.eval.report import wilson
 from parse_jax.modes.table import MODE_TABLE
 from parse_jax.runtime.decode import generate, target_request
+from parse_jax.runtime.metrics import combine
 from parse_jax.runtime.programs import compiled_programs
 from parse_jax.runtime.requests import GenerateResult, SamplingParams
 from parse_jax.runtime.slots import serve_request
@@ -214,6 +215,7 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     compiles = {m: 0 for m in names}
     outputs: dict[str, list] = {m: [None] * n for m in names}
     stats_sum: dict[str, dict] = {m: {} for m in names}
+    field: dict[str, list[dict]] = {m: [] for m in names}  # each chunk's stats: the field's metrics from their counts
     bar = tqdm(total=repeats * len(chunks) * len(names), desc="bench", disable=not settings.progress)
     for r in range(repeats):
         start = 0
@@ -228,6 +230,7 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
                 if r == 0:
                     outputs[name][start: start + len(chunk)] = list(zip(res.texts, res.tokens))
                     _add_stats(stats_sum[name], res.stats, len(chunk))
+                    field[name].append(res.stats)
                 bar.update(1)
                 bar.set_postfix(mode=name, repeat=r)
             start += len(chunk)
@@ -262,6 +265,7 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
             "verify_passes": int(s.get("verify_passes", 0)),
             "compiles_in_timing": compiles[name],
             "schedule_ran": s.get("schedule_ran", {}),
+            **field_metrics(field[name]),
         }
     return rows
 
@@ -278,6 +282,14 @@ def _add_stats(acc: dict, stats: dict, rows: int) -> None:
     acc["row_passes"] = acc.get("row_passes", 0) + stats.get("request_passes", stats.get("target_passes", 0) * rows)
     checks = stats.get("verify_passes", stats.get("target_passes", 0))
     acc["row_checks"] = acc.get("row_checks", 0) + checks * rows
+
+
+def field_metrics(parts: list[dict]) -> dict:
+    """The field's speculation metrics of a mode (parse_jax/runtime/metrics.py), from every chunk's raw counts;
+    empty for a mode that reports none (target)."""
+    out = combine(parts)
+    out.pop("accepted_tokens", None)  # the row has its own
+    return out
 
 
 

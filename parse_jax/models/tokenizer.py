@@ -169,9 +169,9 @@ class Tokenizer:
         """Ids of `text` exactly; no BOS/EOS or template tokens are added."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: Any) -> str:
-        """Text of `ids`, special tokens (BOS, EOS, chat markers) dropped."""
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+    def decode(self, ids: Any, keep_special: bool = False) -> str:
+        """Text of `ids`, special tokens (BOS, EOS, chat markers) dropped unless `keep_special`."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=not keep_special)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)

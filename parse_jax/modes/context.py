@@ -53,6 +53,19 @@ class Launch:
     args: tuple
 
 
+def step_metrics(rows: dict, n: int) -> dict:
+    """PARSE's per-step metrics (parse_jax/runtime/metrics.py) of the first `n` rows' counters: steps drafted,
+    passes by their first rejected step, the judge scores of accepted and rejected prefixes, verification passes
+    (every pass a row was live in adds one count to its first-rejected histogram)."""
+    if "rejected_at" not in rows:
+        return {}
+    rejected_at, hist = np.asarray(rows["rejected_at"][:n]), np.asarray(rows["score_hist"][:n])
+    return {"num_steps_drafted": int(np.sum(rows["prefixes"][:n])), "num_verifications": int(rejected_at.sum()),
+            "first_rejected_step_hist": [int(x) for x in rejected_at.sum(0)],
+            "accepted_score_hist": [int(x) for x in hist[:, 0].sum(0)],
+            "rejected_score_hist": [int(x) for x in hist[:, 1].sum(0)]}
+
+
 def parse_result(ctx: ModeContext, req: Request, rows: dict, seconds: float, *, verify_passes: int,
                  target_passes: int, continue_batch: int | None = None, rounds: int | None = None) -> GenerateResult:
     """A PARSE-family mode's result: texts, tokens and `GenerationStats` from its fetched per-row counters (`rows`:
@@ -74,6 +87,7 @@ def parse_result(ctx: ModeContext, req: Request, rows: dict, seconds: float, *, 
         draft_tokens=total("draft_len"), accepted_tokens=sum(accepted),
         accepted_per_request=accepted, prefixes_per_request=[int(x) for x in rows["prefixes"][:n]],
         verify_tokens=total("block_tokens"), continued_requests=continued_n, continue_batch=continue_batch,
-        eagle3_accepted_tokens=total("eagle3_accepted_tokens"), eagle3_draft_tokens=total("eagle3_draft_tokens"))
+        eagle3_accepted_tokens=total("eagle3_accepted_tokens"), eagle3_draft_tokens=total("eagle3_draft_tokens"),
+        **step_metrics(rows, n))
     texts = [ctx.target.tokenizer.decode(t) for t in tokens]
     return GenerateResult(texts=texts, tokens=tokens, stats=stats.as_dict())

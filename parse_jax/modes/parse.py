@@ -75,7 +75,8 @@ class ContinueSpec:
 
 
 def _round_stats(v, draft_len) -> dict:
-    return {"accepted": v.accepted, "prefixes": v.prefixes, "draft_len": draft_len, "block_tokens": v.block_tokens}
+    return {"accepted": v.accepted, "prefixes": v.prefixes, "draft_len": draft_len, "block_tokens": v.block_tokens,
+            "rejected_at": v.rejected_at, "score_hist": v.score_hist}
 
 
 @functools.cache

@@ -27,6 +27,7 @@ from parse_jax.models.cache import KVCache
 from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.modes.context import Launch, ModeContext, PairSpec, parse_result
 from parse_jax.runtime.decode import decode_loop, is_eos, prefill
+from parse_jax.runtime.metrics import SCORE_BINS
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts, pad_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
@@ -66,9 +67,11 @@ class MultiState:
     drafted: jax.Array       # [B] draft tokens written
     block_tokens: jax.Array  # [B] verification tokens
     prefixes: jax.Array      # [B] prefixes scored
+    rejected_at: jax.Array   # [B, K + 1] passes by their first rejected prefix (K: none) (runtime/metrics.py)
+    score_hist: jax.Array    # [B, 2, SCORE_BINS] judge scores of accepted / other prefixes
 
 
-ROW_FIELDS = ("accepted", "drafted", "block_tokens", "prefixes")  # the per-row counters a result reports
+ROW_FIELDS = ("accepted", "drafted", "block_tokens", "prefixes", "rejected_at", "score_hist")  # per-row counters
 
 
 def write_at(buf: jax.Array, start: jax.Array, values: jax.Array, count: jax.Array) -> jax.Array:
@@ -147,7 +150,9 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
             passes=s.passes + 1 + jnp.maximum(cstate.step - 1, 0),
             accepted=s.accepted + acc, drafted=s.drafted + jnp.where(live, draft_len, 0),
             block_tokens=s.block_tokens + jnp.where(live, v.block_tokens, 0),
-            prefixes=s.prefixes + jnp.where(live, v.prefixes, 0))
+            prefixes=s.prefixes + jnp.where(live, v.prefixes, 0),
+            rejected_at=s.rejected_at + jnp.where(live[:, None], v.rejected_at, 0),
+            score_hist=s.score_hist + jnp.where(live[:, None, None], v.score_hist, 0))
 
     def first_round(x: RoundInputs, prompts: Prompts, args: SamplingArgs) -> MultiState:
         """A fresh state for `prompts` after their first round."""
@@ -161,7 +166,8 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
                            out=jnp.full((b, shape.num_new + d), PAD_ID, jnp.int32), prompt_len=prompt_lens,
                            max_new=prompts.max_new, num_new=zeros, last=prompt[jnp.arange(b), prompt_lens - 1],
                            done=prompts.max_new <= 0, rounds=jnp.int32(0), passes=jnp.int32(0), accepted=zeros,
-                           drafted=zeros, block_tokens=zeros, prefixes=zeros)
+                           drafted=zeros, block_tokens=zeros, prefixes=zeros,
+                           **step_counters(spec, b))
         return round_(x, state, args, prompt, d_cache, d_first)
 
     def later_round(x: RoundInputs, s: MultiState, args: SamplingArgs) -> MultiState:
@@ -179,9 +185,16 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
     return first_round, later_round
 
 
+def step_counters(spec: RoundSpec, b: int) -> dict:
+    """Zeroed per-step counters of `b` rows (runtime/metrics.py)."""
+    return {"rejected_at": jnp.zeros((b, spec.max_prefixes + 1), jnp.int32),
+            "score_hist": jnp.zeros((b, 2, SCORE_BINS), jnp.int32)}
+
+
 def _result(s: MultiState) -> dict:
     return {"tokens": s.out, "num_new": s.num_new, "rounds": s.rounds, "target_passes": s.passes,
-            "accepted": s.accepted, "draft_len": s.drafted, "block_tokens": s.block_tokens, "prefixes": s.prefixes}
+            "accepted": s.accepted, "draft_len": s.drafted, "block_tokens": s.block_tokens, "prefixes": s.prefixes,
+            "rejected_at": s.rejected_at, "score_hist": s.score_hist}
 
 
 @functools.cache
@@ -283,7 +296,7 @@ def _put_rows(state: MultiState, new: MultiState, slots) -> MultiState:
     return MultiState(**rows, **scalars)
 
 
-def empty_slots(pair: PairSpec, shape: MultiShape, slots: int) -> MultiState:
+def empty_slots(pair: PairSpec, spec: RoundSpec, shape: MultiShape, slots: int) -> MultiState:
     """A slot state whose every row is empty (done, no budget); every field its own buffer (the state is donated)."""
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731
     return MultiState(target_cache=KVCache.init(pair.target, slots, shape.cache_len),
@@ -292,7 +305,7 @@ def empty_slots(pair: PairSpec, shape: MultiShape, slots: int) -> MultiState:
                       out=jnp.full((slots, shape.num_new + shape.draft_new), PAD_ID, jnp.int32),
                       prompt_len=jnp.ones((slots,), jnp.int32), max_new=zeros(), num_new=zeros(), last=zeros(),
                       done=jnp.ones((slots,), bool), rounds=jnp.int32(0), passes=jnp.int32(1) - 1, accepted=zeros(),
-                      drafted=zeros(), block_tokens=zeros(), prefixes=zeros())
+                      drafted=zeros(), block_tokens=zeros(), prefixes=zeros(), **step_counters(spec, slots))
 
 
 def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult:
@@ -311,7 +324,7 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     args = req.sampling.args()
     first_args, loop_args = args.fold(1), args.fold(2)
     seg_stop = _seg_stop(ctx, req)
-    state = empty_slots(pair, shape, slots)
+    state = empty_slots(pair, ctx.round_spec, shape, slots)
     waiting = collections.deque(range(len(ids)))
     holder = [-1] * slots
     rows: dict[str, list] = {k: [None] * len(ids) for k in ("tokens", *ROW_FIELDS)}
@@ -341,7 +354,7 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
                 r = holder[s]
                 rows["tokens"][r] = got["out"][s, : got["num_new"][s]].tolist()
                 for key in ROW_FIELDS:
-                    rows[key][r] = int(got[key][s])
+                    rows[key][r] = got[key][s]
                 holder[s] = -1
         if not waiting and all(h < 0 for h in holder):
             break
@@ -351,7 +364,8 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     out = {"tokens": np.array([t + [PAD_ID] * (width - len(t)) for t in rows["tokens"]], np.int32),
            "num_new": np.array(lengths, np.int32), "accepted": np.array(rows["accepted"]),
            "draft_len": np.array(rows["drafted"]), "block_tokens": np.array(rows["block_tokens"]),
-           "prefixes": np.array(rows["prefixes"])}
+           "prefixes": np.array(rows["prefixes"]), "rejected_at": np.stack(rows["rejected_at"]),
+           "score_hist": np.stack(rows["score_hist"])}
     verify_passes = int(got["rounds"]) + admissions
     res = parse_result(ctx, req, out, seconds, verify_passes=verify_passes, target_passes=int(got["passes"]),
                        rounds=verify_passes)

@@ -11,6 +11,7 @@ import numpy as np
 from flax import struct
 
 from parse_jax.errors import InputError
+from parse_jax.runtime.metrics import COUNTS, LIST_COUNTS, add_counts, derived
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
 from parse_jax.utils.validation import check_float, check_int, check_seed, check_text
 
@@ -49,12 +50,24 @@ class GenerationStats:
     gamma: int | None = None
     eagle3_accepted_tokens: int | None = None
     eagle3_draft_tokens: int | None = None
+    # the field's metrics (parse_jax/runtime/metrics.py): raw counts here, the rates derived in as_dict()
+    num_drafts: int | None = None
+    num_draft_tokens: int | None = None
+    num_accepted_tokens: int | None = None
+    num_accepted_tokens_per_pos: list[int] | None = None
+    drafts_per_request: list[int] | None = None
+    num_steps_drafted: int | None = None
+    num_verifications: int | None = None
+    first_rejected_step_hist: list[int] | None = None
+    accepted_score_hist: list[int] | None = None
+    rejected_score_hist: list[int] | None = None
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
         out["tokens_per_s"] = self.new_tokens / self.seconds if self.seconds > 0 else float("inf")
         if self.accepted_tokens is not None:
             out["accepted_per_pass"] = self.accepted_tokens / max(self.verify_passes or self.target_passes, 1)
+        out.update(derived(out))
         return out
 
 
@@ -169,7 +182,7 @@ def device_prompts(model, ids: list[list[int]], batch: int, length: int, max_new
 _SUMMED = ("new_tokens", "seconds", "target_passes", "request_passes", "verify_passes", "rounds", "draft_tokens",
            "accepted_tokens", "verify_tokens", "continued_requests", "eagle3_accepted_tokens", "eagle3_draft_tokens",
            "admissions")
-_JOINED = ("accepted_per_request", "prefixes_per_request")
+_JOINED = ("accepted_per_request", "prefixes_per_request", "drafts_per_request")
 
 
 def merge_results(parts: Sequence[GenerateResult]) -> GenerateResult:
@@ -177,7 +190,10 @@ def merge_results(parts: Sequence[GenerateResult]) -> GenerateResult:
     only some batches report is kept for those), rates recomputed; `batches` says how many ran."""
     stats: dict[str, Any] = {}
     for part in parts:
+        add_counts(stats, part.stats)  # the field's metrics' counts (lists elementwise)
         for key, value in part.stats.items():
+            if key in LIST_COUNTS or key in COUNTS:
+                continue
             if key in _SUMMED:
                 stats[key] = stats.get(key, 0) + value
             elif key in _JOINED:
@@ -192,6 +208,7 @@ def merge_results(parts: Sequence[GenerateResult]) -> GenerateResult:
         stats["acceptance_rate"] = stats["accepted_tokens"] / stats["draft_tokens"]
     if "continue_batch" in stats:  # the largest batch a continuation ran at
         stats["continue_batch"] = max(part.stats.get("continue_batch") or 0 for part in parts)
+    stats.update(derived(stats))
     stats["batches"] = sum(part.stats.get("batches", 1) for part in parts)
     return GenerateResult(texts=[t for p in parts for t in p.texts], tokens=[t for p in parts for t in p.tokens],
                           stats=stats)

@@ -50,6 +50,8 @@ class SpecState:
     rounds: jax.Array     # scalar: target verification passes so far
     accepted: jax.Array   # [B] draft tokens accepted in total
     proposed: jax.Array   # [B] draft tokens proposed in total
+    drafts: jax.Array     # [B] verification passes the row was live in (num_drafts)
+    per_pos: jax.Array    # [B, gamma] drafts whose token at each position was accepted
 
 
 def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, sampler: Sampler, k_accept: jax.Array,
@@ -78,6 +80,11 @@ def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, sampler: Samp
     emitted = jnp.where(jnp.arange(gamma + 1)[None] < n_acc[:, None],
                         jnp.concatenate([props, props[:, :1]], 1), fix[:, None])
     return n_acc, emitted
+
+
+def position_hits(n_acc: jax.Array, positions: int, live: jax.Array) -> jax.Array:
+    """[B, positions]: 1 where a live row's draft token at that position was accepted (positions < n_acc)."""
+    return (jnp.arange(positions)[None] < n_acc[:, None]).astype(jnp.int32) * live[:, None]
 
 
 def emit_accepted(tokens: jax.Array, num_new: jax.Array, done: jax.Array, last: jax.Array, emitted: jax.Array,
@@ -123,7 +130,8 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
         state = SpecState(target_cache=t_cache.commit(prompt_lens), draft_cache=d_cache.commit(prompt_lens),
                           tokens=tokens, num_new=jnp.minimum(max_new, 1), done=done, last=first,
                           rounds=jnp.int32(1), accepted=jnp.zeros((b,), jnp.int32),
-                          proposed=jnp.zeros((b,), jnp.int32))
+                          proposed=jnp.zeros((b,), jnp.int32), drafts=jnp.zeros((b,), jnp.int32),
+                          per_pos=jnp.zeros((b, gamma), jnp.int32))
 
         def draft_round(state: SpecState, a_draft: SamplingArgs):
             """gamma + 1 draft steps: propose gamma tokens, and write the last proposal's KV too."""
@@ -159,10 +167,12 @@ def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, ga
                 target_cache=t_cache.commit(commit),
                 draft_cache=d_cache.set_lengths(state.draft_cache.lengths + commit),
                 tokens=tokens, num_new=num, done=done, last=last, rounds=state.rounds + 1,
-                accepted=state.accepted + n_acc * live, proposed=state.proposed + gamma * live)
+                accepted=state.accepted + n_acc * live, proposed=state.proposed + gamma * live,
+                drafts=state.drafts + live, per_pos=state.per_pos + position_hits(n_acc, gamma, live))
 
         state = jax.lax.while_loop(cond, body, state)
-        return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
+        return (state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed,
+                state.drafts, state.per_pos)
 
     return register_program(jax.jit(run))
 
@@ -216,15 +226,20 @@ def spec_request(target, prompts, max_new_tokens: int, sampling: SamplingParams,
 
 
 def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -> GenerateResult:
-    """Texts, tokens and stats of a speculation program's fetched `(tokens, num_new, rounds, accepted, proposed)`."""
-    tokens, num_new, rounds, accepted, proposed = out
+    """Texts, tokens and stats of a speculation program's fetched `(tokens, num_new, rounds, accepted, proposed,
+    drafts, per_pos)`, the field's metrics among them (parse_jax/runtime/metrics.py)."""
+    tokens, num_new, rounds, accepted, proposed, drafts, per_pos = out
     n = len(ids)
     toks = [tokens[i, : num_new[i]].tolist() for i in range(n)]
     texts = [target.tokenizer.decode(t) if target.tokenizer is not None else "" for t in toks]
     stats = GenerationStats(new_tokens=int(num_new[:n].sum()), seconds=seconds, target_passes=int(rounds),
                             draft_tokens=int(proposed[:n].sum()), accepted_tokens=int(accepted[:n].sum()),
                             accepted_per_request=[int(x) for x in accepted[:n]],
-                            acceptance_rate=float(accepted[:n].sum() / max(proposed[:n].sum(), 1)), gamma=int(gamma))
+                            acceptance_rate=float(accepted[:n].sum() / max(proposed[:n].sum(), 1)), gamma=int(gamma),
+                            num_drafts=int(drafts[:n].sum()), num_draft_tokens=int(proposed[:n].sum()),
+                            num_accepted_tokens=int(accepted[:n].sum()),
+                            num_accepted_tokens_per_pos=[int(x) for x in per_pos[:n].sum(0)],
+                            drafts_per_request=[int(x) for x in drafts[:n]])
     return GenerateResult(texts=texts, tokens=toks, stats=stats.as_dict())
 
 

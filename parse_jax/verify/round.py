@@ -15,11 +15,12 @@ from flax import struct
 
 from parse_jax.models.cache import KVCache
 from parse_jax.runtime.decode import decode_loop, is_eos
+from parse_jax.runtime.metrics import SCORE_BINS
 from parse_jax.runtime.programs import length_bucket
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.settings import Policy
 from parse_jax.verify.block import pack_block
-from parse_jax.verify.scoring import accept_on_device, verify_block
+from parse_jax.verify.scoring import accept_on_device, passes, verify_block
 from parse_jax.verify.segment import Segmenter, segment
 
 
@@ -96,6 +97,8 @@ class Verified:
     block_tokens: jax.Array    # [B] real tokens in the verification block
     tokens: jax.Array          # [B, L] the block (EAGLE-3 continues from its taps)
     features: jax.Array | None
+    rejected_at: jax.Array | None = None  # [B, K + 1] one-hot: the first rejected prefix (K: none rejected)
+    score_hist: jax.Array | None = None   # [B, 2, SCORE_BINS] judge scores of the accepted / the other prefixes
 
 
 def block_lengths(longest: int, shortest: int = 8) -> tuple[int, ...]:
@@ -147,8 +150,25 @@ def verify_round(target_forward, cache: KVCache, judge: Judge, *, head: jax.Arra
     accepted = jnp.where(idx >= 0, jnp.take_along_axis(bounds, jnp.maximum(idx, 0)[:, None], axis=1)[:, 0], 0)
     take = jnp.where(idx >= 0, idx, spec.max_prefixes)  # the last column: the head's last token
     rows = jnp.arange(b)
+    rejected_at, score_hist = step_counts(scores, valid, idx, judge.threshold)
     return Verified(cache=cache.set_lengths(ctx_len + head_len + accepted), first_logits=boundary_logits[rows, take],
-                    accepted=accepted, prefixes=count, block_tokens=num_tokens, tokens=tokens, features=features)
+                    accepted=accepted, prefixes=count, block_tokens=num_tokens, tokens=tokens, features=features,
+                    rejected_at=rejected_at, score_hist=score_hist)
+
+
+def step_counts(scores: jax.Array, valid: jax.Array, idx: jax.Array, threshold: jax.Array):
+    """PARSE's per-step figures of one pass (parse_jax/runtime/metrics.py): ([B, K + 1] one-hot of the first
+    prefix whose judge score is below the threshold, K where none is; [B, 2, SCORE_BINS] counts of the judge scores
+    of the accepted prefixes (those up to the kept one, `idx`) and of the other prefixes scored)."""
+    k = scores.shape[-1]
+    fail = ~passes(jnp.nan_to_num(scores), threshold) & valid
+    first = jnp.where(fail.any(-1), jnp.argmax(fail, -1), k)
+    rejected_at = jax.nn.one_hot(first, k + 1, dtype=jnp.int32)
+    bins = jnp.clip((jnp.nan_to_num(scores) * SCORE_BINS).astype(jnp.int32), 0, SCORE_BINS - 1)
+    kept = (jnp.arange(k)[None] <= idx[:, None]) & valid
+    onehot = jax.nn.one_hot(bins, SCORE_BINS, dtype=jnp.int32)  # [B, K, bins]
+    hist = jnp.stack([jnp.sum(onehot * kept[..., None], 1), jnp.sum(onehot * (valid & ~kept)[..., None], 1)], 1)
+    return rejected_at, hist
 
 
 def ends_in_eos(draft: jax.Array, accepted: jax.Array, eos_ids: jax.Array) -> jax.Array:

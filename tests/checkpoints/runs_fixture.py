@@ -15,11 +15,12 @@ from parse_jax.models.model import Model
 
 
 def write_run(folder: Path, model: Model, steps=(100, 200), extra=None, handler=None,
-              run_json: bool = False) -> dict[int, dict]:
+              run_json: bool = False, naming: dict | None = None) -> dict[int, dict]:
     """AdamW from `model.params` towards another random model of the same shapes (so steps are different models,
     none degenerate), the user's own CheckpointManager in `folder` saving
     {params, opt_state} (plus `extra(params)` entries) as item `state` and a JSON item `meta` at each of `steps`.
     `run_json`: lay it out as this project's trainer does (folder/ckpt + folder/run.json with the config).
+    `naming`: CheckpointManagerOptions' step naming (`step_prefix`, `step_format_fixed_length`).
     Returns {step: params saved (numpy)}."""
     manager_dir = (folder / "ckpt" if run_json else folder).absolute()
     opt = optax.adamw(3e-3)
@@ -36,7 +37,7 @@ def write_run(folder: Path, model: Model, steps=(100, 200), extra=None, handler=
         return optax.apply_updates(params, updates), opt_state
 
     saved = {}
-    opts = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+    opts = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False, **(naming or {}))
     handlers = {"state": handler} if handler is not None else None
     with ocp.CheckpointManager(manager_dir, options=opts, item_names=("state", "meta"),
                                item_handlers=handlers) as mngr:

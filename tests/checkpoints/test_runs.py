@@ -105,6 +105,32 @@ def test_a_step_being_written_is_refused_and_never_read(run, tmp_path):
             load_model(copy, step=step)
 
 
+@pytest.mark.parametrize("naming, names", [
+    ({"step_prefix": "step"}, ["step_3", "step_12"]),
+    ({"step_format_fixed_length": 6}, ["000003", "000012"]),
+    ({"step_prefix": "ckpt", "step_format_fixed_length": 4}, ["ckpt_0003", "ckpt_0012"]),
+])
+def test_runs_in_orbax_step_name_formats_load_at_latest_and_at_a_step(tmp_path, naming, names):
+    """The user's CheckpointManager names steps with a prefix and/or zero padding: found with Orbax's own step
+    utilities, at the latest step and at an explicit one; a temporary step in that format is skipped."""
+    from etils import epath
+
+    model = random_model("qwen3", seed=4)
+    saved = write_run(tmp_path / "c", model, steps=(3, 12), naming=naming)
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == sorted(names)  # Orbax's names, as configured
+    shutil.copytree(tmp_path / "c" / names[1], tmp_path / "c" / f"{names[1][:-2]}99.orbax-checkpoint-tmp-17123")
+    latest = load_model(tmp_path / "c", config_from=model.config)
+    assert latest.loaded_from["step"] == 12 and params_equal(latest.params, saved[12])
+    first = load_model(epath.Path(tmp_path / "c"), step=3, config_from=model.config)
+    assert first.loaded_from["step"] == 3 and params_equal(first.params, saved[3])
+    assert params_equal(load_model(tmp_path / "c" / names[0], config_from=model.config).params, saved[3])
+    assert resolve_step(tmp_path / "c") == 12 and resolve_step(str(tmp_path / "c"), 3) == 3
+    with pytest.raises(CheckpointError, match=r"still being written"):
+        load_model(tmp_path / "c", step=int(names[1][:-2].rpartition("_")[2] + "99"), config_from=model.config)
+    with pytest.raises(CheckpointError, match=r"step 7 not found in .*; steps: 3, 12"):
+        load_model(tmp_path / "c", step=7, config_from=model.config)
+
+
 def test_several_candidate_params_trees_are_listed(tmp_path):
     model = random_model("qwen3", seed=8)
     ema = lambda p: {"ema": {"params": jax.tree.map(lambda x: 0.5 * x, p)}}  # noqa: E731

@@ -30,6 +30,34 @@ def test_parse_config_file_then_set_then_flags(tmp_path):
     assert parse_config_fields(args) == {"delimiter": "\\n", "segmenter": "hybrid"}  # single quotes: no escapes
 
 
+def test_parse_config_takes_a_name_a_path_or_inline_json_and_exponent_floats(tmp_path):
+    from parse_jax.settings import PARSE_CONFIG_DIR, ParseConfig
+
+    def fields(*flags):
+        return parse_config_fields(build_parser().parse_args(["generate", *flags, "x"]))
+
+    named = fields("--parse-config", "qwen3_chat")
+    assert named == fields("--parse-config", str(PARSE_CONFIG_DIR / "qwen3_chat.yaml"))
+    assert ParseConfig.from_flat(**named) == ParseConfig.load("qwen3_chat")
+    assert fields("--parse-config", '{"threshold": 0.25, "delimiter": ["\\n\\n", "."]}', "--set",
+                  "max_prefixes=3") == {"threshold": 0.25, "delimiter": ("\n\n", "."), "max_prefixes": 3}
+    assert fields("--set", "threshold=1e-1") == {"threshold": 0.1}
+    f = tmp_path / "pc.yaml"
+    f.write_text("threshold: 1e-1\n")
+    assert fields("--parse-config", str(f)) == {"threshold": 0.1}
+
+
+def test_a_parse_config_key_given_twice_is_one_error_line(tmp_path, capsys):
+    f = tmp_path / "pc.yaml"
+    f.write_text("threshold: 0.3\nmax_prefixes: 3\nthreshold: 0.9\n")
+    rc, _, err = _main(capsys, "generate", "--parse-config", str(f), PROMPT)
+    assert rc == 2 and err.strip().splitlines() == [
+        f"parse-jax generate: error: --parse-config {f}: key 'threshold' is given twice (lines 1 and 3); give "
+        "each setting once"], err
+    rc, _, err = _main(capsys, "generate", "--parse-config", '{"threshold": 0.3', PROMPT)
+    assert rc == 2 and "--parse-config JSON is not valid JSON at line 1" in err
+
+
 def test_generate_with_a_parse_config_is_the_engine_with_those_settings(pair_dir, tmp_path, capsys):
     from parse_jax import ParseConfig, ParseEngine, load_pair
 
@@ -103,6 +131,28 @@ def test_eval_parse_config_on_gsm8k_records_and_its_header(pair_dir, tmp_path, c
     before = out.read_bytes()
     rc, _, err = _main(capsys, *args, "--set", "threshold=0.5")
     assert rc == 2 and "threshold" in err and out.read_bytes() == before  # another setting: refused, untouched
+
+
+def test_eval_limit_takes_the_first_records_and_a_larger_limit_resumes(pair_dir, tmp_path, capsys):
+    from parse_jax.harness.eval.data import write_task_jsonl
+    from parse_jax.tasks import load_task
+
+    data = write_task_jsonl(load_task(), 5, tmp_path / "d.jsonl", seed=3)
+    out = tmp_path / "r.jsonl"
+    args = ["eval", "--pair", str(pair_dir), "--data", str(data), "--out", str(out), "--mode", "sd",
+            "--max-new-tokens", "6", "--batch-size", "2", "--no-progress"]
+    rc, _, err = _main(capsys, *args, "--limit", "2")
+    assert rc == 0, err
+    rows = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    assert [r["line"] for r in rows] == [1, 2]
+    prompts = [json.loads(x)["prompt"] for x in data.read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == prompts[:2] and all(r["output"] for r in rows)
+    assert all(r["stats"]["num_drafts"] >= 1 and "accepted_tokens" in r["stats"] for r in rows)
+    rc, _, err = _main(capsys, *args, "--limit", "4")
+    assert rc == 0, err
+    assert [json.loads(x)["line"] for x in out.read_text().splitlines()[1:]] == [1, 2, 3, 4]  # resumed, not redone
+    rc, _, err = _main(capsys, *args, "--limit", "0")
+    assert rc == 2 and "--limit must be >= 1, got 0" in err
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,19 @@ def test_bench_on_five_problems(bench):
     assert res["modes"]["parse-multi"]["verify_passes"] >= parse["verify_passes"]  # multi round: >= 1 per round
     assert res["modes"]["target"]["target_passes_per_100_tokens"] >= 100.0  # one pass per token, per request
     assert res["modes"]["sequential"]["accepted_tokens"] == parse["accepted_tokens"]
+    # the field's metrics (parse_jax/runtime/metrics.py), summed over the chunks and repeats' first pass
+    sd = res["modes"]["sd"]
+    assert sd["num_accepted_tokens"] == sd["accepted_tokens"] and sd["num_draft_tokens"] == sd["draft_tokens"]
+    assert sd["acceptance_length"] == pytest.approx(1 + sd["num_accepted_tokens"] / sd["num_drafts"])
+    assert sd["acceptance_length"] == pytest.approx(1 + sum(sd["acceptance_rate_per_pos"]))
+    assert sd["acceptance_length"] == pytest.approx(1 + sum(np.cumprod(sd["conditional_acceptance_rate_per_pos"])))
+    assert len(sd["acceptance_rate_per_pos"]) == ParseConfig().speculation.gamma
+    for m in ("parse", "parse-multi"):
+        r = res["modes"][m]
+        assert sum(r["first_rejected_step_hist"]) == r["num_verifications"] >= 5
+        assert sum(r["accepted_score_hist"]) + sum(r["rejected_score_hist"]) == r["num_steps_drafted"] > 0
+        assert r["accepted_tokens_per_verification"] == pytest.approx(r["accepted_tokens"] / r["num_verifications"])
+    assert "acceptance_length" not in res["modes"]["target"]
     assert "| parse |" in lines[0] and "| parse-multi |" in lines[0]
     prov = res["provenance"]
     assert prov["jax"] and prov["device"] and prov["git_commit"] and prov["seed"] == 0
@@ -60,7 +73,8 @@ def test_bench_files_agree(bench, tmp_path):
     res, _ = bench
     paths = write_bench(res, tmp_path / "out")
     names = {p.name for p in paths}
-    assert names == {"bench.json", "bench.md", "bench_throughput.png", "bench_accuracy.png"}
+    assert names == {"bench.json", "bench.md", "bench_throughput.png", "bench_accuracy.png",
+                     "bench_acceptance.png", "bench_rejected_step.png"}  # sd's per position, PARSE's histogram
     for p in paths:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000

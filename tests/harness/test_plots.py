@@ -149,6 +149,29 @@ def test_block_cost_figure_draws_every_model(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_acceptance_per_position_and_the_rejected_step_histogram_are_legible(seed):
+    rng = np.random.default_rng(seed)
+    res = bench_result(seed)
+    for m, gamma in (("sd", 4), ("eagle3", 5)):
+        rates = np.sort(rng.uniform(0.05, 0.95, gamma))[::-1]
+        res["modes"][m].update(acceptance_rate_per_pos=rates.tolist(), acceptance_length=1 + float(rates.sum()))
+    hist = rng.integers(0, 40, 9).tolist()
+    res["modes"]["parse"]["first_rejected_step_hist"] = hist
+    figs = bench_figures(res)
+    assert set(figs) == {"bench_throughput", "bench_accuracy", "bench_acceptance", "bench_rejected_step"}
+    for name, fig in figs.items():
+        assert overlapping_texts(fig) == [], name
+    (ax,) = figs["bench_acceptance"].axes
+    assert [list(ln.get_ydata()) for ln in ax.get_lines()] == [res["modes"][m]["acceptance_rate_per_pos"]
+                                                               for m in ("sd", "eagle3")]
+    (bars,) = figs["bench_rejected_step"].axes
+    heights = [p.get_height() for p in bars.patches]
+    assert heights == pytest.approx([100 * h / sum(hist) for h in hist])
+    assert [t.get_text() for t in bars.get_xticklabels()] == [str(k) for k in range(1, 9)] + ["none"]
+    plt.close("all")
+
+
 def test_plots_are_written(tmp_path):
     paths = bench_plots(bench_result(0), tmp_path) + sweep_plots(sweep_result(0), tmp_path, "sweep_threshold")
     assert sorted(p.name for p in paths) == ["bench_accuracy.png", "bench_throughput.png", "sweep_threshold.png",

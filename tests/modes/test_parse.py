@@ -111,3 +111,50 @@ def test_parse_eagle3_program_equals_the_reference_path():
         got = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=16)
         expect = ref.generate(prompts, mode="parse+eagle3", max_new_tokens=16)
         assert got.tokens == expect.tokens and got.stats["accepted_tokens"] == expect.stats["accepted_tokens"]
+
+
+@pytest.mark.parametrize("policy,batch", [("earliest_error", 4), ("longest_valid", 1)])
+def test_single_round_step_metrics_are_the_drafts_own_scores(policy, batch):
+    """PARSE's per-step metrics (parse_jax/runtime/metrics.py) of a single round, against the draft's answers
+    scored on the host (`prefix_scores`): steps drafted, the first rejected step of each pass, the judge scores of
+    the accepted prefixes and of the others, accepted tokens per verification."""
+    from parse_jax.runtime.metrics import SCORE_BINS
+    from parse_jax.verify.scoring import accept
+
+    base = dict(segmenter="stride", stride=3, policy=policy, rounds="single", max_draft_tokens=12, max_prefixes=5)
+    threshold = _threshold_with_partial_acceptance(ParseEngine(TARGET, DRAFT, ParseConfig(**base)))
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**base, threshold=threshold))
+    prompts = PROMPTS[:batch]
+    drafts = generate(DRAFT, prompts, max_new_tokens=12, eos_ids=[]).tokens
+    ids = [[TOK.bos_id] + TOK.encode(p) for p in prompts]
+    first = [0] * 6
+    kept_hist, other_hist = [0] * SCORE_BINS, [0] * SCORE_BINS
+    steps = accepted_tokens = 0
+    for c, d in zip(ids, drafts):
+        bounds = eng.boundaries(d)
+        scores = eng.prefix_scores(c, d, bounds)
+        fail = [k for k, x in enumerate(scores) if not x >= threshold]
+        first[fail[0] if fail else 5] += 1
+        idx = int(accept(scores[None], np.ones((1, len(scores)), bool), threshold, policy)[0])
+        for k, x in enumerate(scores):
+            (kept_hist if k <= idx else other_hist)[min(int(x * SCORE_BINS), SCORE_BINS - 1)] += 1
+        steps += len(bounds)
+        accepted_tokens += bounds[idx] if idx >= 0 else 0
+    s = eng.generate(prompts, mode="parse", max_new_tokens=16, eos_ids=[]).stats
+    assert s["first_rejected_step_hist"] == first and sum(first[:5]) > 0  # some passes rejected a step
+    assert s["accepted_score_hist"] == kept_hist and s["rejected_score_hist"] == other_hist
+    assert s["num_steps_drafted"] == steps == sum(s["prefixes_per_request"])
+    assert s["num_verifications"] == batch and s["accepted_tokens"] == accepted_tokens
+    assert s["accepted_tokens_per_verification"] == pytest.approx(accepted_tokens / batch)
+
+
+def test_multi_round_step_metrics_count_every_pass():
+    base = dict(segmenter="stride", stride=3, rounds="multi", max_draft_tokens=9, max_prefixes=3, max_segment=4)
+    threshold = _threshold_with_partial_acceptance(ParseEngine(TARGET, DRAFT, ParseConfig(**base)))
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**base, threshold=threshold))
+    s = eng.generate(PROMPTS, mode="parse", max_new_tokens=20, eos_ids=[]).stats
+    passes = s["num_verifications"]
+    assert sum(s["first_rejected_step_hist"]) == passes >= s["rounds"] >= 2  # every live row's pass, once
+    assert sum(s["accepted_score_hist"]) + sum(s["rejected_score_hist"]) == s["num_steps_drafted"]
+    assert s["num_steps_drafted"] == sum(s["prefixes_per_request"])
+    assert s["accepted_tokens_per_verification"] == pytest.approx(s["accepted_tokens"] / passes)

@@ -97,3 +97,47 @@ def test_mismatched_vocabularies_and_bad_gamma_are_refused():
         speculative_generate(a, a, [[1] * 500], max_new_tokens=10)
 
 
+
+
+def _expected_per_position(target, draft, prompt, gamma, budget):
+    """(drafts, accepted per position) greedy speculation must count, simulated on the host: round after round
+    the draft's own greedy proposals against the target's greedy continuation."""
+    full = generate(target, [prompt], max_new_tokens=budget + gamma + 2, eos_ids=[]).tokens[0]
+    num, drafts, per_pos = 1, 0, [0] * gamma
+    while num < budget:
+        seq, props = prompt + full[:num], []
+        for _ in range(gamma):
+            props.append(int(np.asarray(draft.logits(np.array([seq + props])))[0, -1].argmax()))
+        n = 0
+        while n < gamma and props[n] == full[num + n]:
+            n += 1
+        for i in range(n):
+            per_pos[i] += 1
+        drafts, num = drafts + 1, num + n + 1
+    return drafts, per_pos
+
+
+def test_the_fields_metrics_are_counted_per_position_and_add_up():
+    """num_drafts, num_draft_tokens, num_accepted_tokens and the per-position counts, row by row as a host
+    simulation counts them; acceptance length = 1 + accepted / drafts = 1 + the per-position rates summed = 1 +
+    the sum of the products of the conditional rates (parse_jax/runtime/metrics.py)."""
+    target = random_model("llama3", 40, vocab_size=5)  # a small vocabulary: the draft is often right
+    draft = _noisy_copy(target, 41, 0.3)
+    rng = np.random.default_rng(42)
+    prompts = [rng.integers(0, 5, n).tolist() for n in (6, 3, 9)]
+    gamma, budget = 3, 14
+    expect = [_expected_per_position(target, draft, p, gamma, budget) for p in prompts]
+    res = speculative_generate(target, draft, prompts, gamma=gamma, max_new_tokens=budget, eos_ids=[])
+    s = res.stats
+    assert s["drafts_per_request"] == [d for d, _ in expect]
+    assert s["num_accepted_tokens_per_pos"] == [sum(col) for col in zip(*(p for _, p in expect))]
+    assert s["num_drafts"] == sum(d for d, _ in expect) and s["num_draft_tokens"] == gamma * s["num_drafts"]
+    assert s["num_accepted_tokens"] == s["accepted_tokens"] == sum(s["num_accepted_tokens_per_pos"]) > 0
+    assert 0 < s["num_accepted_tokens_per_pos"][-1] < s["num_accepted_tokens_per_pos"][0] < s["num_drafts"]
+    assert s["acceptance_length"] == pytest.approx(1 + s["num_accepted_tokens"] / s["num_drafts"])
+    assert s["acceptance_length"] == pytest.approx(1 + sum(s["acceptance_rate_per_pos"]))
+    cond = s["conditional_acceptance_rate_per_pos"]
+    assert s["acceptance_length"] == pytest.approx(1 + sum(np.cumprod(cond)))
+    assert all(0 <= c <= 1 for c in cond)
+    alone = speculative_generate(target, draft, prompts[:1], gamma=gamma, max_new_tokens=budget, eos_ids=[]).stats
+    assert alone["num_drafts"] == alone["target_passes"] - 1  # every pass after the prefill verifies a draft

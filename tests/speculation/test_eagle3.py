@@ -297,3 +297,10 @@ def test_chain_drafting_accepts_exactly_what_the_head_predicts():
     assert got == expect and sum(expect) > 0
     batch = eagle3_generate(target, head, prompts, gamma=3, max_new_tokens=16, eos_ids=[])
     assert batch.stats["accepted_tokens"] == sum(expect)
+    s = batch.stats  # the field's metrics: per depth of the chain, adding up (parse_jax/runtime/metrics.py)
+    per = s["num_accepted_tokens_per_pos"]
+    assert len(per) == 3 and sum(per) == s["num_accepted_tokens"] == sum(expect)
+    assert list(per) == sorted(per, reverse=True) and per[0] <= s["num_drafts"]
+    assert s["num_draft_tokens"] == 3 * s["num_drafts"] and sum(s["drafts_per_request"]) == s["num_drafts"]
+    assert s["acceptance_length"] == pytest.approx(1 + sum(expect) / s["num_drafts"])
+    assert s["acceptance_length"] == pytest.approx(1 + sum(np.cumprod(s["conditional_acceptance_rate_per_pos"])))

@@ -28,7 +28,7 @@ from parse_jax.harness.eval.results import (
     run_eval,
 )
 from parse_jax.settings import DEFAULT_BATCHING
-from parse_jax.utils.validation import shorten
+from parse_jax.utils.validation import check_int, shorten
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,8 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
              seed: int = 0, task: Any = None, chat: str = "auto", instruction: str = DEFAULT_INSTRUCTION,
              results: ResultsFile | None = None, progress: bool = False,
              log: Callable[[str], None] | None = None, eos_ids: Sequence[int] | None = None,
-             template_kwargs: dict | None = None, batching: str = DEFAULT_BATCHING) -> EvalResult:
+             template_kwargs: dict | None = None, limit: int | None = None,
+             batching: str = DEFAULT_BATCHING) -> EvalResult:
     """Generate with `mode` (a bench mode: target, sd, sequential, parse, parse-multi, eagle3, parse+eagle3, draft)
     on every record, grade, and total. `draft` may be None for mode "target"; `config`: a `ParseConfig`.
 
@@ -88,8 +89,8 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
     what a whole one would. `eos_ids`: the stop ids (default: the models' own); `template_kwargs`: for the chat
     template (e.g. enable_thinking=False). Every setting, and every record (its length against the models'
     positions, its seed), is checked before the first record runs: a record that cannot run is an InputError
-    naming its line. `batching`: continuous (each call takes 8 batches of records, `batch_size` rows in flight)
-    or fixed (one batch per call)."""
+    naming its line. `limit`: only the first `limit` records (lm-eval's --limit). `batching`: continuous (each
+    call takes 8 batches of records, `batch_size` rows in flight) or fixed (one batch per call)."""
     from parse_jax.harness.runs import RunSettings, mode_runner
     from parse_jax.tasks import load_task
 
@@ -97,6 +98,8 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
                            eos_ids=eos_ids, progress=progress, batching=batching)
     task = task if task is not None else load_task()
     records = as_records(records, task)
+    if limit is not None:
+        records = records[: check_int("limit", limit, 1, error=InputError)]
     runner = mode_runner(target, draft, config, mode, temperature=settings.temperature, eos_ids=settings.eos_ids)
     prompt_format = PromptFormat(chat, instruction, template_kwargs)
     records, _ = check_records(records, runner.check, settings, tokenizer=target.tokenizer,

@@ -1,4 +1,6 @@
-"""Final-answer extraction for GSM8K-style outputs: `#### N`, else the last `\\boxed{...}`, else the last number.
+"""Final-answer extraction for GSM8K-style outputs: `#### N`, else the last `\\boxed{...}`, else the last number;
+and lm-evaluation-harness's two gsm8k scorings beside it: strict-match (`#### N`) and flexible-extract (the last
+number).
 
 Numbers are compared exactly as fractions, so "1,000", "$1000.00" and "1000" are the same answer and
 "0.5" equals "\\frac{1}{2}". A text with no number has no answer (None), which grades wrong.
@@ -66,6 +68,25 @@ def extract_answer(text: str) -> Fraction | None:
         value = _value(inside)
         if value is not None:
             return value
+    return last_number(text)
+
+
+# lm-evaluation-harness's gsm8k filters: strict-match reads the number after "#### " (its first match),
+# flexible-extract the last number in the output.
+_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def strict_answer(text: str) -> Fraction | None:
+    """lm-eval's gsm8k strict-match: the number written right after the first `#### ` (None without one)."""
+    m = _STRICT.search(text)
+    if m is None:
+        return None
+    found = numbers(m.group(1).rstrip(".,"))
+    return found[0] if found else None
+
+
+def flexible_answer(text: str) -> Fraction | None:
+    """lm-eval's gsm8k flexible-extract: the last number in the output."""
     return last_number(text)
 
 

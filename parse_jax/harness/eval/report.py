@@ -39,11 +39,22 @@ def summarize(results: Iterable[dict]) -> dict:
         kinds[r.get("kind", "?")] = kinds.get(r.get("kind", "?"), 0) + 1
     spec = [r for r in rows if "accepted_tokens" in r and r.get("verify_passes")]
     passes = sum(int(r["verify_passes"]) for r in spec)
-    return {"n": n, "correct": correct, "accuracy": correct / n if n else None, "accuracy_ci95": [lo, hi],
-            "no_answer": sum(r.get("extracted") is None for r in rows), "new_tokens": tokens,
-            "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None,
-            "accepted_per_pass": sum(int(r["accepted_tokens"]) for r in spec) / passes if passes else None,
-            "kinds": kinds}
+    out = {"n": n, "correct": correct, "accuracy": correct / n if n else None, "accuracy_ci95": [lo, hi],
+           "no_answer": sum(r.get("extracted") is None for r in rows), "new_tokens": tokens,
+           "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None,
+           "accepted_per_pass": sum(int(r["accepted_tokens"]) for r in spec) / passes if passes else None,
+           "kinds": kinds}
+    for scoring in ("strict", "flexible"):  # lm-eval's gsm8k strict-match and flexible-extract, beside ours
+        scored = [r for r in rows if f"correct_{scoring}" in r]
+        if scored:
+            hits = sum(bool(r[f"correct_{scoring}"]) for r in scored)
+            out[f"accuracy_{scoring}"] = hits / len(scored)
+            out[f"accuracy_{scoring}_ci95"] = list(wilson(hits, len(scored)))
+    drafted = [r["stats"] for r in rows if "num_drafts" in r.get("stats", {})]
+    if drafted and sum(s["num_drafts"] for s in drafted):  # sd / eagle3: vLLM's acceptance length
+        out["acceptance_length"] = 1 + sum(s["accepted_tokens"] for s in drafted) / sum(s["num_drafts"]
+                                                                                        for s in drafted)
+    return out
 
 
 def format_summary(s: dict) -> str:
@@ -51,5 +62,7 @@ def format_summary(s: dict) -> str:
         return "no records evaluated"
     lo, hi = s["accuracy_ci95"]
     tps = f", {s['tokens_per_s']:.1f} tok/s" if s.get("tokens_per_s") else ""
-    return (f"accuracy {100 * s['accuracy']:.1f}% ({s['correct']}/{s['n']}; 95% CI {100 * lo:.1f}-{100 * hi:.1f}%), "
-            f"{s['no_answer']} without an answer, {s['new_tokens']} new tokens{tps}")
+    lm = "".join(f", {name} {100 * s[f'accuracy_{key}']:.1f}%" for key, name in
+                 (("strict", "strict-match"), ("flexible", "flexible-extract")) if f"accuracy_{key}" in s)
+    return (f"accuracy {100 * s['accuracy']:.1f}% ({s['correct']}/{s['n']}; 95% CI {100 * lo:.1f}-{100 * hi:.1f}%)"
+            f"{lm}, {s['no_answer']} without an answer, {s['new_tokens']} new tokens{tps}")

@@ -21,7 +21,13 @@ from tqdm import tqdm
 
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.eval.data import ON_BAD_LINE, BadLine, Record
-from parse_jax.harness.eval.extract import DEFAULT_INSTRUCTION, extract_answer, format_number
+from parse_jax.harness.eval.extract import (
+    DEFAULT_INSTRUCTION,
+    extract_answer,
+    flexible_answer,
+    format_number,
+    strict_answer,
+)
 from parse_jax.harness.eval.report import format_summary, summarize
 from parse_jax.harness.runs import RunSettings
 from parse_jax.runtime.requests import GenerateResult
@@ -171,6 +177,40 @@ def build_prompt(record: Record, tokenizer, chat: str = "auto", instruction: str
                                                           **(template_kwargs or {})))
 
 
+def lm_eval_scores(record: Record, text: str) -> dict:
+    """A GSM8K record's two lm-eval scorings side by side: strict-match (`#### N`) and flexible-extract (the last
+    number), each with the answer it read; empty for embedded-task records."""
+    if record.kind == "task":
+        return {}
+    strict, flexible = format_number(strict_answer(text)), format_number(flexible_answer(text))
+    return {"correct_strict": strict is not None and strict == record.reference, "extracted_strict": strict,
+            "correct_flexible": flexible is not None and flexible == record.reference,
+            "extracted_flexible": flexible}
+
+
+# per-request speculation counts of a result (GenerationStats' lists) -> the record's `stats` keys
+REQUEST_STATS = {"accepted_per_request": "accepted_tokens", "prefixes_per_request": "steps_drafted",
+                 "drafts_per_request": "num_drafts"}
+
+
+def record_stats(stats: dict, j: int) -> dict:
+    """The speculation stats of request `j` of a batch's result: its own counts, and the batch's verification
+    passes (a batched pass counts once for each row it serves)."""
+    out = {name: int(stats[key][j]) for key, name in REQUEST_STATS.items() if stats.get(key) is not None}
+    if "accepted_tokens" in out:
+        checks = stats.get("verify_passes", stats.get("target_passes"))
+        if checks is not None:
+            out["verify_passes"] = int(checks)
+    return out
+
+
+def prompt_text(prompt, tokenizer) -> str:
+    """A model input as text: a text prompt as it is, a chat-rendered one decoded with its special tokens."""
+    if isinstance(prompt, str) or tokenizer is None:
+        return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+    return tokenizer.decode(prompt, keep_special=True)
+
+
 def grade(record: Record, text: str, task=None) -> tuple[bool, str | None]:
     """(correct, extracted answer) of one output."""
     if record.kind == "task":
@@ -250,18 +290,20 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
         t0 = time.perf_counter()
         res = generate(prompts, batch[0].line)
         seconds = time.perf_counter() - t0
-        accepted = res.stats.get("accepted_per_request")
-        checks = res.stats.get("verify_passes", res.stats.get("target_passes"))  # as bench counts them
         rows = []
         for j, r in enumerate(batch):
             correct, extracted = grade(r, res.texts[j], task)
             row = {"type": "result", "key": r.key, "line": r.line, "kind": r.kind, "correct": correct,
-                   "extracted": extracted, "reference": r.reference, "new_tokens": len(res.tokens[j]),
-                   "seconds": seconds / len(batch), "output": res.texts[j]}
-            if accepted is not None:
-                row["accepted_tokens"] = int(accepted[j])
-                if checks is not None:
-                    row["verify_passes"] = int(checks)  # a batched pass counts once for each row it serves
+                   "extracted": extracted, **lm_eval_scores(r, res.texts[j]), "reference": r.reference,
+                   "new_tokens": len(res.tokens[j]), "seconds": seconds / len(batch),
+                   "prompt": prompt_text(prompts[j], tokenizer), "output": res.texts[j]}
+            stats = record_stats(res.stats, j)
+            if stats:
+                row["stats"] = stats
+                if "accepted_tokens" in stats:  # the flat keys of earlier versions (summaries read them)
+                    row["accepted_tokens"] = stats["accepted_tokens"]
+                    if "verify_passes" in stats:
+                        row["verify_passes"] = stats["verify_passes"]
             rows.append(row)
         results.append(rows)
         correct += sum(r["correct"] for r in rows)

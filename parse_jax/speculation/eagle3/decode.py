@@ -21,7 +21,14 @@ from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.runtime.programs import forward_fn, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Request, SamplingParams
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.speculation.draft_model import accept_proposals, emit_accepted, run_spec, spec_batch, spec_request
+from parse_jax.speculation.draft_model import (
+    accept_proposals,
+    emit_accepted,
+    position_hits,
+    run_spec,
+    spec_batch,
+    spec_request,
+)
 from parse_jax.speculation.eagle3.head import (
     Eagle3,
     Eagle3Config,
@@ -49,6 +56,8 @@ class EagleState:
     rounds: jax.Array        # target passes
     accepted: jax.Array      # [B] drafted tokens accepted
     proposed: jax.Array      # [B] drafted tokens proposed
+    drafts: jax.Array        # [B] verification passes the row was live in (num_drafts)
+    per_pos: jax.Array       # [B, gamma] drafts whose token at each depth was accepted
 
 
 
@@ -110,7 +119,8 @@ def eagle_loop(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop:
     state = EagleState(target_cache=target_cache, head_cache=head_cache, h_last=out[rows, n - 1],
                        logits_last=lm(normed[rows, n - 1]), tokens=tokens, num_new=jnp.minimum(max_new, 1),
                        done=done, last=first, rounds=jnp.int32(loop.first_pass), accepted=jnp.zeros((b,), jnp.int32),
-                       proposed=jnp.zeros((b,), jnp.int32))
+                       proposed=jnp.zeros((b,), jnp.int32), drafts=jnp.zeros((b,), jnp.int32),
+                       per_pos=jnp.zeros((b, gamma), jnp.int32))
     one_limit, one_group = causal_metadata(b, 1)
 
     def draft_chain(state: EagleState, a_draft: SamplingArgs):
@@ -180,7 +190,8 @@ def eagle_loop(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop:
             h_last=jnp.where(live[:, None] > 0, out[rows, n_acc], state.h_last),
             logits_last=jnp.where(live[:, None] > 0, lm(normed[rows, n_acc]), state.logits_last),
             tokens=tokens, num_new=num, done=done, last=last, rounds=state.rounds + 1,
-            accepted=state.accepted + n_acc * live, proposed=state.proposed + (gamma + tree) * live)
+            accepted=state.accepted + n_acc * live, proposed=state.proposed + (gamma + tree) * live,
+            drafts=state.drafts + live, per_pos=state.per_pos + position_hits(n_acc, gamma, live))
 
     return jax.lax.while_loop(cond, body, state)
 
@@ -225,7 +236,8 @@ def generate_program(target_cfg: ModelConfig, impl: str, cache_len: int, loop: E
                            first_logits=logits[jnp.arange(b), prompt_lens - 1])
         state = eagle_loop(fns, t_cache.commit(prompt_lens), ctx, loop=loop, max_new=max_new, eos_ids=eos_ids,
                            sampler=sampler, args=args)
-        return state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed
+        return (state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed,
+                state.drafts, state.per_pos)
 
     return register_program(jax.jit(run))
 

@@ -56,3 +56,16 @@ def test_numbers_and_formatting():
     assert boxed("a \\boxed{1} b \\boxed{2}") == "2" and boxed("\\boxed{3") is None
     assert format_number(Fraction(1, 8)) == "0.125" and format_number(Fraction(2, 3)) == "2/3"
     assert format_number(Fraction(-10)) == "-10" and format_number(None) is None
+
+
+@pytest.mark.parametrize("text, strict, flexible", [
+    ("2 + 2 = 4. #### 4", Fraction(4), Fraction(4)),
+    ("#### 1,000.\nSo 12 apples.", Fraction(1000), Fraction(12)),  # strict reads the mark; flexible the last number
+    ("The answer is \\boxed{7}.", None, Fraction(7)),
+    ("#### -3 and #### 5", Fraction(-3), Fraction(5)),  # strict: the first mark, as lm-eval's regex matches it
+    ("no number here", None, None),
+])
+def test_lm_eval_strict_and_flexible_scorings(text, strict, flexible):
+    from parse_jax.harness.eval.extract import flexible_answer, strict_answer
+
+    assert strict_answer(text) == strict and flexible_answer(text) == flexible

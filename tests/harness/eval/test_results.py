@@ -170,3 +170,33 @@ def test_chat_template_applies_to_questions_only():
         build_prompt(q, tok, "on")
     t = Record(2, "2:y", "task", "( 3 + 4 ) :", "7")
     assert build_prompt(t, chat_tok, "on") == "( 3 + 4 ) :"  # task prompts are the task's own format
+
+
+def test_gsm8k_records_carry_both_lm_eval_scorings_the_prompt_and_the_stats(tmp_path):
+    """Strict-match (`#### N`) and flexible-extract (the last number) side by side in each record and the summary,
+    with Wilson intervals; each record holds its prompt, output, score and speculation stats."""
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in [
+        {"question": "2 + 2?", "answer": "#### 4"}, {"question": "10 * 100?", "answer": "#### 1,000"},
+        {"question": "3 * 3?", "answer": "#### 9"}, {"question": "Anything?", "answer": "#### 3"}]) + "\n")
+    replies = {"Question: 2 + 2?\nAnswer:": "2 + 2 = 4. #### 4", "Question: 10 * 100?\nAnswer:": "1,000",
+               "Question: 3 * 3?\nAnswer:": "#### 9, not 8", "Question: Anything?\nAnswer:": "#### 2"}
+
+    def fixed(prompts, offset):  # a stand-in model that answers from a table: the harness is what is tested
+        texts = [replies[p] for p in prompts]
+        return GenerateResult(texts=texts, tokens=[[1] * len(t) for t in texts],
+                              stats={"accepted_per_request": [3, 1], "drafts_per_request": [2, 2],
+                                     "verify_passes": 2})
+
+    records, _ = load_records(data, TASK)
+    s = run_eval(records, fixed, _open(tmp_path / "r.jsonl", data), RunSettings(batch_size=2, progress=False),
+                 log=lambda s: None)
+    rows = _results(tmp_path / "r.jsonl")
+    assert [r["correct_strict"] for r in rows] == [True, False, True, False]
+    assert [r["correct_flexible"] for r in rows] == [True, True, False, False]
+    assert [r["extracted_strict"] for r in rows] == ["4", None, "9", "2"]
+    assert s["accuracy_strict"] == 0.5 and s["accuracy_flexible"] == 0.5
+    assert s["accuracy_strict_ci95"][0] < 0.5 < s["accuracy_strict_ci95"][1]
+    assert [r["prompt"] for r in rows] == list(replies) and [r["output"] for r in rows] == list(replies.values())
+    assert rows[0]["stats"] == {"accepted_tokens": 3, "num_drafts": 2, "verify_passes": 2}
+    assert s["acceptance_length"] == pytest.approx(1 + 8 / 8)

@@ -1,0 +1,70 @@
+"""parse-jax as an lm-evaluation-harness model: registered as "parse-jax", generate_until through the engine (its
+`until` and `max_gen_toks` honoured), loglikelihood(_rolling) on the target, speculation stats beside lm-eval's
+results; the shipped embedded-task YAML over a local JSONL file gives `parse-jax eval`'s accuracy."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+lm_eval = pytest.importorskip("lm_eval")  # the test extra installs it; without it this module cannot run
+
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from parse_jax import evaluate, load_pair  # noqa: E402
+from parse_jax.harness import lm_eval_model  # noqa: E402  (registers "parse-jax")
+from parse_jax.harness.eval.data import write_task_jsonl  # noqa: E402
+from parse_jax.tasks import load_task  # noqa: E402
+from parse_jax.utils.paths import config_dir  # noqa: E402
+
+
+def _task(data) -> dict:
+    task = yaml.safe_load((config_dir() / "lm_eval" / "parse_jax_embedded.yaml").read_text())
+    task["dataset_kwargs"] = {"data_files": {"test": str(data)}}
+    return task
+
+
+def test_simple_evaluate_on_the_embedded_task_equals_parse_jax_eval(tmp_path):
+    data = write_task_jsonl(load_task(), 12, tmp_path / "problems.jsonl", seed=11)
+    stats = tmp_path / "stats.json"
+    out = lm_eval.simple_evaluate(model="parse-jax", model_args={"mode": "parse", "batch_size": 4,
+                                                                 "stats_path": str(stats)},
+                                  tasks=[_task(data)], log_samples=True)
+    acc = out["results"]["parse_jax_embedded"]["exact_match,final_answer"]
+    target, draft = load_pair()
+    ours = evaluate(target, draft, data, mode="parse", batch_size=4, max_new_tokens=64)
+    assert acc == pytest.approx(ours.accuracy) and 0 < ours.accuracy
+    got = {s["doc"]["prompt"]: s["resps"][0][0] for s in out["samples"]["parse_jax_embedded"]}
+    assert got == {json.loads(x)["prompt"]: r["output"] for x, r in zip(data.read_text().splitlines(),
+                                                                         ours.records)}
+    written = json.loads(stats.read_text())
+    assert written == out["config"]["speculation_stats"] and written["mode"] == "parse"
+    assert written["num_verifications"] >= 12 and written["accepted_tokens"] == sum(
+        r["accepted_tokens"] for r in ours.records)
+
+
+def test_until_and_max_gen_toks_and_the_target_scores():
+    lm = lm_eval_model.ParseJaxLM(mode="sd", batch_size=2)
+    prompt = load_task().problems(1, 3)[0][0]
+    full = lm.generate_until([Instance("generate_until", {}, (prompt, {"max_gen_toks": 24, "until": []}), 0)])[0]
+    assert ";" in full
+    cut, short = lm.generate_until([
+        Instance("generate_until", {}, (prompt, {"max_gen_toks": 24, "until": [";"]}), 0),
+        Instance("generate_until", {}, (prompt, {"max_gen_toks": 2, "until": []}), 1)])
+    assert cut == full[: full.index(";")]
+    assert len(lm.target.tokenizer.encode(short)) <= 2 and full.startswith(short.strip())
+    tok, target = lm.target.tokenizer, lm.target
+    ctx, cont = [tok.bos_id] + tok.encode(prompt), tok.encode(" " + full)[:5]
+    logits = np.asarray(target.logits(np.array([ctx + cont])), np.float64)[0]
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    expect = sum(logp[len(ctx) - 1 + i, t] for i, t in enumerate(cont))
+    (_, greedy), = lm.loglikelihood([Instance("loglikelihood", {}, (prompt, " " + full), 0)])
+    assert greedy  # sd's greedy output is the target's own greedy continuation
+    (ll5, _), = lm.loglikelihood([Instance("loglikelihood", {}, (prompt, tok.decode(cont)), 0)])
+    assert ll5 == pytest.approx(expect, abs=1e-4)
+    (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (prompt,), 0)])
+    ids = tok.encode(prompt)
+    logits = np.asarray(target.logits(np.array([[tok.bos_id] + ids])), np.float64)[0]
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    assert rolling == pytest.approx(sum(logp[i, t] for i, t in enumerate(ids)), abs=1e-4)
