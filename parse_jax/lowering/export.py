@@ -37,6 +37,7 @@ class LoweredProgram:
     exported: Any = None
     error: str | None = None
     seconds: float = 0.0
+    input_paths: tuple[str, ...] = ()  # the flattened arguments' paths in the program's argument tuple
 
     @property
     def ok(self) -> bool:
@@ -60,6 +61,13 @@ class LoweredProgram:
         """Whether the platform's Pallas kernel is in the module."""
         return KERNEL_CALLS[self.platform] in self.custom_calls
 
+    @property
+    def in_shardings(self) -> tuple:
+        """Each input's `NamedSharding` over the abstract mesh (None: unspecified, e.g. off a mesh). jax keeps them
+        on `Exported._in_named_shardings` since its HloShardings were retired (jax 0.10)."""
+        named = getattr(self.exported, "_in_named_shardings", None)
+        return tuple(named) if named is not None else tuple(self.exported.in_shardings_hlo)
+
     def serialize(self) -> bytes:
         return bytes(self.exported.serialize())
 
@@ -68,8 +76,9 @@ class LoweredProgram:
             return {"name": self.name, "lowered": False, "error": self.error}
         e = self.exported
         return {"name": self.name, "lowered": True, "seconds": round(self.seconds, 3),
-                "inputs": [_describe(a, s) for a, s in zip(e.in_avals, e.in_shardings_hlo, strict=True)],
-                "outputs": [_describe(a, s) for a, s in zip(e.out_avals, e.out_shardings_hlo, strict=True)],
+                "inputs": {path: _describe(a, s) for path, a, s in zip(self.input_paths, e.in_avals,
+                                                                        self.in_shardings, strict=True)},
+                "outputs": [_describe(a, None) for a in e.out_avals],
                 "input_bytes": int(sum(_nbytes(a) for a in e.in_avals)),
                 "custom_calls": self.custom_calls, "kernel": self.has_kernel}
 
@@ -80,7 +89,8 @@ def _nbytes(aval) -> int:
 
 def _describe(aval, sharding) -> str:
     text = f"{np.dtype(aval.dtype).name}{list(aval.shape)}"
-    return text if sharding is None or str(sharding) in ("{replicated}", "") else f"{text} {sharding}"
+    spec = getattr(sharding, "spec", None)
+    return text if spec is None or all(a is None for a in spec) else f"{text} over {tuple(spec)}"
 
 
 def _disabled_checks(platform: str) -> list:
@@ -90,17 +100,28 @@ def _disabled_checks(platform: str) -> list:
 
 
 def lower_launch(launch: Launch, target: Chip, mesh) -> LoweredProgram:
-    """Export one program for `target` (called under `use_abstract_mesh(mesh)`); failures are kept, named."""
+    """Export one program for `target` (called under `use_abstract_mesh(mesh)`); failures are kept, named.
+
+    The program is exported over its flattened arguments and results (a tuple of arrays each way; `input_paths`
+    names them), so the serialized artifact holds no parse-jax types and deserializes anywhere."""
     t0 = time.perf_counter()
     try:
-        exported = jax.export.export(launch.program, platforms=[target.platform],
-                                     disabled_checks=_disabled_checks(target.platform))(
-            *abstract_tree(launch.args, None if mesh.size == 1 else mesh))
+        with_paths, in_tree = jax.tree_util.tree_flatten_with_path(
+            abstract_tree(launch.args, None if mesh.size == 1 else mesh))
+        leaves = [x for _, x in with_paths]
+
+        def flat(*xs):
+            return tuple(jax.tree.leaves(launch.program(*jax.tree.unflatten(in_tree, xs))))
+
+        exported = jax.export.export(jax.jit(flat), platforms=[target.platform],
+                                     disabled_checks=_disabled_checks(target.platform))(*leaves)
     except Exception as e:  # noqa: BLE001 - any failure of one program is reported, the others still lower
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return LoweredProgram(launch.name, target.platform, error=f"{type(e).__name__}: {first[:400]}",
                               seconds=time.perf_counter() - t0)
-    return LoweredProgram(launch.name, target.platform, exported=exported, seconds=time.perf_counter() - t0)
+    paths = tuple(jax.tree_util.keystr(path) for path, _ in with_paths)
+    return LoweredProgram(launch.name, target.platform, exported=exported, seconds=time.perf_counter() - t0,
+                          input_paths=paths)
 
 
 class target_context:
