@@ -6,9 +6,13 @@ activations, per chip of a (data, model) mesh; and the refusal of a run that doe
 - KV caches: layers x 2 x rows x KV heads x slots x head_dim in the config's dtype, the slots being the cache the
   mode's program allocates (the same buckets as the programs: `runtime.programs.bucket` / `length_bucket`); rows
   split over `data`, KV heads over `model`.
-- Activations: the largest pass (T tokens of B rows over S slots) of the models: float32 logits and their dtype copy
-  [B, T, V], the MLP's gate/up/product [B, T, I], q/k/v and a few residual-stream buffers; with attention_impl "xla"
-  also the dense float32 scores and probabilities [B, H, T, S] (the Pallas kernels keep their tiles on chip).
+- Activations: the peak of the largest pass (T tokens of B rows over S slots) of the models: the largest of the
+  pass's phases, whose buffers are never live together, each beside the residual stream [B, T, hidden]: attention
+  (with attention_impl "xla" the dense float32 scores and probabilities [B, H, T, S]; with the Pallas kernels, which
+  keep their tiles on chip, q and the output), the MLP (its normed input, gate and up [B, T, I]) and the float32
+  logits [B, T, V]. This is
+  what XLA's buffer assignment keeps on CPU (tests/lowering/test_memory.py compares it with
+  `compiled.memory_analysis()`).
 
 `MemoryPlan.line()` is the one-line verdict, naming the sizes and what would fit instead (a smaller batch, a shorter
 budget, or a mesh with a larger `model` axis).
@@ -17,11 +21,13 @@ budget, or a mesh with a larger `model` axis).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
+import pallas_kernels
 from parse_jax.errors import ConfigError
 from parse_jax.lowering.chips import Chip
 from parse_jax.models.config import ModelConfig
@@ -84,9 +90,10 @@ class MemoryPlan:
                 "alternatives": list(self.alternatives), "line": self.line()}
 
 
-def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int) -> Shapes:
+def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platform: str = "tpu") -> Shapes:
     """The caches and largest passes of `mode` for `batch` prompts of `prompt_len` tokens and `max_new` new ones,
-    bucketed as the mode's programs bucket them (modes/*.py, speculation/*.py)."""
+    bucketed as the mode's programs bucket them (modes/*.py, speculation/*.py), on `platform` (whether the target's
+    attention_impl is dense there)."""
     cfg = ctx.config
     b, p, n = bucket(batch, 1), bucket(prompt_len), bucket(max_new, 16)
     t, dcfg = ctx.target.config, (ctx.draft.config if ctx.draft is not None else None)
@@ -128,7 +135,8 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int) -> Sha
         if eagle:
             models.append(("eagle3", ctx.head.config.layer, length_bucket(max(lengths[-1], p + max_new + margin)),
                            cfg.eagle3.gamma + cfg.eagle3.tree + 1))
-    dense = getattr(ctx.target, "attention_impl", "xla") == "xla"
+    backend = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    dense = pallas_kernels.resolve(getattr(ctx.target, "attention_impl", "xla"), backend, interpret=True)[0] == "xla"
     return Shapes(b, tuple(models), dense)
 
 
@@ -139,6 +147,12 @@ def _mesh(sizes: dict[str, int]) -> AbstractMesh:
 
 def weight_bytes(cfg: ModelConfig, sizes: dict[str, int], fallback_replicated: bool = False) -> int:
     """Bytes of `cfg`'s params on one chip of the mesh (each param divided over the axes it is split on)."""
+    return _weight_bytes(cfg, sizes.get("data", 1), sizes.get("model", 1), fallback_replicated)
+
+
+@functools.lru_cache(maxsize=256)
+def _weight_bytes(cfg: ModelConfig, data: int, model: int, fallback_replicated: bool) -> int:
+    sizes = {"data": data, "model": model}
     mesh = _mesh(sizes)
     params = abstract_params(cfg, mesh, fitting_rules(cfg, mesh, fallback_replicated))
     total = 0
@@ -172,12 +186,16 @@ def estimate(shapes: Shapes, sizes: dict[str, int], head_weights: int = 0) -> di
         heads = _split(cfg.num_heads, model)
         cache = cfg.num_layers * 2 * rows * kv * slots * cfg.head_dim * item
         bt = rows * tokens
-        vocab = _split(cfg.vocab_size, model)
-        act = bt * vocab * (4 + item)  # float32 logits and the dtype copy they are cast from
-        act += bt * (3 * _split(cfg.intermediate_size, model) + (heads + 2 * kv) * cfg.head_dim
-                     + 4 * cfg.hidden_size) * item
-        if shapes.dense_attention:
-            act += 2 * rows * heads * tokens * max(slots, tokens) * 4
+        # the largest pass's peak: the largest of its phases, whose buffers are never live together; each keeps the
+        # residual stream [B, T, hidden] alive
+        residual = bt * cfg.hidden_size * item
+        if shapes.dense_attention:  # scores and probabilities, float32 [B, H, T, S]
+            attention = residual + 2 * rows * heads * tokens * max(slots, tokens) * 4
+        else:  # the kernel's q and output; its tiles stay on chip
+            attention = residual + 2 * bt * heads * cfg.head_dim * item
+        mlp = 2 * residual + 2 * bt * _split(cfg.intermediate_size, model) * item  # gate and up (the product fuses)
+        logits = residual + bt * _split(cfg.vocab_size, model) * 4  # float32 (the cast fuses into the LM head)
+        act = max(attention, mlp, logits)
         weights = head_weights if name == "eagle3" else weight_bytes(cfg, sizes, fallback_replicated=name != "target")
         out[name] = {"weights": int(weights), "kv_cache": int(cache), "activations": int(act)}
     return out
@@ -205,7 +223,8 @@ def plan_memory(ctx, mode: str, req, target: Chip, sizes: dict[str, int] | None 
                            for x in _leaves(ctx.head.params))
 
     def at(b: int, n: int, s: dict[str, int]) -> MemoryPlan:
-        return _plan(run_shapes(ctx, mode, b, prompt_len, n), target, s, capacity, head_weights, (b, prompt_len, n))
+        shapes = run_shapes(ctx, mode, b, prompt_len, n, target.platform)
+        return _plan(shapes, target, s, capacity, head_weights, (b, prompt_len, n))
 
     plan = at(batch, req.max_new, sizes)
     if plan.fits:
@@ -243,6 +262,26 @@ def device_capacity(device: Any, table_chip: Chip | None) -> int | None:
     if stats and stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
     return table_chip.hbm_bytes if table_chip is not None else None
+
+
+def device_plan(ctx, mode: str, req, device: Any = None) -> MemoryPlan | None:
+    """The plan of `mode` over `req` on a real device (default: the first one), whose capacity is what its allocator
+    offers (`device_capacity`); a mesh target plans one chip of its mesh. None on a device without a capacity (a
+    CPU)."""
+    import jax
+
+    from parse_jax.lowering.chips import Chip, chip_of_device_kind
+
+    device = device if device is not None else jax.devices()[0]
+    table = chip_of_device_kind(getattr(device, "device_kind", ""))
+    capacity = device_capacity(device, table)
+    if capacity is None:
+        return None
+    target = table or Chip(getattr(device, "device_kind", "device"), getattr(device, "platform", "?"),
+                           getattr(device, "device_kind", ""), 1, capacity)
+    mesh = getattr(ctx.target, "mesh", None)
+    sizes = {"data": int(mesh.shape["data"]), "model": int(mesh.shape["model"])} if mesh is not None else None
+    return plan_memory(ctx, mode, req, target, sizes, capacity=capacity)
 
 
 def check_fits(plan: MemoryPlan) -> MemoryPlan:
