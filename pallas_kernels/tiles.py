@@ -117,12 +117,22 @@ def gpu_tiles(num_tokens: int, head_dim: int, dtype, *, shared_memory: int) -> T
     block_q = min(block_q, max(16, 1 << (max(num_tokens, 1) - 1).bit_length()))
     item = _itemsize(dtype)
     stages = 3 if d <= 128 else 2
-    while stages > 1 and (stages * 2 * block_k * d + block_q * d) * item > shared_memory:
-        stages -= 1
-    if (stages * 2 * block_k * d + block_q * d) * item > shared_memory:
-        raise TileError(f"head_dim {head_dim} needs more shared memory than the GPU's "
-                        f"{shared_memory >> 10} KiB per SM for one key/value stage")
+    while gpu_shared_bytes(block_q, block_k, d, stages, item) > shared_memory:
+        if stages > 1:
+            stages -= 1
+        elif block_k > 16:
+            block_k //= 2
+        elif block_q > 16:
+            block_q //= 2
+        else:
+            raise TileError(f"head_dim {head_dim} ({np.dtype(dtype).name}) needs more shared memory than the GPU's "
+                            f"{shared_memory >> 10} KiB per SM even for 16 x 16 blocks")
     return Tiles(block_q, block_k, warps, stages)
+
+
+def gpu_shared_bytes(block_q: int, block_k: int, head_dim: int, stages: int, itemsize: int) -> int:
+    """Shared memory of one Triton program: `stages` pipelined key and value blocks and the query block."""
+    return (stages * 2 * block_k + block_q) * head_dim * itemsize
 
 
 def tiles_for(kind: str, num_tokens: int, num_slots: int, head_dim: int, dtype) -> Tiles:

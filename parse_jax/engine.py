@@ -300,7 +300,7 @@ class ParseEngine:
         v5p, v6e, h100, h200) from this machine, over an abstract (data, model) `mesh` of such chips when given
         ("data=2,model=4"), with the run's memory plan: a `parse_jax.lowering.run.LoweredRun`. Nothing is compiled
         or allocated; the models' params are read as shapes only. See docs/lowering.md."""
-        from parse_jax.lowering.run import lower_run
+        from parse_jax.lowering.run import LowerTarget, lower_run
 
-        return lower_run(self, mode, batch_size, max_new_tokens, platform=platform, chip_name=chip,
-                         prompt_len=prompt_len, mesh=mesh, attention_impl=attention_impl)
+        return lower_run(self, mode, batch_size, max_new_tokens, prompt_len=prompt_len,
+                         target=LowerTarget(platform, chip, mesh, attention_impl))

@@ -57,18 +57,28 @@ def _mesh_sizes(mesh: Any) -> dict[str, int]:
     return sizes
 
 
-def lower_run(engine, mode: str, batch_size: int, max_new_tokens: int, *, platform: str = "tpu",
-              chip_name: str | None = None, prompt_len: int = 64, mesh: Any = None,
-              attention_impl: str = "pallas") -> LoweredRun:
+@dataclasses.dataclass(frozen=True)
+class LowerTarget:
+    """What to lower for: `platform`'s chip `chip` (None: the platform's default), over a (data, model) `mesh` of
+    such chips ("data=2,model=4", a mapping, or None: one chip), with `attention_impl` ("pallas": the platform's
+    kernel)."""
+
+    platform: str = "tpu"
+    chip: str | None = None
+    mesh: Any = None
+    attention_impl: str = "pallas"
+
+
+def lower_run(engine, mode: str, batch_size: int, max_new_tokens: int, *, target: LowerTarget = LowerTarget(),
+              prompt_len: int = 64) -> LoweredRun:
     """Lower the programs `engine.generate([prompt] * batch_size, mode, max_new_tokens)` would compile (prompts of
-    `prompt_len` tokens) for `platform`'s `chip_name`, over a (data, model) `mesh` of such chips when given
-    ("data=2,model=4" or a mapping). Mode "prefix_scores" lowers `engine.prefix_scores`'s pass (contexts of
+    `prompt_len` tokens) for `target`. Mode "prefix_scores" lowers `engine.prefix_scores`'s pass (contexts of
     `prompt_len`, drafts of `max_new_tokens`); "parse-single" / "parse-multi" are mode parse with that `rounds`."""
     check_choice("mode", mode, LOWERED_MODES, error=InputError)
     batch_size = check_int("batch_size", batch_size, 1, error=InputError)
     prompt_len = check_int("prompt_len", prompt_len, 1, error=InputError)
-    target = chip(chip_name, platform)
-    sizes = _mesh_sizes(mesh)
+    sizes = _mesh_sizes(target.mesh)
+    device = chip(target.chip, target.platform)
     run_mode = "parse" if mode in ("parse-multi", "parse-single", "prefix_scores") else mode
     ids = [[_filler(engine)] * prompt_len for _ in range(batch_size)]
     if mode == "prefix_scores":
@@ -77,16 +87,16 @@ def lower_run(engine, mode: str, batch_size: int, max_new_tokens: int, *, platfo
     else:
         req = engine.request(ids, run_mode, max_new_tokens, 0.0, 0, 0, 1.0, None)
     t0 = time.perf_counter()
-    with target_context(target, sizes) as abstract:
-        ctx = abstract_context(engine.context, attention_impl=attention_impl,
+    with target_context(device, sizes) as abstract:
+        ctx = abstract_context(engine.context, attention_impl=target.attention_impl,
                                mesh=abstract if abstract.size > 1 else None)
         if mode in ("parse-multi", "parse-single"):
             rounds = mode.split("-")[1]
             ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=rounds))
         launches = mode_launches(ctx, mode, req)
-        programs = tuple(lower_launch(launch, target, abstract) for launch in launches)
-    plan = plan_memory(ctx, mode, req, target, sizes)
-    return LoweredRun(mode, target, sizes, batch_size, prompt_len, req.max_new, programs, plan,
+        programs = tuple(lower_launch(launch, device, abstract) for launch in launches)
+    plan = plan_memory(ctx, mode, req, device, sizes)
+    return LoweredRun(mode, device, sizes, batch_size, prompt_len, req.max_new, programs, plan,
                       time.perf_counter() - t0)
 
 
