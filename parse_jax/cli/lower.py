@@ -36,7 +36,10 @@ def cmd_lower(args: argparse.Namespace) -> int:
     from parse_jax.cli.setup import parse_config
     from parse_jax.engine import ParseEngine
     from parse_jax.lowering.export import write_lowered
+    from parse_jax.lowering.run import LowerTarget, lower_run
 
+    if args.out is not None and args.memory_only:
+        raise ConfigError("--out writes lowered programs: drop --memory-only, or --out")
     cfg = parse_config(args)
     target, draft = _models(args)
     modes = ALL_MODES if args.mode == "all" else (args.mode,)
@@ -46,9 +49,11 @@ def cmd_lower(args: argparse.Namespace) -> int:
     engine = ParseEngine(target, draft, cfg)
     programs, reports = [], []
     for mode in modes:
-        phase(f"lowering {mode} for {args.platform} {args.chip or '(default chip)'}")
-        run = engine.lower(mode, args.batch_size, args.max_new_tokens, platform=args.platform, chip=args.chip,
-                           prompt_len=args.prompt_len, mesh=args.lower_mesh, attention_impl=args.attention_impl)
+        phase(f"{'planning' if args.memory_only else 'lowering'} {mode} for {args.platform} "
+              f"{args.chip or '(default chip)'}")
+        run = lower_run(engine, mode, args.batch_size, args.max_new_tokens, prompt_len=args.prompt_len,
+                        target=LowerTarget(args.platform, args.chip, args.lower_mesh, args.attention_impl),
+                        lower=not args.memory_only)
         programs.extend(run.programs)
         reports.append(run.report())
         for p in run.programs:
@@ -91,5 +96,7 @@ def add_lower_command(sub, add_parse_args) -> None:
     add_parse_args(p)
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write the serialized programs (NAME.jax_exported, NAME.mlir) and report.json here")
+    p.add_argument("--memory-only", action="store_true",
+                   help="the memory plan alone, at once: no program is traced or lowered")
     p.add_argument("--json", action="store_true", help="also print the report as JSON")
     p.set_defaults(func=cmd_lower)

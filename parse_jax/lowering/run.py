@@ -70,10 +70,11 @@ class LowerTarget:
 
 
 def lower_run(engine, mode: str, batch_size: int, max_new_tokens: int, *, target: LowerTarget = LowerTarget(),
-              prompt_len: int = 64) -> LoweredRun:
+              prompt_len: int = 64, lower: bool = True) -> LoweredRun:
     """Lower the programs `engine.generate([prompt] * batch_size, mode, max_new_tokens)` would compile (prompts of
     `prompt_len` tokens) for `target`. Mode "prefix_scores" lowers `engine.prefix_scores`'s pass (contexts of
-    `prompt_len`, drafts of `max_new_tokens`); "parse-single" / "parse-multi" are mode parse with that `rounds`."""
+    `prompt_len`, drafts of `max_new_tokens`); "parse-single" / "parse-multi" are mode parse with that `rounds`.
+    `lower=False`: the memory plan alone (no program traced)."""
     check_choice("mode", mode, LOWERED_MODES, error=InputError)
     batch_size = check_int("batch_size", batch_size, 1, error=InputError)
     prompt_len = check_int("prompt_len", prompt_len, 1, error=InputError)
@@ -93,7 +94,7 @@ def lower_run(engine, mode: str, batch_size: int, max_new_tokens: int, *, target
         if mode in ("parse-multi", "parse-single"):
             rounds = mode.split("-")[1]
             ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=rounds))
-        launches = mode_launches(ctx, mode, req)
+        launches = mode_launches(ctx, mode, req) if lower else []
         programs = tuple(lower_launch(launch, device, abstract) for launch in launches)
     plan = plan_memory(ctx, mode, req, device, sizes)
     return LoweredRun(mode, device, sizes, batch_size, prompt_len, req.max_new, programs, plan,

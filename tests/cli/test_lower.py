@@ -64,6 +64,13 @@ def test_a_program_that_cannot_be_lowered_is_named_with_its_reason(tmp_path, cap
     assert sorted(p.name for p in out.iterdir()) == ["report.json"]
 
 
+def test_memory_only_plans_a_qwen3_8b_pair_at_once(capsys):
+    assert main(["lower", "--model", "qwen3-8b", "--draft", "qwen3-0.6b", "--chip", "v5e", "--batch-size", "8",
+                 "--prompt-len", "256", "--max-new-tokens", "512", "--memory-only", "-q"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "memory (parse): batch 8 x 256 prompt + 512 new tokens does not fit a v5e chip (17.2 GB): weights 17.57 GB")
+
+
 def test_bad_lower_flags_are_one_line_errors(tmp_path, capsys):
     assert main(["lower", "--model", "qwen4-9b", "-q"]) == 2
     assert "model 'qwen4-9b' is neither a folder, a config.json file nor a shipped config; shipped: llama3-1b" in \
@@ -75,5 +82,7 @@ def test_bad_lower_flags_are_one_line_errors(tmp_path, capsys):
     assert lower(tmp_path, "--mode", "target", "--out", str(tmp_path / "mine")) == 2
     assert "is not an earlier `parse-jax lower` folder" in capsys.readouterr().err
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    assert main(["lower", "--memory-only", "--out", str(tmp_path / "x"), "-q"]) == 2
+    assert "--out writes lowered programs: drop --memory-only" in capsys.readouterr().err
     assert main(["lower", "--mode", "fast"]) == 2
     assert "argument --mode: invalid choice: 'fast'" in capsys.readouterr().err
