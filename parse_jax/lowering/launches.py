@@ -16,11 +16,12 @@ import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from parse_jax.distributed.verify import sharded_prefix_scores_program
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model, expected_params, unflatten
 from parse_jax.models.sharding import abstract_params, fitting_rules
 from parse_jax.modes.context import ModeContext
-from parse_jax.modes.parse import ContinueSpec, EagleSpec, multi_launch, single_launch
+from parse_jax.modes.parse import ContinueSpec, EagleSpec, continue_single, multi_launch, single_launch
 from parse_jax.modes.sequential import sequential_launch
 from parse_jax.runtime.decode import generate_launch
 from parse_jax.runtime.programs import bucket
@@ -70,7 +71,7 @@ def abstract_tree(tree: Any, mesh: AbstractMesh | None = None) -> Any:
     def one(x):
         if isinstance(x, jax.ShapeDtypeStruct):
             return x
-        x_shape, dtype = np.shape(x), getattr(x, "dtype", None) or np.asarray(x).dtype
+        x_shape, dtype = np.shape(x), (x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
         sharding = NamedSharding(mesh, P()) if mesh is not None else None
         return jax.ShapeDtypeStruct(x_shape, dtype, sharding=sharding)
 
@@ -107,8 +108,6 @@ def _single(ctx: ModeContext, req: Request, eagle: bool, label: str) -> list[Lau
     eagle_spec = EagleSpec(ctx.head.config, ctx.config.eagle3.gamma, ctx.config.eagle3.tree) if eagle else None
     spec = ContinueSpec(ctx.target.config, ctx.target.attention_impl, shape.num_new, req.sampling.sampler,
                         eagle_spec)
-    from parse_jax.modes.parse import continue_single
-
     rows = 1
     while rows <= b:
         cache, context = _with_rows((state["cache"], state["context"]), rows)
@@ -136,8 +135,6 @@ def _prefix_scores(ctx: ModeContext, req: Request) -> list[Launch]:
     if mesh is None:
         program = prefix_scores_program(target.config, target.attention_impl)
     else:
-        from parse_jax.distributed.verify import sharded_prefix_scores_program
-
         program = sharded_prefix_scores_program(target.config, target.attention_impl, mesh)
     return [Launch("prefix_scores", program, (target.params, *rows, *tail))]
 
