@@ -119,7 +119,7 @@ def cpu_engine() -> ParseEngine:
 
 
 @pytest.mark.parametrize("mode,batch,max_new", [("target", 8, 1024), ("prefix_scores", 4, 256),
-                                                 ("parse-single", 1, 512)])
+                                                 ("parse-single", 1, 128)])
 def test_the_estimate_is_within_10_percent_of_xla(mode, batch, max_new):
     """The programs compiled for this CPU (attention_impl "xla": dense scores, as the plan counts them there):
     arguments + outputs + temporaries - aliased, as XLA's buffer assignment reports them."""

@@ -1,21 +1,28 @@
 """Models as shapes: the shipped configs match their published sizes; a folder's own tokenizer is used."""
 
+import jax
 import pytest
 
 from parse_jax.checkpoints.pair import PAIR_DIR
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.lowering.sources import shape_head, shape_model, shape_pair, shipped_configs
+from parse_jax.models.config import read_hf_config
+from parse_jax.utils.paths import config_dir
 
 
 @pytest.mark.parametrize("name,params", [("qwen3-8b", 8.19e9), ("qwen3-0.6b", 0.596e9), ("llama3-8b", 8.03e9),
                                          ("llama3-1b", 1.24e9)])
 def test_shipped_configs_have_their_published_sizes(name, params):
-    model = shape_model(name)
-    assert model.config.num_params == pytest.approx(params, rel=0.005)
-    assert model.config.dtype == "bfloat16"
+    cfg = read_hf_config(config_dir() / "models" / f"{name}.json")
+    assert cfg.num_params == pytest.approx(params, rel=0.005)
+    assert (cfg.dtype, cfg.head_dim) == ("bfloat16", 128 if name != "llama3-1b" else 64)
+
+
+def test_a_shape_model_holds_shapes_not_arrays():
+    model = shape_model("llama3-1b")
     leaf = model.params["layers_0"]["self_attn"]["q_proj"]["kernel"]
     assert leaf.shape == (model.config.hidden_size, model.config.num_heads * model.config.head_dim)
-    assert not hasattr(leaf, "addressable_data")  # a shape, not an array
+    assert isinstance(leaf, jax.ShapeDtypeStruct) and leaf.dtype == "bfloat16"
 
 
 def test_the_embedded_pair_as_shapes_keeps_its_tokenizer_and_dtype():
