@@ -2,7 +2,8 @@
 
 HBM sizes are per chip as a program sees it (one jax device): TPU v4 and v5p run both TensorCores of a chip as one
 device (megacore). The TPU figures are those of `jax.experimental.pallas.tpu.get_tpu_info`; the GPU figures are the
-totals `nvidia-smi` reports (a JAX process on a GPU preallocates a fraction of it, see `usable_bytes`).
+totals `nvidia-smi` reports (a JAX process on a GPU gets a fraction of it: on a real device the plan reads the
+allocator's limit instead, `memory.device_capacity`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import dataclasses
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 
 from parse_jax.errors import ConfigError
-
-GiB = 2**30
 
 
 @dataclasses.dataclass(frozen=True)

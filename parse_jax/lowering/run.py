@@ -8,6 +8,7 @@ import dataclasses
 import time
 from typing import Any
 
+from parse_jax.distributed.mesh import parse_mesh_spec
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.lowering.chips import Chip, chip
 from parse_jax.lowering.export import LoweredProgram, lower_launch, target_context
@@ -49,8 +50,6 @@ class LoweredRun:
 
 
 def _mesh_sizes(mesh: Any) -> dict[str, int]:
-    from parse_jax.distributed.mesh import parse_mesh_spec
-
     sizes = parse_mesh_spec(mesh) if mesh is not None else {"data": 1, "model": 1}
     if -1 in sizes.values():
         raise ConfigError(f"a mesh to lower for names every axis size (e.g. data=2,model=4), got {sizes}")
