@@ -84,7 +84,7 @@ def add_lower_command(sub, add_parse_args) -> None:
                    help="the weights' dtype (default: the config's)")
     p.add_argument("--platform", choices=PLATFORMS, default="tpu", help="what to lower for")
     p.add_argument("--chip", default=None, help="v4, v5e, v5p, v6e (tpu) or h100, h200 (cuda); default v5e / h100")
-    p.add_argument("--mesh", dest="lower_mesh", default=None,
+    p.add_argument("--mesh", dest="lower_mesh", default=None, metavar="data=D,model=M",
                    help="an abstract mesh of such chips, e.g. data=2,model=4 (default: one chip)")
     p.add_argument("--mode", choices=LOWER_MODES, default="parse",
                    help="the run to lower (parse follows --rounds; all: every mode)")
