@@ -20,6 +20,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.block_map import key_block_ranges, key_groups_by_slot, round_up
 from pallas_kernels.mask import visible
+from pallas_kernels.partition import out_struct
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row never makes inf - inf
 META = 8  # per query block: lengths, full_end, a_end, b_start, b_end, 3 unused (a power of two for Triton)
@@ -122,7 +123,7 @@ def attention_gpu(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, 
         grid=(nq, b, h),
         in_specs=in_specs,
         out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct((b, t_pad, h, d), q.dtype),
+        out_shape=out_struct((b, t_pad, h, d), q.dtype, q, k, v, lengths, limit, group),
         input_output_aliases=aliases,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps or (4 if d <= 64 else 8), num_stages=num_stages),
         interpret=interpret,

@@ -23,6 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.block_map import NUM_RANGES, key_block_ranges, key_groups_by_slot, round_up, visited_block
 from pallas_kernels.mask import visible
+from pallas_kernels.partition import out_struct
 
 LANES, SUBLANES = 128, 8
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row never makes inf - inf
@@ -156,7 +157,7 @@ def attention_tpu(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, 
             scratch_shapes=[pltpu.VMEM((block_q, LANES), jnp.float32), pltpu.VMEM((block_q, LANES), jnp.float32),
                             pltpu.VMEM((block_q, d), jnp.float32)],
         ),
-        out_shape=jax.ShapeDtypeStruct((b, h, t_pad, d), q.dtype),
+        out_shape=out_struct((b, h, t_pad, d), q.dtype, q, k, v, lengths, limit, group),
         input_output_aliases=aliases,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         interpret=pltpu.InterpretParams() if interpret else False,

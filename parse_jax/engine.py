@@ -294,3 +294,16 @@ class ParseEngine:
                     raise InputError(f"prompt {i} has {len(p)} tokens; mode {mode} with max_new_tokens={max_new} "
                                      f"needs {len(p) + extra} positions (cache slots) in the {name}, which holds "
                                      f"{limit} (max_position_embeddings)")
+
+    # --- ahead of time --------------------------------------------------------------------------------------
+
+    def lower(self, mode: str, batch_size: int = 1, max_new_tokens: int = 256, *, platform: str = "tpu",
+              chip: str | None = None, prompt_len: int = 64, mesh=None, attention_impl: str = "pallas"):
+        """The programs a run of `mode` would compile, lowered for `platform` ("tpu" or "cuda") and `chip` (v4, v5e,
+        v5p, v6e, h100, h200) from this machine, over an abstract (data, model) `mesh` of such chips when given
+        ("data=2,model=4"), with the run's memory plan: a `parse_jax.lowering.run.LoweredRun`. Nothing is compiled
+        or allocated; the models' params are read as shapes only. See docs/lowering.md."""
+        from parse_jax.lowering.run import LowerTarget, lower_run
+
+        return lower_run(self, mode, batch_size, max_new_tokens, prompt_len=prompt_len,
+                         target=LowerTarget(platform, chip, mesh, attention_impl))

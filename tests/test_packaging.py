@@ -44,7 +44,8 @@ def test_wheel_ships_configs_and_declares_its_needs(wheel) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    for config in ("pair_default.yaml", "mesh_data2_model4.yaml", "mesh_model_all.yaml", "parse/qwen3_chat.yaml"):
+    for config in ("pair_default.yaml", "mesh_data2_model4.yaml", "mesh_model_all.yaml", "parse/qwen3_chat.yaml",
+                   "models/qwen3-8b.json"):
         assert f"parse_jax/configs/{config}" in names  # the repository's top-level configs/, inside the package
     assert "parse_jax/assets/tokenizer/tokenizer.json" in names
     assert "Requires-Python: >=3.11" in meta

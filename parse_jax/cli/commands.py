@@ -60,7 +60,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if mode == "target":
         res = generate(target, prompts, **kw)
     else:
-        res = ParseEngine(target, draft, cfg).generate(prompts, mode=mode, **kw)
+        from parse_jax.lowering.run import check_memory
+
+        engine = ParseEngine(target, draft, cfg)
+        check_memory(engine, prompts, mode, args.max_new_tokens)  # a run that cannot fit: one line, nothing allocated
+        res = engine.generate(prompts, mode=mode, **kw)
     texts, tokens = res.texts, res.tokens
     if getattr(args, "per_host", False):
         from parse_jax.distributed.multihost import gather_token_lists

@@ -1,4 +1,4 @@
-"""`parse-jax` command line: generate, bench, sweep, calibrate, eval, convert, train, train-eagle3.
+"""`parse-jax` command line: generate, bench, sweep, calibrate, eval, convert, train, train-eagle3, profile, lower.
 
 `main` runs one command and turns every parse-jax error into one line on stderr (exit 2), Ctrl-C into exit 130.
 """

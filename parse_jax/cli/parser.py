@@ -18,6 +18,7 @@ from parse_jax.cli.commands import (
     cmd_train,
     cmd_train_eagle3,
 )
+from parse_jax.cli.lower import add_lower_command
 from parse_jax.cli.profile import add_profile_command
 from parse_jax.harness.eval.extract import DEFAULT_INSTRUCTION
 from parse_jax.settings import (
@@ -137,7 +138,8 @@ def add_setting_flag(p: argparse.ArgumentParser, cls: type, name: str, *, flag: 
 # holds (those of the settings flags come from their fields)
 FLAG_CHECKS = (
     ("n", int, 1, None, False), ("max_new_tokens", int, 1, None, False), ("batch_size", int, 1, None, False),
-    ("repeats", int, 1, None, False), ("seed", int, 0, SEED_MAX, False), ("top_k", int, 0, None, False),
+    ("repeats", int, 1, None, False), ("prompt_len", int, 1, None, False),
+    ("seed", int, 0, SEED_MAX, False), ("top_k", int, 0, None, False),
     ("step", int, 0, None, False), ("draft_step", int, 0, None, False), ("num_processes", int, 1, None, False),
     ("coordinator_timeout", int, 1, None, False),
     ("process_id", int, 0, None, False), ("temperature", float, 0.0, None, False), ("top_p", float, 0.0, 1.0, True),
@@ -318,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_eval)
 
     add_profile_command(sub, add_model_args)
+    add_lower_command(sub, add_parse_args)
 
     c = sub.add_parser("convert", help="convert an HF folder (config.json + safetensors) to an Orbax folder")
     c.add_argument("--hf", required=True, help="HF model folder")

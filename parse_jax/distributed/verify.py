@@ -25,7 +25,7 @@ from parse_jax.verify.scoring import prefix_rows, prefix_scores_fn
 
 
 @functools.cache
-def _sharded_prefix_scores_program(cfg: ModelConfig, attention_impl: str, mesh: Mesh):
+def sharded_prefix_scores_program(cfg: ModelConfig, attention_impl: str, mesh: Mesh):
     """`scoring.prefix_scores_fn` under `shard_map` over `data`: each data shard packs and scores its own rows.
     Only `data` is manual; `model` stays automatic, so inside each shard the pass is tensor parallel over the
     params' `model` sharding (GSPMD), in the same program."""
@@ -43,7 +43,7 @@ def sharded_score_prefixes(model: Model, seqs: Sequence[Sequence[int]], ends: Se
     arrays = prefix_rows(seqs, ends, len(suffix), rows=-(-len(seqs) // data) * data)
     rows = NamedSharding(mesh, P("data"))
     inputs = [global_array(arrays[name], rows) for name in ("seq", "seq_len", "ends", "count")]
-    program = _sharded_prefix_scores_program(model.config, model.attention_impl, mesh)
+    program = sharded_prefix_scores_program(model.config, model.attention_impl, mesh)
     scores = to_host(program(model.params, *inputs, np.asarray(suffix, np.int32), np.int32(yes_id),
                              np.int32(no_id)))
     return [scores[i, : len(e)].astype(np.float64) for i, e in enumerate(ends)]

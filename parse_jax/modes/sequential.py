@@ -125,8 +125,8 @@ def sequential_program(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, 
     return register_program(jax.jit(run))
 
 
-def run(ctx: ModeContext, req: Request) -> GenerateResult:
-    """Mode `sequential`: one program, one target pass per segment."""
+def sequential_launch(ctx: ModeContext, req: Request):
+    """(program, args) of mode `sequential` for `req`, not run (`parse_jax.lowering` lowers it)."""
     cfg, ids, target = ctx.config, req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
     cap = cfg.max_draft_tokens  # static; each row drafts min(cap, its budget)
@@ -136,12 +136,18 @@ def run(ctx: ModeContext, req: Request) -> GenerateResult:
                             cache_len=length_bucket(max(p + d + lengths[-1], p + req.max_new + 1)),
                             num_new=bucket(req.max_new, 16))
     program = sequential_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
+    return program, (target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
+                     ctx.judge, req.sampling.args(), prng_key(req.sampling.seed + 1))
+
+
+def run(ctx: ModeContext, req: Request) -> GenerateResult:
+    """Mode `sequential`: one program, one target pass per segment."""
+    program, args = sequential_launch(ctx, req)
+    b = bucket(len(req.ids), 1)
     t0 = time.perf_counter()
-    out = program(target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
-                  ctx.judge, req.sampling.args(), prng_key(req.sampling.seed + 1))
-    res = fetch(out)
+    res = fetch(program(*args))
     seconds = time.perf_counter() - t0
-    n = len(ids)
+    n = len(req.ids)
     passes = int(res["verify_passes"])
     return parse_result(ctx, req, res, seconds, verify_passes=passes,
                         target_passes=passes + int(res["continue_passes"]),

@@ -243,11 +243,16 @@ def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -
     return GenerateResult(texts=texts, tokens=toks, stats=stats.as_dict())
 
 
+def spec_args(target, drafter_params, sb: SpecBatch) -> tuple:
+    """The arguments of a speculation program (the draft model's or EAGLE-3's) for a prepared batch."""
+    return target.params, drafter_params, sb.prompt, sb.lens, sb.max_new, sb.eos, sb.sampling.args()
+
+
 def run_spec(target, program, drafter_params, sb: SpecBatch, gamma: int) -> GenerateResult:
     """Run a speculation program (`program(target_params, drafter_params, prompt, lens, max_new, eos, args)`: the
     draft model's or EAGLE-3's) on a prepared batch, timed, and collect its result."""
     t0 = time.perf_counter()
-    out = program(target.params, drafter_params, sb.prompt, sb.lens, sb.max_new, sb.eos, sb.sampling.args())
+    out = program(*spec_args(target, drafter_params, sb))
     out = fetch(out)
     return spec_result(target, sb.ids, out, time.perf_counter() - t0, gamma)
 
@@ -269,9 +274,15 @@ def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequen
 def speculate(target, draft, req: Request, *, gamma: int, capacity: int | None = None) -> GenerateResult:
     """Speculative decoding of a validated request (mode `sd`); `capacity`: the cache slots (default: the models'
     positions)."""
+    program, sb = speculate_launch(target, draft, req, gamma=gamma, capacity=capacity)
+    return run_spec(target, program, draft.params, sb, gamma)
+
+
+def speculate_launch(target, draft, req: Request, *, gamma: int, capacity: int | None = None):
+    """(program, prepared batch) of speculative decoding for `req`, not run (`spec_args` gives its arguments)."""
     if capacity is None:
         capacity = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
     sb = spec_batch(target, req, gamma=gamma, capacity=capacity)
     program = _spec_program(target.config, draft.config, target.attention_impl, int(gamma), sb.num_new,
                             sb.cache_len, sb.sampling.sampler)
-    return run_spec(target, program, draft.params, sb, gamma)
+    return program, sb

@@ -10,6 +10,7 @@ from parse_jax.speculation.eagle3.decode import (
     check_tree,
     continue_program,
     eagle3_generate,
+    eagle3_launch,
     eagle3_speculate,
     eagle_loop,
     generate_program,
@@ -36,7 +37,8 @@ from parse_jax.speculation.eagle3.tree import move_kv, tree_block, tree_leaves
 
 __all__ = [
     "Eagle3", "Eagle3Config", "Eagle3Head", "EagleContext", "EagleFns", "EagleLoop", "EagleState", "abstract_params",
-    "check_tree", "continue_program", "default_taps", "draft_logits", "eagle3_generate", "eagle3_speculate",
+    "check_tree", "continue_program", "default_taps", "draft_logits", "eagle3_generate", "eagle3_launch",
+    "eagle3_speculate",
     "eagle_loop", "embed", "export_speculators", "generate_program", "head_applies", "head_layout", "head_module",
     "init_head", "layer_params", "lm_head", "load_eagle3", "move_kv", "save_eagle3", "target_taps",
     "to_target_vocab", "tree_block", "tree_leaves", "ttt_logits",

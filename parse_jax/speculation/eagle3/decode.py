@@ -275,12 +275,18 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
 
 def eagle3_speculate(target, head: Eagle3, req: Request, *, gamma: int, tree: int = 0) -> GenerateResult:
     """EAGLE-3 drafting of a validated request (mode `eagle3`)."""
-    sb = spec_batch(target, req, gamma=gamma, capacity=target.config.max_position_embeddings, extra_slots=tree)
-    loop = EagleLoop(config=head.config, gamma=gamma, num_new=sb.num_new, tree=tree, first_pass=1)
-    program = generate_program(target.config, target.attention_impl, sb.cache_len, loop, sb.sampling.sampler)
+    program, sb = eagle3_launch(target, head, req, gamma=gamma, tree=tree)
     res = run_spec(target, program, head.params, sb, gamma)
     res.stats["tree"] = tree
     return res
+
+
+def eagle3_launch(target, head: Eagle3, req: Request, *, gamma: int, tree: int = 0):
+    """(program, prepared batch) of EAGLE-3 drafting for `req`, not run (`draft_model.spec_args` gives its
+    arguments)."""
+    sb = spec_batch(target, req, gamma=gamma, capacity=target.config.max_position_embeddings, extra_slots=tree)
+    loop = EagleLoop(config=head.config, gamma=gamma, num_new=sb.num_new, tree=tree, first_pass=1)
+    return generate_program(target.config, target.attention_impl, sb.cache_len, loop, sb.sampling.sampler), sb
 
 
 def check_tree(tree: int, temperature: float) -> None:

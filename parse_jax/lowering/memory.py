@@ -1,0 +1,291 @@
+"""A run's device memory, estimated before anything is allocated: weights, KV caches, the largest pass's
+activations, per chip of a (data, model) mesh; and the refusal of a run that does not fit.
+
+- Weights: every param of the models the mode runs (target; the draft and the EAGLE-3 head where the mode runs
+  them), each divided over the mesh axes its `NamedSharding` splits it on (`models.sharding`).
+- KV caches: layers x 2 x rows x KV heads x slots x head_dim in the config's dtype, the slots being the cache the
+  mode's program allocates (the same buckets as the programs: `runtime.programs.bucket` / `length_bucket`); rows
+  split over `data`, KV heads over `model`.
+- Activations: the peak of the largest pass (T tokens of B rows over S slots) of the models: the largest of the
+  pass's phases, whose buffers are never live together, each beside the residual stream [B, T, hidden]: attention
+  (with attention_impl "xla" the dense float32 scores and probabilities [B, H, T, S]; with the Pallas kernels, which
+  keep their tiles on chip, q and the output), the MLP (its normed input, gate and up [B, T, I]) and the float32
+  logits [B, T, V]. This is
+  what XLA's buffer assignment keeps on CPU (tests/lowering/test_memory.py compares it with
+  `compiled.memory_analysis()`).
+
+`MemoryPlan.line()` is the one-line verdict, naming the sizes and what would fit instead (a smaller batch, a shorter
+budget, or a mesh with a larger `model` axis).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+from jax.sharding import AbstractMesh, AxisType
+
+import pallas_kernels
+from parse_jax.errors import ConfigError
+from parse_jax.lowering.chips import Chip
+from parse_jax.models.config import ModelConfig
+from parse_jax.models.sharding import abstract_params, fitting_rules
+from parse_jax.runtime.programs import bucket, length_bucket
+from parse_jax.verify.round import block_lengths
+
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """What a run allocates, per model: (config, cache slots or 0, tokens of its largest pass)."""
+
+    batch: int
+    models: tuple[tuple[str, ModelConfig, int, int], ...]
+    dense_attention: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per chip (one device of the mesh)."""
+
+    chip: str
+    capacity: int
+    mesh: dict[str, int]
+    batch: int
+    prompt_len: int
+    max_new_tokens: int
+    weights: int
+    caches: int
+    activations: int
+    per_model: dict[str, dict[str, int]]
+    alternatives: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.caches + self.activations
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def line(self) -> str:
+        d, m = self.mesh.get("data", 1), self.mesh.get("model", 1)
+        where = f"a {self.chip} chip ({self.capacity / GB:.1f} GB)" + (f" of a data={d},model={m} mesh"
+                                                                          if d * m > 1 else "")
+        sizes = (f"weights {self.weights / GB:.2f} GB + KV caches {self.caches / GB:.2f} GB + activations "
+                 f"{self.activations / GB:.2f} GB = {self.total / GB:.2f} GB")
+        run = f"batch {self.batch} x {self.prompt_len} prompt + {self.max_new_tokens} new tokens"
+        if self.fits:
+            return f"{run} fits {where}: {sizes}"
+        instead = "; ".join(self.alternatives) if self.alternatives else "nothing smaller fits"
+        return f"{run} does not fit {where}: {sizes}; what would fit: {instead}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"chip": self.chip, "capacity_bytes": self.capacity, "mesh": self.mesh, "batch": self.batch,
+                "weights_bytes": self.weights, "kv_cache_bytes": self.caches, "activation_bytes": self.activations,
+                "total_bytes": self.total, "fits": self.fits, "per_model": self.per_model,
+                "alternatives": list(self.alternatives), "line": self.line()}
+
+
+def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platform: str = "tpu") -> Shapes:
+    """The caches and largest passes of `mode` for `batch` prompts of `prompt_len` tokens and `max_new` new ones,
+    bucketed as the mode's programs bucket them (modes/*.py, speculation/*.py), on `platform` (whether the target's
+    attention_impl is dense there)."""
+    cfg = ctx.config
+    b, p, n = bucket(batch, 1), bucket(prompt_len), bucket(max_new, 16)
+    t, dcfg = ctx.target.config, (ctx.draft.config if ctx.draft is not None else None)
+    suffix = len(ctx.suffix_ids)
+    d = bucket(min(cfg.max_draft_tokens, max_new), 16)
+    cap = lambda s, c: min(s, c.max_position_embeddings)  # noqa: E731
+    models: list[tuple[str, ModelConfig, int, int]] = []
+    rounds = "multi" if mode == "parse-multi" else ("single" if mode == "parse-single" else cfg.rounds)
+    if mode == "target":
+        models.append(("target", t, cap(length_bucket(p + n), t), p))
+    elif mode in ("sd", "eagle3"):
+        extra = cfg.speculation.gamma + 1 if mode == "sd" else cfg.eagle3.gamma + 1 + cfg.eagle3.tree
+        slots = length_bucket(p + n + extra)
+        models.append(("target", t, cap(slots, t), p))
+        if mode == "sd":
+            models.append(("draft", dcfg, cap(slots, dcfg), p))
+        else:
+            models.append(("eagle3", ctx.head.config.layer, slots, p))
+    elif mode == "sequential":
+        lengths = block_lengths(d + suffix)
+        models.append(("target", t, length_bucket(max(p + d + lengths[-1], p + max_new + 1)), p))
+        models.append(("draft", dcfg, length_bucket(p + d), p))
+    elif mode == "prefix_scores":
+        k = max(1, min(cfg.max_prefixes, max_new))
+        slots = bucket(prompt_len + max_new + k * suffix)
+        models.append(("target", t, slots, slots))
+    elif rounds == "multi" and mode != "parse+eagle3":
+        copies = ctx.round_spec.max_prefixes * suffix
+        first, later = block_lengths(p + d + copies), block_lengths(1 + d + copies)
+        slots = length_bucket(max(first[-1], p + max_new + later[-1] + 1))
+        models.append(("target", t, slots, first[-1]))
+        models.append(("draft", dcfg, slots, p))
+    else:  # parse single, parse+eagle3
+        eagle = mode == "parse+eagle3"
+        lengths = block_lengths(p + d + ctx.round_spec.max_prefixes * suffix)
+        margin = 1 + (cfg.eagle3.gamma + cfg.eagle3.tree if eagle else 0)
+        models.append(("target", t, length_bucket(max(lengths[-1], p + max_new + margin)), lengths[-1]))
+        models.append(("draft", dcfg, length_bucket(p + d), p))
+        if eagle:
+            models.append(("eagle3", ctx.head.config.layer, length_bucket(max(lengths[-1], p + max_new + margin)),
+                           cfg.eagle3.gamma + cfg.eagle3.tree + 1))
+    backend = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    dense = pallas_kernels.resolve(getattr(ctx.target, "attention_impl", "xla"), backend, interpret=True)[0] == "xla"
+    return Shapes(b, tuple(models), dense)
+
+
+def _mesh(sizes: dict[str, int]) -> AbstractMesh:
+    return AbstractMesh((sizes.get("data", 1), sizes.get("model", 1)), ("data", "model"),
+                        axis_types=(AxisType.Auto,) * 2)
+
+
+def weight_bytes(cfg: ModelConfig, sizes: dict[str, int], fallback_replicated: bool = False) -> int:
+    """Bytes of `cfg`'s params on one chip of the mesh (each param divided over the axes it is split on)."""
+    return _weight_bytes(cfg, sizes.get("data", 1), sizes.get("model", 1), fallback_replicated)
+
+
+@functools.lru_cache(maxsize=256)
+def _weight_bytes(cfg: ModelConfig, data: int, model: int, fallback_replicated: bool) -> int:
+    sizes = {"data": data, "model": model}
+    mesh = _mesh(sizes)
+    params = abstract_params(cfg, mesh, fitting_rules(cfg, mesh, fallback_replicated))
+    total = 0
+    for leaf in _leaves(params):
+        split = 1
+        for axis in leaf.sharding.spec:
+            if axis is not None:
+                split *= int(mesh.shape[axis])
+        total += int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize // split
+    return total
+
+
+def _leaves(tree: Any) -> list:
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+def _split(n: int, parts: int) -> float:
+    return n / parts if parts > 1 and n % parts == 0 else float(n)
+
+
+def estimate(shapes: Shapes, sizes: dict[str, int], head_weights: int = 0) -> dict[str, dict[str, int]]:
+    """Per model: weights, KV cache and largest-pass activation bytes on one chip."""
+    data, model = sizes.get("data", 1), sizes.get("model", 1)
+    rows = _split(shapes.batch, data)
+    out = {}
+    for name, cfg, slots, tokens in shapes.models:
+        item = np.dtype(cfg.dtype).itemsize
+        kv = _split(cfg.num_kv_heads, model)
+        heads = _split(cfg.num_heads, model)
+        cache = cfg.num_layers * 2 * rows * kv * slots * cfg.head_dim * item
+        bt = rows * tokens
+        # the largest pass's peak: the largest of its phases, whose buffers are never live together; each keeps the
+        # residual stream [B, T, hidden] alive
+        residual = bt * cfg.hidden_size * item
+        if shapes.dense_attention:  # scores and probabilities, float32 [B, H, T, S]
+            attention = residual + 2 * rows * heads * tokens * max(slots, tokens) * 4
+        else:  # the kernel's q and output; its tiles stay on chip
+            attention = residual + 2 * bt * heads * cfg.head_dim * item
+        mlp = 2 * residual + 2 * bt * _split(cfg.intermediate_size, model) * item  # gate and up (the product fuses)
+        logits = residual + bt * _split(cfg.vocab_size, model) * 4  # float32 (the cast fuses into the LM head)
+        act = max(attention, mlp, logits)
+        weights = head_weights if name == "eagle3" else weight_bytes(cfg, sizes, fallback_replicated=name != "target")
+        out[name] = {"weights": int(weights), "kv_cache": int(cache), "activations": int(act)}
+    return out
+
+
+def _plan(shapes: Shapes, target: Chip, sizes: dict[str, int], capacity: int, head_weights: int,
+          run: tuple[int, int, int]) -> MemoryPlan:
+    per = estimate(shapes, sizes, head_weights)
+    weights = sum(v["weights"] for v in per.values())
+    caches = sum(v["kv_cache"] for v in per.values())
+    acts = max(v["activations"] for v in per.values())  # the passes run one after another
+    return MemoryPlan(target.name, capacity, dict(sizes), run[0], run[1], run[2], weights, caches, acts, per)
+
+
+def plan_memory(ctx, mode: str, req, target: Chip, sizes: dict[str, int] | None = None,
+                capacity: int | None = None) -> MemoryPlan:
+    """The memory plan of `mode` over the validated request `req` on `target` chips (`capacity` bytes each; default
+    the chip table's HBM), with what would fit when it does not."""
+    sizes = dict(sizes or {"data": 1, "model": 1})
+    capacity = int(capacity if capacity is not None else target.hbm_bytes)
+    batch, prompt_len = len(req.ids), max(len(x) for x in req.ids)
+    head_weights = 0
+    if ctx.head is not None and mode in ("eagle3", "parse+eagle3"):
+        head_weights = sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+                           for x in _leaves(ctx.head.params))
+
+    def at(b: int, n: int, s: dict[str, int]) -> MemoryPlan:
+        shapes = run_shapes(ctx, mode, b, prompt_len, n, target.platform)
+        return _plan(shapes, target, s, capacity, head_weights, (b, prompt_len, n))
+
+    plan = at(batch, req.max_new, sizes)
+    if plan.fits:
+        return plan
+    options = []
+    b = batch
+    while b > 1 and not at(b, req.max_new, sizes).fits:
+        b //= 2
+    if b < batch and at(b, req.max_new, sizes).fits:
+        options.append(f"batch {b}")
+    n = req.max_new
+    while n > 16 and not at(batch, n, sizes).fits:
+        n //= 2
+    if n < req.max_new and at(batch, n, sizes).fits:
+        options.append(f"max_new_tokens {n}")
+    for m in (2, 4, 8, 16, 32, 64):
+        bigger = {"data": sizes.get("data", 1), "model": sizes.get("model", 1) * m}
+        try:
+            if at(batch, req.max_new, bigger).fits:
+                options.append(f"a mesh data={bigger['data']},model={bigger['model']}")
+                break
+        except ConfigError:  # heads that do not divide over this model axis
+            continue
+    return dataclasses.replace(plan, alternatives=tuple(options))
+
+
+def device_capacity(device: Any, table_chip: Chip | None) -> int | None:
+    """Bytes a real device offers a run: its allocator's limit (`memory_stats()["bytes_limit"]`), else the chip
+    table's HBM for its kind, else None (a CPU: no plan)."""
+    stats = None
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - backends without memory stats
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return table_chip.hbm_bytes if table_chip is not None else None
+
+
+def device_plan(ctx, mode: str, req, device: Any = None) -> MemoryPlan | None:
+    """The plan of `mode` over `req` on a real device (default: the first one), whose capacity is what its allocator
+    offers (`device_capacity`); a mesh target plans one chip of its mesh. None on a device without a capacity (a
+    CPU)."""
+    import jax
+
+    from parse_jax.lowering.chips import Chip, chip_of_device_kind
+
+    device = device if device is not None else jax.devices()[0]
+    table = chip_of_device_kind(getattr(device, "device_kind", ""))
+    capacity = device_capacity(device, table)
+    if capacity is None:
+        return None
+    target = table or Chip(getattr(device, "device_kind", "device"), getattr(device, "platform", "?"),
+                           getattr(device, "device_kind", ""), 1, capacity)
+    mesh = getattr(ctx.target, "mesh", None)
+    sizes = {"data": int(mesh.shape["data"]), "model": int(mesh.shape["model"])} if mesh is not None else None
+    return plan_memory(ctx, mode, req, target, sizes, capacity=capacity)
+
+
+def check_fits(plan: MemoryPlan) -> MemoryPlan:
+    """Refuse, with `plan.line()`, a run that does not fit (before anything is allocated)."""
+    if not plan.fits:
+        raise ConfigError(plan.line())
+    return plan

@@ -1,0 +1,88 @@
+"""`parse-jax lower`: a pair given as config files only, lowered for CUDA and TPU, written with its report."""
+
+import json
+
+import jax
+
+from parse_jax.checkpoints.hf import hf_config_dict
+from parse_jax.cli import main
+from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.tasks import TOKENIZER_DIR
+from tests.random_models import tiny_config
+
+VOCAB = Tokenizer.from_folder(TOKENIZER_DIR).vocab_size
+
+
+def config_file(tmp_path, name, **overrides):
+    fields = dict(vocab_size=VOCAB, head_dim=128, num_heads=8, num_kv_heads=4, hidden_size=64, num_layers=1,
+                  dtype="bfloat16", max_position_embeddings=1024)
+    cfg = tiny_config("qwen3", **{**fields, **overrides})
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(hf_config_dict(cfg)))
+    return path
+
+
+def lower(tmp_path, *args, capsys=None):
+    target, draft = config_file(tmp_path, "target"), config_file(tmp_path, "draft")
+    return main(["lower", "--model", str(target), "--draft", str(draft), "--max-new-tokens", "16",
+                 "--prompt-len", "12", "--max-draft-tokens", "16", "--max-prefixes", "4", *args, "-q"])
+
+
+def test_lower_writes_the_programs_and_a_report(tmp_path, capsys):
+    out = tmp_path / "lowered"
+    assert lower(tmp_path, "--platform", "tpu", "--chip", "v6e", "--mesh", "data=2,model=4", "--batch-size", "2",
+                 "--mode", "parse", "--rounds", "single", "--out", str(out)) == 0
+    printed = capsys.readouterr().out
+    assert "parse-single.round: lowered" in printed and "tpu_custom_call" in printed
+    assert "memory (parse): batch 2 x 12 prompt + 16 new tokens fits a v6e chip (34.4 GB) of a data=2,model=4 mesh"\
+        in printed
+    report = json.loads((out / "report.json").read_text())
+    run = report["runs"][0]
+    assert (run["chip"], run["device_kind"], run["mesh"]) == ("v6e", "TPU v6 lite", {"data": 2, "model": 4})
+    program = run["programs"][0]
+    assert program["lowered"] and program["kernel"] and program["custom_calls"]["tpu_custom_call"] >= 1
+    assert any("over ('data',)" in shape for shape in program["inputs"].values())
+    assert run["memory"]["fits"] and run["memory"]["weights_bytes"] > 0
+    exported = jax.export.deserialize(bytearray((out / "parse-single.round.jax_exported").read_bytes()))
+    assert exported.platforms == ("tpu",) and exported.nr_devices == 8
+    assert "tpu_custom_call" in (out / "parse-single.round.mlir").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["parse-single.round.jax_exported", "parse-single.round.mlir",
+                                                     "report.json"]
+
+
+def test_a_program_that_cannot_be_lowered_is_named_with_its_reason(tmp_path, capsys):
+    """A 512-wide head: the Triton kernel refuses it, so the program is reported, not written (exit 1)."""
+    target = config_file(tmp_path, "wide", head_dim=512)
+    out = tmp_path / "lowered"
+    rc = main(["lower", "--model", str(target), "--platform", "cuda", "--mode", "target", "--max-new-tokens", "16",
+               "--prompt-len", "8", "--out", str(out), "-q"])
+    assert rc == 1
+    printed = capsys.readouterr().out
+    assert "target.generate: NOT lowered: TileError: head_dim 512 cannot be tiled by the Triton kernel" in printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["runs"][0]["programs"][0]["lowered"] is False
+    assert sorted(p.name for p in out.iterdir()) == ["report.json"]
+
+
+def test_memory_only_plans_a_qwen3_8b_pair_at_once(capsys):
+    assert main(["lower", "--model", "qwen3-8b", "--draft", "qwen3-0.6b", "--chip", "v5e", "--batch-size", "8",
+                 "--prompt-len", "256", "--max-new-tokens", "512", "--memory-only", "-q"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "memory (parse): batch 8 x 256 prompt + 512 new tokens does not fit a v5e chip (17.2 GB): weights 17.57 GB")
+
+
+def test_bad_lower_flags_are_one_line_errors(tmp_path, capsys):
+    assert main(["lower", "--model", "qwen4-9b", "-q"]) == 2
+    assert "model 'qwen4-9b' is neither a folder, a config.json file nor a shipped config; shipped: llama3-1b" in \
+        capsys.readouterr().err
+    assert main(["lower", "--platform", "cuda", "--chip", "v5e", "-q"]) == 2
+    assert "chip v5e is a tpu chip, not a cuda one" in capsys.readouterr().err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    assert lower(tmp_path, "--mode", "target", "--out", str(tmp_path / "mine")) == 2
+    assert "is not an earlier `parse-jax lower` folder" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    assert main(["lower", "--memory-only", "--out", str(tmp_path / "x"), "-q"]) == 2
+    assert "--out writes lowered programs: drop --memory-only" in capsys.readouterr().err
+    assert main(["lower", "--mode", "fast"]) == 2
+    assert "argument --mode: invalid choice: 'fast'" in capsys.readouterr().err

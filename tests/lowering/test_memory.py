@@ -1,0 +1,135 @@
+"""The memory plan: an 8B bfloat16 target against a 16 GB chip, the refusal line, and the estimate against XLA's own
+buffer assignment (`compiled.memory_analysis()` on this CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+from parse_jax.engine import ParseConfig, ParseEngine
+from parse_jax.errors import ConfigError
+from parse_jax.lowering.chips import chip
+from parse_jax.lowering.launches import abstract_context, abstract_tree, mode_launches
+from parse_jax.lowering.memory import check_fits, device_plan, plan_memory, weight_bytes
+from parse_jax.lowering.run import check_memory
+from parse_jax.lowering.sources import shape_head, shape_model
+from parse_jax.models.model import Model, expected_params, unflatten
+from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.tasks import TOKENIZER_DIR
+from tests.random_models import tiny_config
+
+TOK = Tokenizer.from_folder(TOKENIZER_DIR)
+
+
+@functools.cache
+def big_engine(draft: str | None = None) -> ParseEngine:
+    return ParseEngine(shape_model("llama3-8b"), shape_model(draft) if draft else None, ParseConfig())
+
+
+def plan(engine, mode, batch, max_new, target_chip="v5e", mesh=None, prompt_len=64):
+    """The plan `parse-jax lower` makes: attention_impl "pallas" (the chip's kernel, no dense scores)."""
+    req = engine.request([[1] * prompt_len] * batch, "target" if mode == "target" else "parse", max_new, 0.0, 0, 0,
+                         1.0, None)
+    ctx = abstract_context(engine.context, attention_impl="pallas", mesh=None)
+    return plan_memory(ctx, mode, req, chip(target_chip), mesh)
+
+
+def test_an_8b_target_at_64_x_8192_is_refused_on_a_16_gb_chip_and_1_x_2048_fits():
+    eng = big_engine()
+    weights = weight_bytes(eng.target.config, {"data": 1, "model": 1})
+    assert weights == eng.target.config.num_params * 2  # bfloat16: every param counted once
+    small = plan(eng, "target", 1, 2048)
+    assert small.fits, small.line()
+    assert small.weights == weights
+    big = plan(eng, "target", 64, 8192)
+    assert not big.fits
+    # 64 rows x 32 layers x 2 x 8 KV heads x 128 x 2 bytes per slot, 12288 slots (prompt + budget bucket)
+    assert big.caches == 64 * 32 * 2 * 8 * 128 * 2 * 12288
+    line = big.line()
+    assert "\n" not in line
+    assert line.startswith("batch 64 x 64 prompt + 8192 new tokens does not fit a v5e chip (17.2 GB)")
+    assert f"weights {weights / 1e9:.2f} GB" in line and "KV caches 103.08 GB" in line
+    # no batch or budget holds 16 GB of weights and a cache on a 17.2 GB chip: only a mesh does
+    assert line.endswith("what would fit: a mesh data=1,model=8"), line
+    with pytest.raises(ConfigError, match="does not fit a v5e chip"):
+        check_fits(big)
+    # on a 32 GB v6e the same run fits at a smaller batch or a shorter budget
+    options = plan(eng, "target", 64, 8192, "v6e").alternatives
+    assert options[0].startswith("batch ") and options[1].startswith("max_new_tokens "), options
+
+
+@pytest.mark.parametrize("target_chip", ["v5e", "v6e"])
+def test_what_would_fit_does_fit(target_chip):
+    eng = big_engine()
+    big = plan(eng, "target", 64, 8192, target_chip)
+    assert big.alternatives
+    for option in big.alternatives:
+        if option.startswith("batch "):
+            assert plan(eng, "target", int(option.split()[1]), 8192, target_chip).fits
+        elif option.startswith("max_new_tokens "):
+            assert plan(eng, "target", 64, int(option.split()[1]), target_chip).fits
+        else:
+            d, m = (int(x.split("=")[1]) for x in option.removeprefix("a mesh ").split(","))
+            assert plan(eng, "target", 64, 8192, target_chip, mesh={"data": d, "model": m}).fits
+
+
+def test_a_mesh_splits_weights_over_model_and_caches_over_both_axes():
+    eng = big_engine("llama3-1b")
+    one = plan(eng, "parse-single", 8, 1024, "v6e")
+    mesh = plan(eng, "parse-single", 8, 1024, "v6e", mesh={"data": 2, "model": 4})
+    # the 8B target splits over model; the 1B draft (32 heads, 8 KV heads) divides too
+    assert mesh.per_model["target"]["weights"] < one.per_model["target"]["weights"] / 3.9
+    assert mesh.caches == pytest.approx(one.caches / 8, rel=1e-9)
+    assert set(one.per_model) == {"target", "draft"}
+
+
+def test_a_device_without_room_refuses_the_run_in_one_line():
+    """`check_memory` on a device whose allocator offers 31.25 GiB, as `memory_stats()` reports it on a TPU v6e."""
+
+    class Device:  # what jax.devices()[0] answers on such a chip
+        device_kind, platform = "TPU v6 lite", "tpu"
+
+        def memory_stats(self):
+            return {"bytes_limit": 32 * 10**9}
+
+    eng = big_engine("llama3-1b")
+    with pytest.raises(ConfigError, match=r"^batch 64 x 5 prompt \+ 8192 new tokens does not fit a v6e chip "
+                                          r"\(32\.0 GB\): weights 18\.53 GB \+ KV caches"):
+        check_memory(eng, [[1, 2, 3, 4, 5]] * 64, "parse", 8192, device=Device())
+    ok = check_memory(eng, [[1, 2, 3, 4, 5]], "parse", 512, device=Device())
+    assert ok is not None and ok.fits and ok.capacity == 32 * 10**9
+    assert set(ok.per_model) == {"target", "draft"}
+
+
+def test_this_cpu_has_no_plan():
+    assert device_plan(big_engine().context, "target",
+                       big_engine().request([[1]], "target", 8, 0.0, 0, 0, 1.0, None)) is None
+
+
+@functools.cache
+def cpu_engine() -> ParseEngine:
+    cfg = tiny_config("qwen3", vocab_size=4096, head_dim=64, num_heads=8, num_kv_heads=4, hidden_size=256,
+                      intermediate_size=512, num_layers=2, max_position_embeddings=4096)
+    target = Model(cfg, unflatten(expected_params(cfg)), TOK)
+    draft = Model(cfg.replace(num_layers=1), unflatten(expected_params(cfg.replace(num_layers=1))), TOK)
+    target.eagle3 = shape_head(cfg)
+    return ParseEngine(target, draft, ParseConfig(max_draft_tokens=32, max_prefixes=4, rounds="single"))
+
+
+@pytest.mark.parametrize("mode,batch,max_new", [("target", 8, 1024), ("prefix_scores", 4, 256),
+                                                 ("parse-single", 1, 128)])
+def test_the_estimate_is_within_10_percent_of_xla(mode, batch, max_new):
+    """The programs compiled for this CPU (attention_impl "xla": dense scores, as the plan counts them there):
+    arguments + outputs + temporaries - aliased, as XLA's buffer assignment reports them."""
+    eng = cpu_engine()
+    ctx = abstract_context(eng.context, attention_impl="xla", mesh=None)
+    ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds="single"))
+    req = eng.request([[1] * 100] * batch, "target" if mode == "target" else "parse", max_new, 0.0, 0, 0, 1.0, None)
+    launch = mode_launches(ctx, mode, req)[0]
+    stats = launch.program.trace(*abstract_tree(launch.args)).lower().compile().memory_analysis()
+    xla = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+           - stats.alias_size_in_bytes)
+    estimate = plan_memory(ctx, mode, req, chip("v5e")).total
+    assert abs(estimate / xla - 1) < 0.10, (estimate, xla)
