@@ -37,18 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = pj.load_pair()
     task = pj.load_task()
     problems = task.problems(args.n, 0)
-    single = ParseEngine(target, draft, ParseConfig(rounds="single"))
-    multi = ParseEngine(target, draft, ParseConfig(rounds="multi"))
+    single = ParseEngine(target, draft, ParseConfig(rounds="single", schedule="fixed"))  # PARSE at every batch
+    multi = ParseEngine(target, draft, ParseConfig(rounds="multi", schedule="fixed"))
     ref_single, ref_multi = ReferenceParse(single), ReferenceParse(multi)
 
     def run(obj, mode):
-        return lambda prompts, max_new, seed: obj.generate(prompts, mode=mode, max_new_tokens=max_new, seed=seed)
+        return lambda prompts, max_new, seed, max_batch=None: obj.generate(prompts, mode=mode, max_new_tokens=max_new,
+                                                                           seed=seed)
 
     runners = {"target": run(single, "target"), "parse (fused)": run(single, "parse"),
                "parse (host path)": run(ref_single, "parse"), "parse-multi (fused)": run(multi, "parse"),
                "parse-multi (host path)": run(ref_multi, "parse")}
     rows = measure(runners, task, problems, RunSettings(n=len(problems), max_new_tokens=args.max_new_tokens,
-                                                        batch_size=args.batch_size, repeats=args.repeats))
+                                                        batch_size=args.batch_size, repeats=args.repeats,
+                                                        batching="fixed"))  # the same batches for both paths
     prompts = [p for p, _ in problems]
     same = {}
     for fused, host, eng, ref in (("parse (fused)", "parse (host path)", single, ref_single),

@@ -66,7 +66,7 @@ def correctness(n: int, heads: int) -> dict:
                  num_kv_heads=heads, head_dim=16, num_layers=2, max_position_embeddings=512)
     target = random_model(ModelConfig(architecture="qwen3", qk_norm=True, **shape), 0, tok)
     draft = random_model(ModelConfig(architecture="llama", **{**shape, "num_layers": 1}), 1, tok)
-    cfg = ParseConfig(max_draft_tokens=16, segmenter="stride", stride=4)
+    cfg = ParseConfig(max_draft_tokens=16, segmenter="stride", stride=4, schedule="fixed")
     eng = ParseEngine(target, draft, cfg)
     prompts = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :", "( 5 - 5 ) + ( 6 * 2 ) :"]
     rng = np.random.default_rng(0)

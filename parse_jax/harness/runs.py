@@ -278,10 +278,11 @@ def _add_stats(acc: dict, stats: dict, rows: int) -> None:
     ran = acc.setdefault("schedule_ran", {})
     for choice in stats.get("schedule", []):
         ran[choice["ran"]] = ran.get(choice["ran"], 0) + 1
-    # passes are batched: per request, each pass counts once per row it carried
+    # passes are batched: per request, each pass counts once per row it carried (the result's own count where it
+    # has one: a served or merged result holds many batches)
     acc["row_passes"] = acc.get("row_passes", 0) + stats.get("request_passes", stats.get("target_passes", 0) * rows)
     checks = stats.get("verify_passes", stats.get("target_passes", 0))
-    acc["row_checks"] = acc.get("row_checks", 0) + checks * rows
+    acc["row_checks"] = acc.get("row_checks", 0) + stats.get("request_checks", checks * rows)
 
 
 def field_metrics(parts: list[dict]) -> dict:

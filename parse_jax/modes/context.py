@@ -90,4 +90,9 @@ def parse_result(ctx: ModeContext, req: Request, rows: dict, seconds: float, *, 
         eagle3_accepted_tokens=total("eagle3_accepted_tokens"), eagle3_draft_tokens=total("eagle3_draft_tokens"),
         **step_metrics(rows, n))
     texts = [ctx.target.tokenizer.decode(t) for t in tokens]
-    return GenerateResult(texts=texts, tokens=tokens, stats=stats.as_dict())
+    out = stats.as_dict()
+    # each request's verification passes: every pass it was live in (its first-rejected histogram counts one each)
+    checks = ([int(x) for x in np.asarray(rows["rejected_at"][:n]).sum(-1)] if "rejected_at" in rows
+              else [verify_passes] * n)
+    out.update(checks_per_request=checks, request_checks=sum(checks))
+    return GenerateResult(texts=texts, tokens=tokens, stats=out)

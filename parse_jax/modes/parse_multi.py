@@ -369,5 +369,6 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     verify_passes = int(got["rounds"]) + admissions
     res = parse_result(ctx, req, out, seconds, verify_passes=verify_passes, target_passes=int(got["passes"]),
                        rounds=verify_passes)
-    res.stats.update(slots=capacity, admissions=admissions)
+    # a pass carries every slot: per request, at most `capacity` rows' worth (rows are not tracked per pass)
+    res.stats.update(slots=capacity, admissions=admissions, request_passes=int(got["passes"]) * capacity)
     return res

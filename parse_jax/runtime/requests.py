@@ -182,7 +182,7 @@ def device_prompts(model, ids: list[list[int]], batch: int, length: int, max_new
 _SUMMED = ("new_tokens", "seconds", "target_passes", "request_passes", "verify_passes", "rounds", "draft_tokens",
            "accepted_tokens", "verify_tokens", "continued_requests", "eagle3_accepted_tokens", "eagle3_draft_tokens",
            "admissions")
-_JOINED = ("accepted_per_request", "prefixes_per_request", "drafts_per_request")
+_JOINED = ("accepted_per_request", "prefixes_per_request", "drafts_per_request", "checks_per_request")
 
 
 def merge_results(parts: Sequence[GenerateResult]) -> GenerateResult:
@@ -200,6 +200,11 @@ def merge_results(parts: Sequence[GenerateResult]) -> GenerateResult:
                 stats[key] = stats.get(key, []) + list(value)
             elif key not in stats:
                 stats[key] = value
+    # per request, a batched pass counts once for each row it carried (a part that does not say: all its rows)
+    stats["request_passes"] = sum(p.stats.get("request_passes", p.stats.get("target_passes", 0) * len(p.tokens))
+                                  for p in parts)
+    stats["request_checks"] = sum(p.stats.get("request_checks", p.stats.get(
+        "verify_passes", p.stats.get("target_passes", 0)) * len(p.tokens)) for p in parts)
     stats["tokens_per_s"] = stats["new_tokens"] / stats["seconds"] if stats.get("seconds") else float("inf")
     if "accepted_tokens" in stats:
         stats["accepted_per_pass"] = stats["accepted_tokens"] / max(stats.get("verify_passes")

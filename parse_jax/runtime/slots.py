@@ -166,5 +166,7 @@ def serve_request(model, req: Request, *, max_batch: int) -> GenerateResult:
     stats = GenerationStats(new_tokens=sum(len(t) for t in tokens), seconds=counts["seconds"],
                             target_passes=counts["target_passes"])
     texts = [model.tokenizer.decode(t) if model.tokenizer is not None else "" for t in tokens]
+    new = sum(len(t) for t in tokens)  # a row's passes: its prefill (the first token), then a step per token
     return GenerateResult(texts=texts, tokens=tokens, stats={**stats.as_dict(), "slots": counts["slots"],
-                                                             "admissions": counts["admissions"]})
+                                                             "admissions": counts["admissions"],
+                                                             "request_passes": new, "request_checks": new})

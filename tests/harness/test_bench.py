@@ -131,7 +131,7 @@ def test_warm_up_progress_reaches_stderr_before_each_compiling_call(capsys):
     seen = []
 
     def runner(name):
-        def run(prompts, max_new, seed):
+        def run(prompts, max_new, seed, max_batch=None):
             seen.append((name, len(prompts), capsys.readouterr().err))  # stderr written since the previous call
             return GenerateResult(texts=["7"] * len(prompts), tokens=[[5]] * len(prompts), stats={"target_passes": 2})
 
@@ -139,7 +139,7 @@ def test_warm_up_progress_reaches_stderr_before_each_compiling_call(capsys):
 
     task = load_task()
     measure({"target": runner("target"), "parse": runner("parse")}, task, task.problems(3, 0),
-            RunSettings(n=3, max_new_tokens=4, batch_size=2, repeats=1, seed=0, progress=True))
+            RunSettings(n=3, max_new_tokens=4, batch_size=2, repeats=1, seed=0, progress=True, batching="fixed"))
     warm = seen[:4]  # 2 modes x batch shapes {1, 2}
     assert [(n, b) for n, b, _ in warm] == [("target", 1), ("target", 2), ("parse", 1), ("parse", 2)]
     for i, (name, batch, err) in enumerate(warm):

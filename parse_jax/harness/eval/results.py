@@ -194,11 +194,15 @@ REQUEST_STATS = {"accepted_per_request": "accepted_tokens", "prefixes_per_reques
 
 
 def record_stats(stats: dict, j: int) -> dict:
-    """The speculation stats of request `j` of a batch's result: its own counts, and the batch's verification
-    passes (a batched pass counts once for each row it serves)."""
+    """The speculation stats of request `j` of a call's result: its own counts, and its verification passes (the
+    passes it was live in, where the result says; else the call's, a batched pass counting once for each row)."""
     out = {name: int(stats[key][j]) for key, name in REQUEST_STATS.items() if stats.get(key) is not None}
     if "accepted_tokens" in out:
         checks = stats.get("verify_passes", stats.get("target_passes"))
+        if stats.get("checks_per_request") is not None:  # its own: a call may hold many batches or slot refills
+            checks = stats["checks_per_request"][j]
+        elif stats.get("drafts_per_request") is not None:
+            checks = stats["drafts_per_request"][j]
         if checks is not None:
             out["verify_passes"] = int(checks)
     return out
