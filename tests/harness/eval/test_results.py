@@ -49,6 +49,22 @@ def _results(path):
     return [json.loads(line) for line in path.read_text().splitlines()[1:]]
 
 
+FIXED_2 = RunSettings(batch_size=2, progress=False, batching="fixed")  # one batch of 2 records per call
+
+
+def test_continuous_batching_takes_eight_batches_per_call(data, tmp_path):
+    records, _ = load_records(data, TASK)
+    calls = []
+
+    def counting(prompts, offset):
+        calls.append(len(prompts))
+        return _generate(prompts, offset)
+
+    run_eval(records, counting, _open(tmp_path / "r.jsonl", data), RunSettings(batch_size=1, progress=False),
+             task=TASK, log=lambda s: None)
+    assert calls == [8]  # 8 records, batch size 1: one call of 8 batches (the resume granularity)
+
+
 def test_interrupted_then_resumed_equals_uninterrupted(data, uninterrupted, tmp_path):
     full, full_out = uninterrupted
     assert full["n"] == 8
@@ -63,7 +79,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(data, uninterrupted, tmp_
         return _generate(prompts, offset)
 
     with pytest.raises(Interrupt):
-        run_eval(records, dies_on_third_batch, _open(out, data), RunSettings(batch_size=2, progress=False), task=TASK,
+        run_eval(records, dies_on_third_batch, _open(out, data), FIXED_2, task=TASK,
                  log=lambda s: None)
     assert len(_results(out)) == 4  # the two finished batches are on disk
     logs, resumed_prompts = [], []
@@ -72,7 +88,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(data, uninterrupted, tmp_
         resumed_prompts.extend(prompts)
         return _generate(prompts, offset)
 
-    resumed = run_eval(records, counting, _open(out, data), RunSettings(batch_size=2, progress=False), task=TASK,
+    resumed = run_eval(records, counting, _open(out, data), FIXED_2, task=TASK,
                        log=logs.append)
     assert "4 of 8 records already done" in logs[0]
     assert resumed_prompts == [r.prompt for r in records[4:]]  # only what was missing ran
@@ -189,8 +205,7 @@ def test_gsm8k_records_carry_both_lm_eval_scorings_the_prompt_and_the_stats(tmp_
                                      "verify_passes": 2})
 
     records, _ = load_records(data, TASK)
-    s = run_eval(records, fixed, _open(tmp_path / "r.jsonl", data), RunSettings(batch_size=2, progress=False),
-                 log=lambda s: None)
+    s = run_eval(records, fixed, _open(tmp_path / "r.jsonl", data), FIXED_2, log=lambda s: None)
     rows = _results(tmp_path / "r.jsonl")
     assert [r["correct_strict"] for r in rows] == [True, False, True, False]
     assert [r["correct_flexible"] for r in rows] == [True, True, False, False]
