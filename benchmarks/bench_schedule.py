@@ -51,8 +51,8 @@ def markdown(result: dict) -> str:
                                                  f"({r['speedup_min']:.2f}-{r['speedup_max']:.2f})")
             cells.append(f"{r['tokens_per_s']:.0f} tok/s{ratio}, acc {100 * r['accuracy']:.0f}%")
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
-    lines += ["", "What the auto engines ran (calls per choice over warm-up and timed runs, the first batch of a "
-                  "served run deciding): " + "; ".join(
+    lines += ["", "What the auto engines ran in the first timed repeat (decisions per choice; a served run is one "
+                  "decision): " + "; ".join(
                       f"b{b} {name}: {rows[name]['schedule_ran']}" for b, rows in result["batches"].items()
                       for name in names if "auto" in name),
               "", "Programs compiled inside the timed runs: " + "; ".join(
