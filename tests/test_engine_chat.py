@@ -116,7 +116,7 @@ def test_a_chat_model_with_the_embedded_tasks_settings_is_warned_about(qwen):
 def test_the_shipped_qwen3_config_runs_on_a_qwen_format_pair(qwen):
     """configs/parse/qwen3_chat.yaml: a chat-rendered suffix, judge words, blank-line steps in the decoded text."""
     _, m = qwen
-    cfg = ParseConfig.load("qwen3_chat")
+    cfg = ParseConfig.load("qwen3_chat", schedule="fixed")  # PARSE itself, whatever the cost model says
     assert cfg.suffix_format == "chat" and cfg.delimiters == ("\n\n",)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # settings made for the model: no warning about toy defaults

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from parse_jax.modes.context import ModeContext
-from parse_jax.runtime.decode import generate
+from parse_jax.runtime.decode import run_request
 from parse_jax.runtime.requests import GenerateResult, Request
 from parse_jax.runtime.slots import serve_request
 
 
 def run(ctx: ModeContext, req: Request) -> GenerateResult:
-    s = req.sampling
-    return generate(ctx.target, req.ids, max_new_tokens=req.max_new, temperature=s.temperature, top_k=s.top_k,
-                    top_p=s.top_p, seed=s.seed, eos_ids=req.eos.tolist())
+    return run_request(ctx.target, req)
 
 
 def serve(ctx: ModeContext, req: Request, max_batch: int) -> GenerateResult | None:

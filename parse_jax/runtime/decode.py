@@ -172,8 +172,15 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new
     capacity = int(max_cache_len) if max_cache_len is not None else model.config.max_position_embeddings
     req = target_request(model, prompts, max_new_tokens, sampling, eos_ids=eos_ids, add_bos=add_bos,
                          capacity=capacity)
+    return run_request(model, req, capacity)
+
+
+def run_request(model, req: Request, capacity: int | None = None) -> GenerateResult:
+    """Target-only generation of a validated request (`target_request`, `ParseEngine.request`): its stop ids as
+    resolved (an empty set is the sentinel id -1), nothing checked again."""
+    capacity = model.config.max_position_embeddings if capacity is None else capacity
     ids = req.ids
-    program, args = generate_launch(model, ids, req.max_new, sampling, req.eos, capacity)
+    program, args = generate_launch(model, ids, req.max_new, req.sampling, req.eos, capacity)
     t0 = time.perf_counter()
     tokens, num_new, steps = fetch(program(*args))
     seconds = time.perf_counter() - t0

@@ -197,9 +197,12 @@ def merge_results(parts: Sequence[GenerateResult]) -> GenerateResult:
             if key in _SUMMED:
                 stats[key] = stats.get(key, 0) + value
             elif key in _JOINED:
-                stats[key] = stats.get(key, []) + list(value)
+                continue  # joined below, in prompt order
             elif key not in stats:
                 stats[key] = value
+    for key in _JOINED:  # a batch that ran without speculation (schedule auto) has none: zeros for its requests
+        if any(key in p.stats for p in parts):
+            stats[key] = [x for p in parts for x in (list(p.stats[key]) if key in p.stats else [0] * len(p.tokens))]
     # per request, a batched pass counts once for each row it carried (a part that does not say: all its rows)
     stats["request_passes"] = sum(p.stats.get("request_passes", p.stats.get("target_passes", 0) * len(p.tokens))
                                   for p in parts)

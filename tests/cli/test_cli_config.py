@@ -64,10 +64,11 @@ def test_generate_with_a_parse_config_is_the_engine_with_those_settings(pair_dir
     f = tmp_path / "pc.yaml"
     f.write_text("threshold: 0.3\nmax_draft_tokens: 12\nsegmenter: stride\nstride: 3\n")
     target, draft = load_pair(pair_dir)
-    expect = ParseEngine(target, draft, ParseConfig(threshold=0.3, max_draft_tokens=12, segmenter="stride",
-                                                    stride=3)).generate([PROMPT], mode="parse", max_new_tokens=12)
+    expect = ParseEngine(target, draft, ParseConfig(threshold=0.3, max_draft_tokens=12, segmenter="stride", stride=3,
+                                                    schedule="fixed")).generate([PROMPT], mode="parse",
+                                                                                max_new_tokens=12)
     rc, out, err = _main(capsys, "generate", "--pair", str(pair_dir), "--mode", "parse", "--parse-config", str(f),
-                         "--max-new-tokens", "12", "--json", "--stats", PROMPT)
+                         "--schedule", "fixed", "--max-new-tokens", "12", "--json", "--stats", PROMPT)
     assert rc == 0, err
     got = json.loads(out.splitlines()[0])
     assert got["tokens"] == [int(t) for t in expect.tokens[0]]
@@ -140,7 +141,7 @@ def test_eval_limit_takes_the_first_records_and_a_larger_limit_resumes(pair_dir,
     data = write_task_jsonl(load_task(), 5, tmp_path / "d.jsonl", seed=3)
     out = tmp_path / "r.jsonl"
     args = ["eval", "--pair", str(pair_dir), "--data", str(data), "--out", str(out), "--mode", "sd",
-            "--max-new-tokens", "6", "--batch-size", "2", "--no-progress"]
+            "--schedule", "fixed", "--max-new-tokens", "6", "--batch-size", "2", "--no-progress"]
     rc, _, err = _main(capsys, *args, "--limit", "2")
     assert rc == 0, err
     rows = [json.loads(x) for x in out.read_text().splitlines()[1:]]

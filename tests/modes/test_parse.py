@@ -121,7 +121,8 @@ def test_single_round_step_metrics_are_the_drafts_own_scores(policy, batch):
     from parse_jax.runtime.metrics import SCORE_BINS
     from parse_jax.verify.scoring import accept
 
-    base = dict(segmenter="stride", stride=3, policy=policy, rounds="single", max_draft_tokens=12, max_prefixes=5)
+    base = dict(segmenter="stride", stride=3, policy=policy, rounds="single", max_draft_tokens=12, max_prefixes=5,
+                schedule="fixed")
     threshold = _threshold_with_partial_acceptance(ParseEngine(TARGET, DRAFT, ParseConfig(**base)))
     eng = ParseEngine(TARGET, DRAFT, ParseConfig(**base, threshold=threshold))
     prompts = PROMPTS[:batch]
@@ -149,7 +150,8 @@ def test_single_round_step_metrics_are_the_drafts_own_scores(policy, batch):
 
 
 def test_multi_round_step_metrics_count_every_pass():
-    base = dict(segmenter="stride", stride=3, rounds="multi", max_draft_tokens=9, max_prefixes=3, max_segment=4)
+    base = dict(segmenter="stride", stride=3, rounds="multi", max_draft_tokens=9, max_prefixes=3, max_segment=4,
+                schedule="fixed")
     threshold = _threshold_with_partial_acceptance(ParseEngine(TARGET, DRAFT, ParseConfig(**base)))
     eng = ParseEngine(TARGET, DRAFT, ParseConfig(**base, threshold=threshold))
     s = eng.generate(PROMPTS, mode="parse", max_new_tokens=20, eos_ids=[]).stats
