@@ -12,7 +12,7 @@ lm_eval = pytest.importorskip("lm_eval")  # the test extra installs it; without 
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from parse_jax import evaluate, load_pair  # noqa: E402
+from parse_jax import ParseConfig, evaluate, load_pair  # noqa: E402
 from parse_jax.harness import lm_eval_model  # noqa: E402  (registers "parse-jax")
 from parse_jax.harness.eval.data import write_task_jsonl  # noqa: E402
 from parse_jax.tasks import load_task  # noqa: E402
@@ -28,12 +28,15 @@ def _task(data) -> dict:
 def test_simple_evaluate_on_the_embedded_task_equals_parse_jax_eval(tmp_path):
     data = write_task_jsonl(load_task(), 12, tmp_path / "problems.jsonl", seed=11)
     stats = tmp_path / "stats.json"
+    fixed = {"schedule": "fixed"}  # PARSE in both (auto may decode plainly on other batch sizes: other texts)
     out = lm_eval.simple_evaluate(model="parse-jax", model_args={"mode": "parse", "batch_size": 4,
-                                                                 "stats_path": str(stats)},
+                                                                 "stats_path": str(stats),
+                                                                 "parse_config": json.dumps(fixed)},
                                   tasks=[_task(data)], log_samples=True)
     acc = out["results"]["parse_jax_embedded"]["exact_match,final_answer"]
     target, draft = load_pair()
-    ours = evaluate(target, draft, data, mode="parse", batch_size=4, max_new_tokens=64)
+    ours = evaluate(target, draft, data, mode="parse", batch_size=4, max_new_tokens=64,
+                    config=ParseConfig.load(fixed))
     assert acc == pytest.approx(ours.accuracy) and 0 < ours.accuracy
     got = {s["doc"]["prompt"]: s["resps"][0][0] for s in out["samples"]["parse_jax_embedded"]}
     assert got == {json.loads(x)["prompt"]: r["output"] for x, r in zip(data.read_text().splitlines(),
