@@ -25,7 +25,7 @@ from parse_jax.utils import atomic
 
 def run_eval(data: Path, mode: str, out: Path) -> tuple[float, dict]:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "parse_jax.cli", "-q", "eval", "--data", str(data), "--mode", mode,
+    subprocess.run([sys.executable, "-m", "parse_jax.cli", "eval", "--data", str(data), "--mode", mode,
                     "--out", str(out), "--no-progress"], check=True, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     return seconds, json.loads(summary_path(out).read_text())
