@@ -221,6 +221,7 @@ class ParseEngine:
         n = len(req.ids)
         size = n if max_batch is None else min(max_batch, n)
         parts, choices, start = [], [], 0
+        explored = False  # at most one exploration batch per call (one that compiled measures nothing)
         while start < n:
             sampling = req.sampling
             if start:  # each batch draws from its own keys (greedy runs are unaffected)
@@ -228,8 +229,9 @@ class ParseEngine:
             batch = dataclasses.replace(req, ids=req.ids[start:start + size], sampling=sampling)
             choice = None
             if self.config.schedule == "auto" and mode != "target":
-                choice = self._choose(mode, batch, explore=start + size < n)
+                choice = self._choose(mode, batch, explore=start + size < n and not explored)
                 choices.append(choice.as_dict())
+                explored = explored or choice.explored
             run = mode if choice is None else choice.run
             compiled = compiled_programs() if choice is not None else None
             spec, res = MODE_TABLE[run], None

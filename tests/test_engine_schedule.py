@@ -81,6 +81,16 @@ def test_auto_is_the_default_and_serves_the_rest_through_slots():
     assert res.tokens == [generate(TARGET, [p], max_new_tokens=10).tokens[0] for p in PROMPTS]
 
 
+def test_one_exploration_batch_per_call():
+    """An explored batch that compiled measures nothing; the next batches of the call do not explore again."""
+    eng = _engine(schedule="auto", rounds="single")
+    eng._costs = costs(MEMORY_BOUND, eagle3=False)
+    for _ in range(2):
+        res = eng.generate(PROMPTS, mode="parse", max_new_tokens=6, max_batch=1)
+        assert sum(c["why"].startswith("exploring") for c in res.stats["schedule"]) <= 1
+    assert ("parse", 1) in eng.schedule_state.measured
+
+
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "4"])
 def test_max_batch_must_be_a_positive_integer(bad):
     with pytest.raises(InputError, match="max_batch"):
