@@ -13,7 +13,6 @@ Two ways to run a request:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import time
@@ -31,6 +30,7 @@ from parse_jax.runtime.metrics import SCORE_BINS
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts, pad_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.runtime.slots import SlotBook
 from parse_jax.verify.round import Draft, Judge, PassShape, RoundSpec, block_lengths, ends_in_eos, verify_round
 
 
@@ -325,38 +325,27 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     first_args, loop_args = args.fold(1), args.fold(2)
     seg_stop = _seg_stop(ctx, req)
     state = empty_slots(pair, ctx.round_spec, shape, slots)
-    waiting = collections.deque(range(len(ids)))
-    holder = [-1] * slots
+    book = SlotBook(len(ids), slots, capacity)
     rows: dict[str, list] = {k: [None] * len(ids) for k in ("tokens", *ROW_FIELDS)}
     admissions = 0
     t0 = time.perf_counter()
     while True:
-        free = [s for s in range(capacity) if holder[s] < 0]
-        take = min(len(free), len(waiting))
-        if take:
-            k = bucket(take, 1)
-            batch = [waiting.popleft() for _ in range(take)]
-            prompt, lens, max_new = pad_prompts([ids[r] for r in batch], k, p, 0)
-            max_new[:take] = [budgets[r] for r in batch]
-            where = np.array([free[i] if i < take else slots for i in range(k)], np.int32)
-            for s, r in zip(free, batch):
-                holder[s] = r
+        admitted = book.admit()
+        if admitted is not None:
+            batch, where = admitted
+            prompt, lens, max_new = pad_prompts([ids[r] for r in batch], len(where), p, 0)
+            max_new[:len(batch)] = [budgets[r] for r in batch]
             adm = Admission(slots=where, prompts=Prompts(tokens=prompt, lens=lens, max_new=max_new))
             state = admit(*params, state, adm, req.eos, seg_stop, ctx.judge, first_args.fold(admissions))
             admissions += 1
-        busy = sum(h >= 0 for h in holder)
-        free_target = slots - busy + 1 if waiting else slots  # empty slots are done: they count as free
-        state = advance(*params, state, np.int32(free_target), req.eos, seg_stop, ctx.judge, loop_args)
+        state = advance(*params, state, book.free_target(), req.eos, seg_stop, ctx.judge, loop_args)
         got = fetch({"done": state.done, "num_new": state.num_new, "out": state.out, "rounds": state.rounds,
                      "passes": state.passes, **{k: getattr(state, k) for k in ROW_FIELDS}})
-        for s in range(slots):
-            if holder[s] >= 0 and got["done"][s]:
-                r = holder[s]
-                rows["tokens"][r] = got["out"][s, : got["num_new"][s]].tolist()
-                for key in ROW_FIELDS:
-                    rows[key][r] = got[key][s]
-                holder[s] = -1
-        if not waiting and all(h < 0 for h in holder):
+        for s, r in book.finish(got["done"]):
+            rows["tokens"][r] = got["out"][s, : got["num_new"][s]].tolist()
+            for key in ROW_FIELDS:
+                rows[key][r] = got[key][s]
+        if book.empty:
             break
     seconds = time.perf_counter() - t0
     lengths = [len(t) for t in rows["tokens"]]

@@ -107,6 +107,47 @@ def empty_state(cfg: ModelConfig, slots: int, num_new: int, cache_len: int) -> S
                      steps=jnp.int32(0))
 
 
+class SlotBook:
+    """The host's record of which request holds each slot, between the device programs of a served run (plain
+    decoding here, multi-round PARSE in modes/parse_multi.py): the waiting requests, each slot's holder, and when
+    to stop the device loop."""
+
+    def __init__(self, requests: int, slots: int, capacity: int) -> None:
+        self.waiting = collections.deque(range(requests))
+        self.holder = [-1] * slots  # request index in each slot (-1: free)
+        self.slots, self.capacity = slots, capacity
+
+    def admit(self) -> tuple[list[int], np.ndarray] | None:
+        """(the requests to admit now, the slot of each entry of their k-bucket: unused entries name slot B, which
+        the programs drop), or None when no slot is free or nothing waits. The slots are taken."""
+        free = [s for s in range(self.capacity) if self.holder[s] < 0]
+        take = min(len(free), len(self.waiting))
+        if not take:
+            return None
+        batch = [self.waiting.popleft() for _ in range(take)]
+        where = np.array([free[i] if i < take else self.slots for i in range(bucket(take, 1))], np.int32)
+        for s, r in zip(free, batch):
+            self.holder[s] = r
+        return batch, where
+
+    def free_target(self) -> np.int32:
+        """How many done slots end the device loop: with requests waiting, the first slot that frees up; with none,
+        every slot at its end (empty slots are done: they count as free)."""
+        busy = sum(h >= 0 for h in self.holder)
+        return np.int32(self.slots - busy + 1 if self.waiting else self.slots)
+
+    def finish(self, done: np.ndarray) -> list[tuple[int, int]]:
+        """(slot, request) of every held slot now done; those slots are freed."""
+        out = [(s, r) for s, r in enumerate(self.holder) if r >= 0 and done[s]]
+        for s, _ in out:
+            self.holder[s] = -1
+        return out
+
+    @property
+    def empty(self) -> bool:
+        return not self.waiting and all(h < 0 for h in self.holder)
+
+
 def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: SamplingParams, eos: np.ndarray,
           max_batch: int) -> tuple[list[list[int]], dict]:
     """Every prompt's generated ids, in prompt order, with at most `max_batch` in flight (slots refilled as rows
@@ -120,38 +161,29 @@ def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: Sampling
     admit, decode = _programs(cfg, model.attention_impl, n, cache_len, sampling.sampler)
     args = sampling.args()
     state = empty_state(cfg, slots, n, cache_len)
-    waiting = collections.deque(range(len(ids)))
-    holder = [-1] * slots  # request index in each slot (-1: free)
+    book = SlotBook(len(ids), slots, capacity)
     out: list[list[int] | None] = [None] * len(ids)
     admissions = 0
     t0 = time.perf_counter()
     while True:
-        free = [s for s in range(capacity) if holder[s] < 0]
-        take = min(len(free), len(waiting))
-        if take:
-            k = bucket(take, 1)
-            batch = [waiting.popleft() for _ in range(take)]
+        admitted = book.admit()
+        if admitted is not None:
+            batch, where = admitted
+            k, take = len(where), len(batch)
             adm = Admission(
-                slots=np.array([free[i] if i < take else slots for i in range(k)], np.int32),
+                slots=where,
                 prompt=np.array([ids[r] + [PAD_ID] * (p - len(ids[r])) for r in batch] + [[PAD_ID] * p] * (k - take),
                                 np.int32),
                 lens=np.array([len(ids[r]) for r in batch] + [1] * (k - take), np.int32),
                 max_new=np.array([max_new[r] for r in batch] + [0] * (k - take), np.int32),
                 key_data=np.int32(admissions))
-            for s, r in zip(free, batch):
-                holder[s] = r
             state = admit(model.params, state, adm, eos, args)
             admissions += 1
-        # with prompts waiting, stop at the first slot that frees up; with none, run every slot to its end
-        busy = sum(h >= 0 for h in holder)
-        free_target = slots - busy + 1 if waiting else slots  # empty slots are done: they count as free
-        state = decode(model.params, state, np.int32(free_target), eos, args)
+        state = decode(model.params, state, book.free_target(), eos, args)
         done, num, tokens, steps = fetch((state.done, state.num_new, state.tokens, state.steps))
-        for s in range(slots):
-            if holder[s] >= 0 and done[s]:
-                out[holder[s]] = tokens[s, : num[s]].tolist()
-                holder[s] = -1
-        if not waiting and all(h < 0 for h in holder):
+        for s, r in book.finish(done):
+            out[r] = tokens[s, : num[s]].tolist()
+        if book.empty:
             break
     seconds = time.perf_counter() - t0
     stats = {"target_passes": int(steps) + admissions, "admissions": admissions, "seconds": seconds,
