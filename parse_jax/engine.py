@@ -202,8 +202,8 @@ class ParseEngine:
                  max_batch: int | None = None) -> GenerateResult:
         """Generate for a batch of prompts (texts, or token-id lists) with `mode`. `eos_ids`: the stop ids (default:
         the target's config, generation config and tokenizer EOS; [] = none). `max_batch`: at most this many rows
-        at once: plain decoding and multi-round parse keep that many slots busy (a finished row's slot takes the
-        next prompt), the other modes run batches of that size. Results come back in prompt order."""
+        at once: every mode but eagle3 and parse+eagle3 keeps that many slots busy (a finished row's slot takes the
+        next prompt), those two run batches of that size. Results come back in prompt order."""
         req = self.request(prompts, mode, max_new_tokens, temperature, seed, top_k, top_p, eos_ids)
         if max_batch is not None:
             max_batch = check_int("max_batch", max_batch, 1, error=InputError)
@@ -241,7 +241,10 @@ class ParseEngine:
             if res is None:
                 res = spec.runner(self.context, batch)
             if choice is not None and compiled_programs() == compiled:  # a batch that compiled is no measurement
-                self.schedule_state = self.schedule_state.record(run, min(size, len(res.tokens)), res.stats)
+                served = "admissions" in res.stats
+                longest = None if served else max(1, max(len(t) for t in res.tokens))
+                self.schedule_state = self.schedule_state.record(run, min(size, len(res.tokens)), res.stats,
+                                                                 longest=longest)
             parts.append(res)
             start += len(res.tokens)
         res = parts[0] if len(parts) == 1 else merge_results(parts)

@@ -23,6 +23,7 @@ from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder
 from parse_jax.modes.context import Launch, ModeContext, PairSpec, parse_result
 from parse_jax.modes.parse_multi import multi_launch, run_multi, serve_multi  # noqa: F401  (re-exported)
+from parse_jax.modes.verified_slots import serve_verified, verifier_of
 from parse_jax.runtime.decode import decode_loop, is_eos, prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts
@@ -179,18 +180,23 @@ def _eagle_spec(ctx: ModeContext) -> EagleSpec:
     return EagleSpec(ctx.head.config, ctx.config.eagle3.gamma, ctx.config.eagle3.tree)
 
 
+def single_shape(ctx: ModeContext, prompt_len: int, max_new: int, eagle: bool = False) -> SingleShape:
+    """The static shapes of a single round for prompts padded to `prompt_len` and a budget of `max_new`."""
+    cfg, p = ctx.config, prompt_len
+    cap = cfg.max_draft_tokens  # static; each row drafts min(cap, its budget)
+    d = bucket(min(cap, max_new), 16)
+    lengths = block_lengths(p + d + ctx.round_spec.max_prefixes * len(ctx.suffix_ids))
+    margin = 1 + (cfg.eagle3.gamma + cfg.eagle3.tree if eagle else 0)  # an EAGLE-3 round writes past its last token
+    return SingleShape(draft_cap=cap, draft_new=d, draft_cache=length_bucket(p + d), lengths=lengths,
+                       cache_len=length_bucket(max(lengths[-1], p + max_new + margin)), num_new=bucket(max_new, 16))
+
+
 def single_launch(ctx: ModeContext, req: Request, eagle: bool = False,
                   fused: bool | None = None) -> tuple[Launch, SingleShape]:
     """The single-round program for `req` (fused: with the continuation; default at batch 1 and on a mesh)."""
-    cfg, ids, target = ctx.config, req.ids, ctx.target
+    ids, target = req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
-    cap = cfg.max_draft_tokens  # static; each row drafts min(cap, its budget)
-    d = bucket(min(cap, req.max_new), 16)
-    lengths = block_lengths(p + d + ctx.round_spec.max_prefixes * len(ctx.suffix_ids))
-    margin = 1 + (cfg.eagle3.gamma + cfg.eagle3.tree if eagle else 0)  # an EAGLE-3 round writes past its last token
-    shape = SingleShape(draft_cap=cap, draft_new=d, draft_cache=length_bucket(p + d), lengths=lengths,
-                        cache_len=length_bucket(max(lengths[-1], p + req.max_new + margin)),
-                        num_new=bucket(req.max_new, 16))
+    shape = single_shape(ctx, p, req.max_new, eagle)
     if fused is None:
         fused = b == 1 or target.mesh is not None  # a sharded target keeps its whole batch anyway
     program = single_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, fused=fused,
@@ -206,12 +212,18 @@ def run(ctx: ModeContext, req: Request) -> GenerateResult:
     return run_multi(ctx, req) if ctx.config.rounds == "multi" else run_single(ctx, req)
 
 
-def serve(ctx: ModeContext, req: Request, max_batch: int) -> GenerateResult | None:
-    """Mode `parse` by continuous batching through `max_batch` slots (multi round; None: this mode's settings run
-    fixed batches: single round, or a sharded target)."""
-    if ctx.config.rounds != "multi" or ctx.target.mesh is not None:
+def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult | None:
+    """Mode `parse` by continuous batching through `max_batch` slots: multi round, every round in the slots; single
+    round, the verification at admission and the continuation in the slots (None on a sharded target: its slot
+    caches are not laid out over the mesh, so it runs fixed batches). `budgets`: each prompt's own budget."""
+    if ctx.target.mesh is not None:
         return None
-    return serve_multi(ctx, req, max_batch)
+    if ctx.config.rounds == "multi":
+        return serve_multi(ctx, req, max_batch, budgets=budgets)
+    shape = single_shape(ctx, bucket(max(len(x) for x in req.ids)), req.max_new)
+    program = single_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, fused=False)
+    return serve_verified(ctx, req, max_batch, verify=verifier_of(program), draft_new=shape.draft_new,
+                          num_new=shape.num_new, cache_len=shape.cache_len, budgets=budgets)
 
 
 def run_eagle3(ctx: ModeContext, req: Request) -> GenerateResult:

@@ -17,6 +17,7 @@ from parse_jax.models.cache import KVCache
 from parse_jax.models.decoder import Decoder
 from parse_jax.modes.context import ModeContext, PairSpec, parse_result
 from parse_jax.modes.parse import ContinueSpec, continuation
+from parse_jax.modes.verified_slots import serve_verified
 from parse_jax.runtime.decode import prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import GenerateResult, Prompts, Request, device_prompts
@@ -50,12 +51,14 @@ class SegmentState:
 
 
 @functools.cache
-def sequential_program(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, sampler: Sampler):
+def sequential_verify(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, sampler: Sampler):
+    """The traced verification of mode `sequential`: `(target_params, draft_params, prompts, eos_ids, judge, args)
+    -> dict` of the draft, the accepted prefix committed in the target's cache (`cache`, `first_logits` after it),
+    `live` (rows with tokens left to write), the per-row counters and `verify_passes`."""
     target, draft = Decoder(pair.target, pair.target_impl), Decoder(pair.draft, pair.draft_impl)
     target_cfg = pair.target
-    cont_spec = ContinueSpec(pair.target, pair.target_impl, shape.num_new, sampler)
 
-    def run(target_params, draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs, rng_continue):
+    def verify(target_params, draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs) -> dict:
         prompt, prompt_lens, max_new = prompts.tokens, prompts.lens, prompts.max_new
         b = prompt.shape[0]
         rows = jnp.arange(b)
@@ -114,30 +117,62 @@ def sequential_program(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, 
         cache = s.cache.set_lengths(prompt_lens + s.accepted)
         remaining = jnp.where(ends_in_eos(d_tokens, s.accepted, eos_ids) | (max_new <= 0), 0,
                               jnp.maximum(max_new - s.accepted, 0))
-        start = EagleContext(tokens=None, features=None, length=cache.lengths, first_logits=s.first_logits)
-        cont, cont_n, extra = continuation(cont_spec, target_params, None, cache, start, remaining=remaining,
-                                           eos_ids=eos_ids, args=args.replace(key=rng_continue))
-        out = join(d_tokens, s.accepted, cont, shape.draft_new + shape.num_new)
-        return {"tokens": out, "num_new": s.accepted + cont_n, "continued": remaining > 0, "accepted": s.accepted,
-                "prefixes": count, "draft_len": d_len, "block_tokens": s.block_tokens + prompt_lens,
-                "verify_passes": s.passes, **extra}
+        return {"draft": d_tokens, "cache": cache, "first_logits": s.first_logits, "live": remaining > 0,
+                "remaining": remaining, "accepted": s.accepted, "prefixes": count, "draft_len": d_len,
+                "block_tokens": s.block_tokens + prompt_lens, "verify_passes": s.passes}
+
+    return verify
+
+
+@functools.cache
+def sequential_program(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, sampler: Sampler):
+    """Verification, then the target's continuation, in one program."""
+    verify = sequential_verify(pair, spec, shape, sampler)
+    cont_spec = ContinueSpec(pair.target, pair.target_impl, shape.num_new, sampler)
+
+    def run(target_params, draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs, rng_continue):
+        v = verify(target_params, draft_params, prompts, eos_ids, judge, args)
+        start = EagleContext(tokens=None, features=None, length=v["cache"].lengths, first_logits=v["first_logits"])
+        cont, cont_n, extra = continuation(cont_spec, target_params, None, v["cache"], start,
+                                           remaining=v["remaining"], eos_ids=eos_ids,
+                                           args=args.replace(key=rng_continue))
+        out = join(v["draft"], v["accepted"], cont, shape.draft_new + shape.num_new)
+        keep = ("accepted", "prefixes", "draft_len", "block_tokens", "verify_passes")
+        return {"tokens": out, "num_new": v["accepted"] + cont_n, "continued": v["live"],
+                **{k: v[k] for k in keep}, **extra}
 
     return register_program(jax.jit(run))
 
 
+def sequential_shape(ctx: ModeContext, prompt_len: int, max_new: int) -> SequentialShape:
+    """The static shapes of mode `sequential` for prompts padded to `prompt_len` and a budget of `max_new`."""
+    cap = ctx.config.max_draft_tokens  # static; each row drafts min(cap, its budget)
+    d = bucket(min(cap, max_new), 16)
+    lengths = block_lengths(d + len(ctx.suffix_ids))
+    return SequentialShape(draft_cap=cap, draft_new=d, draft_cache=length_bucket(prompt_len + d), lengths=lengths,
+                           cache_len=length_bucket(max(prompt_len + d + lengths[-1], prompt_len + max_new + 1)),
+                           num_new=bucket(max_new, 16))
+
+
 def sequential_launch(ctx: ModeContext, req: Request):
     """(program, args) of mode `sequential` for `req`, not run (`parse_jax.lowering` lowers it)."""
-    cfg, ids, target = ctx.config, req.ids, ctx.target
+    ids, target = req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
-    cap = cfg.max_draft_tokens  # static; each row drafts min(cap, its budget)
-    d = bucket(min(cap, req.max_new), 16)
-    lengths = block_lengths(d + len(ctx.suffix_ids))
-    shape = SequentialShape(draft_cap=cap, draft_new=d, draft_cache=length_bucket(p + d), lengths=lengths,
-                            cache_len=length_bucket(max(p + d + lengths[-1], p + req.max_new + 1)),
-                            num_new=bucket(req.max_new, 16))
+    shape = sequential_shape(ctx, p, req.max_new)
     program = sequential_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
     return program, (target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
                      ctx.judge, req.sampling.args(), prng_key(req.sampling.seed + 1))
+
+
+def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult | None:
+    """Mode `sequential` by continuous batching through `max_batch` slots: a request's segments are verified at its
+    admission, its continuation runs in the slots (None on a sharded target: it runs fixed batches)."""
+    if ctx.target.mesh is not None:
+        return None
+    shape = sequential_shape(ctx, bucket(max(len(x) for x in req.ids)), req.max_new)
+    verify = sequential_verify(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
+    return serve_verified(ctx, req, max_batch, verify=verify, draft_new=shape.draft_new, num_new=shape.num_new,
+                          cache_len=shape.cache_len, budgets=budgets)
 
 
 def run(ctx: ModeContext, req: Request) -> GenerateResult:

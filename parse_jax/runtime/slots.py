@@ -16,6 +16,8 @@ from __future__ import annotations
 import collections
 import functools
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -64,40 +66,49 @@ def _programs(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: in
         forward = forward_fn(module, params)
         cache, first_logits = prefill(forward, cfg, adm.prompt, adm.lens, cache_len)
         tok = sampler.sample(first_logits, args.fold(0).fold(adm.key_data))  # first tokens: their own key stream
-        put = lambda big, small: big.at[adm.slots].set(small, mode="drop")  # noqa: E731
-        cache = KVCache(k=tuple(map(put, state.cache.k, cache.k)), v=tuple(map(put, state.cache.v, cache.v)),
-                        lengths=put(state.cache.lengths, cache.lengths))
         first = jnp.full((tok.shape[0], num_new), PAD_ID, jnp.int32).at[:, 0].set(tok)
         done = is_eos(tok, eos_ids) | (adm.max_new <= 1)
-        return state.replace(cache=cache, tokens=put(state.tokens, first),
-                             num_new=put(state.num_new, jnp.ones_like(tok)), done=put(state.done, done),
-                             last=put(state.last, tok), max_new=put(state.max_new, adm.max_new))
+        rows = SlotState(cache=cache, tokens=first, num_new=jnp.ones_like(tok), done=done, last=tok,
+                         max_new=adm.max_new, steps=state.steps)
+        return put_rows(state, rows, adm.slots)
 
     def decode(params, state: SlotState, free_target, eos_ids, args: SamplingArgs) -> SlotState:
-        forward = forward_fn(module, params)
-        b = state.done.shape[0]
-        rows = jnp.arange(b)
-
-        def cond(s: SlotState) -> jax.Array:
-            return ~jnp.all(s.done) & (jnp.sum(s.done) < free_target)
-
-        def body(s: SlotState) -> SlotState:
-            limit, group = causal_metadata(b, 1)
-            logits, cache = forward(s.last[:, None], s.cache.lengths[:, None], s.cache, limit, group)
-            cache = cache.commit((~s.done).astype(jnp.int32))
-            tok = sampler.sample(logits[:, 0], args.fold(1).fold(s.steps))
-            tok = jnp.where(s.done, PAD_ID, tok)
-            at = jnp.minimum(s.num_new, num_new - 1)
-            tokens = s.tokens.at[rows, at].set(jnp.where(s.done, s.tokens[rows, at], tok))
-            num = s.num_new + (~s.done).astype(jnp.int32)
-            done = s.done | is_eos(tok, eos_ids) | (num >= s.max_new)
-            return s.replace(cache=cache, tokens=tokens, num_new=num, done=done, last=jnp.where(s.done, s.last, tok),
-                             steps=s.steps + 1)
-
-        return jax.lax.while_loop(cond, body, state)
+        return decode_slots(forward_fn(module, params), state, free_target, eos_ids, args, sampler)
 
     return (register_program(jax.jit(admit, donate_argnums=(1,))),
             register_program(jax.jit(decode, donate_argnums=(1,))))
+
+
+def decode_slots(forward, state: SlotState, free_target, eos_ids, args: SamplingArgs, sampler: Sampler) -> SlotState:
+    """One-token steps over every slot until `free_target` slots are done (or all are): the advance of every served
+    run whose rows continue with plain decoding (the target alone; PARSE after its verification)."""
+    num_new = state.tokens.shape[1]
+    b = state.done.shape[0]
+    rows = jnp.arange(b)
+
+    def cond(s: SlotState) -> jax.Array:
+        return ~jnp.all(s.done) & (jnp.sum(s.done) < free_target)
+
+    def body(s: SlotState) -> SlotState:
+        limit, group = causal_metadata(b, 1)
+        logits, cache = forward(s.last[:, None], s.cache.lengths[:, None], s.cache, limit, group)
+        cache = cache.commit((~s.done).astype(jnp.int32))
+        tok = sampler.sample(logits[:, 0], args.fold(1).fold(s.steps))
+        tok = jnp.where(s.done, PAD_ID, tok)
+        at = jnp.minimum(s.num_new, num_new - 1)
+        tokens = s.tokens.at[rows, at].set(jnp.where(s.done, s.tokens[rows, at], tok))
+        num = s.num_new + (~s.done).astype(jnp.int32)
+        done = s.done | is_eos(tok, eos_ids) | (num >= s.max_new)
+        return s.replace(cache=cache, tokens=tokens, num_new=num, done=done, last=jnp.where(s.done, s.last, tok),
+                         steps=s.steps + 1)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def put_rows(big, small, slots: jax.Array):
+    """`small` (a state of k rows) written into rows `slots` of `big`, a state of the same type over every slot (an
+    entry naming slot B, past the last, is dropped); scalar leaves (run-wide counters) keep `big`'s."""
+    return jax.tree.map(lambda x, y: x if jnp.ndim(x) == 0 else x.at[slots].set(y, mode="drop"), big, small)
 
 
 def empty_state(cfg: ModelConfig, slots: int, num_new: int, cache_len: int) -> SlotState:
@@ -148,6 +159,43 @@ class SlotBook:
         return not self.waiting and all(h < 0 for h in self.holder)
 
 
+def serve_loop(book: SlotBook, state, *, admit: Callable[[Any, list[int], np.ndarray, int], Any],
+               advance: Callable[[Any, np.int32], Any], rows: Callable[[Any], dict]):
+    """A served run to its end: admit waiting requests into free slots, advance every slot until enough are free,
+    read the finished slots' rows (the one host read per admission). `admit(state, requests, where, i)` -> state
+    (the i-th admission, `where` from `SlotBook.admit`); `advance(state, free_target)` -> state; `rows(state)` -> the
+    arrays to read, per slot (leading axis: slots; "done" among them) or run-wide (scalars). Returns (each request's
+    row as a dict, in request order; the admissions made; the run-wide entries of the last read)."""
+    out: list[dict | None] = [None] * len(book.waiting)
+    admissions, read = 0, {}
+    while True:
+        admitted = book.admit()
+        if admitted is not None:
+            state = admit(state, *admitted, admissions)
+            admissions += 1
+        state = advance(state, book.free_target())
+        read = fetch(rows(state))
+        for s, r in book.finish(read["done"]):
+            out[r] = {k: v[s] for k, v in read.items() if np.ndim(v)}
+        if book.empty:
+            break
+    return out, admissions, {k: v for k, v in read.items() if not np.ndim(v)}
+
+
+def admission(ids: list[list[int]], batch: list[int], where: np.ndarray, *, prompt_len: int, max_new: list[int],
+              index: int) -> Admission:
+    """The `Admission` of requests `batch` (their prompts padded to `prompt_len`) into slots `where`: unused entries
+    of the k-bucket hold a one-token empty prompt with no budget."""
+    k, take = len(where), len(batch)
+    return Admission(
+        slots=where,
+        prompt=np.array([ids[r] + [PAD_ID] * (prompt_len - len(ids[r])) for r in batch]
+                        + [[PAD_ID] * prompt_len] * (k - take), np.int32),
+        lens=np.array([len(ids[r]) for r in batch] + [1] * (k - take), np.int32),
+        max_new=np.array([max_new[r] for r in batch] + [0] * (k - take), np.int32),
+        key_data=np.int32(index))
+
+
 def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: SamplingParams, eos: np.ndarray,
           max_batch: int) -> tuple[list[list[int]], dict]:
     """Every prompt's generated ids, in prompt order, with at most `max_batch` in flight (slots refilled as rows
@@ -160,35 +208,17 @@ def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: Sampling
     cache_len = min(length_bucket(p + n), cfg.max_position_embeddings)
     admit, decode = _programs(cfg, model.attention_impl, n, cache_len, sampling.sampler)
     args = sampling.args()
-    state = empty_state(cfg, slots, n, cache_len)
-    book = SlotBook(len(ids), slots, capacity)
-    out: list[list[int] | None] = [None] * len(ids)
-    admissions = 0
     t0 = time.perf_counter()
-    while True:
-        admitted = book.admit()
-        if admitted is not None:
-            batch, where = admitted
-            k, take = len(where), len(batch)
-            adm = Admission(
-                slots=where,
-                prompt=np.array([ids[r] + [PAD_ID] * (p - len(ids[r])) for r in batch] + [[PAD_ID] * p] * (k - take),
-                                np.int32),
-                lens=np.array([len(ids[r]) for r in batch] + [1] * (k - take), np.int32),
-                max_new=np.array([max_new[r] for r in batch] + [0] * (k - take), np.int32),
-                key_data=np.int32(admissions))
-            state = admit(model.params, state, adm, eos, args)
-            admissions += 1
-        state = decode(model.params, state, book.free_target(), eos, args)
-        done, num, tokens, steps = fetch((state.done, state.num_new, state.tokens, state.steps))
-        for s, r in book.finish(done):
-            out[r] = tokens[s, : num[s]].tolist()
-        if book.empty:
-            break
+    rows, admissions, run = serve_loop(
+        SlotBook(len(ids), slots, capacity), empty_state(cfg, slots, n, cache_len),
+        admit=lambda st, batch, where, i: admit(model.params, st, admission(ids, batch, where, prompt_len=p,
+                                                                             max_new=max_new, index=i), eos, args),
+        advance=lambda st, free: decode(model.params, st, free, eos, args),
+        rows=lambda st: {"done": st.done, "num_new": st.num_new, "tokens": st.tokens, "steps": st.steps})
     seconds = time.perf_counter() - t0
-    stats = {"target_passes": int(steps) + admissions, "admissions": admissions, "seconds": seconds,
+    stats = {"target_passes": int(run["steps"]) + admissions, "admissions": admissions, "seconds": seconds,
              "slots": capacity}
-    return [o if o is not None else [] for o in out], stats
+    return [r["tokens"][: r["num_new"]].tolist() for r in rows], stats
 
 
 def serve_request(model, req: Request, *, max_batch: int) -> GenerateResult:

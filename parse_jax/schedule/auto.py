@@ -60,12 +60,17 @@ class ScheduleState:
     measured: Mapping[tuple[str, int], float] = dataclasses.field(default_factory=dict)
     step_tokens: float = 12.0
 
-    def record(self, run: str, batch: int, stats: Mapping[str, Any]) -> ScheduleState:
-        """This state with a finished batch's result counted in (`stats`: its GenerationStats dict)."""
+    def record(self, run: str, batch: int, stats: Mapping[str, Any], *, longest: int | None = None) -> ScheduleState:
+        """This state with a finished batch's result counted in (`stats`: its GenerationStats dict). `longest`: the
+        most tokens one row of a fixed batch wrote (rows that finish first idle until it ends); None for a served
+        run, whose slots stay full."""
         tokens, seconds = stats.get("new_tokens", 0), stats.get("seconds", 0.0)
         measured = dict(self.measured)
         if tokens > 0 and seconds > 0:
-            per_token = seconds * batch / tokens  # seconds per token of one row at this batch
+            # seconds per token of one row with every row of the batch busy: what a served run keeps. A fixed batch
+            # took `seconds` to write its longest row; counted by its mean row instead, its finished rows' idle
+            # time would be charged to the choice (and a served choice would always look cheaper than an explored one)
+            per_token = seconds / longest if longest else seconds * batch / tokens
             key = (run, bucket(batch, 1))
             old = measured.get(key)
             measured[key] = per_token if old is None else EMA * per_token + (1 - EMA) * old

@@ -36,6 +36,7 @@ from parse_jax.runtime.requests import (
     resolve_eos,
 )
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, serve_loop
 from parse_jax.utils.validation import check_int
 
 
@@ -52,6 +53,7 @@ class SpecState:
     proposed: jax.Array   # [B] draft tokens proposed in total
     drafts: jax.Array     # [B] verification passes the row was live in (num_drafts)
     per_pos: jax.Array    # [B, gamma] drafts whose token at each position was accepted
+    max_new: jax.Array    # [B] the row's budget
 
 
 def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, sampler: Sampler, k_accept: jax.Array,
@@ -109,72 +111,160 @@ def emit_accepted(tokens: jax.Array, num_new: jax.Array, done: jax.Array, last: 
     return tokens, num, new_done, new_last, n_emit * live
 
 
+@dataclasses.dataclass(frozen=True)
+class SpecShape:
+    """The static side of a speculation program: both models, gamma, the new-token bucket, the caches' length."""
+
+    target: ModelConfig
+    draft: ModelConfig
+    impl: str
+    gamma: int
+    num_new: int
+    cache_len: int
+    sampler: Sampler
+
+
+def spec_start(shape: SpecShape, target_fwd, draft_fwd, prompt, prompt_lens, max_new, eos_ids,
+               first_args: SamplingArgs) -> SpecState:
+    """Both prefills and the first token (drawn with `first_args`): the state a speculation loop starts from."""
+    b, p = prompt.shape
+    rows = jnp.arange(b)
+    limit, group = causal_metadata(b, p)
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    t_logits, t_cache = target_fwd(prompt, positions, KVCache.init(shape.target, b, shape.cache_len), limit, group)
+    _, d_cache = draft_fwd(prompt, positions, KVCache.init(shape.draft, b, shape.cache_len), limit, group)
+    first = shape.sampler.sample(t_logits[rows, prompt_lens - 1], first_args)
+    done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
+    width = shape.num_new + shape.gamma + 1
+    tokens = jnp.full((b, width), PAD_ID, jnp.int32).at[:, 0].set(jnp.where(max_new > 0, first, PAD_ID))
+    zeros = jnp.zeros((b,), jnp.int32)
+    return SpecState(target_cache=t_cache.commit(prompt_lens), draft_cache=d_cache.commit(prompt_lens),
+                     tokens=tokens, num_new=jnp.minimum(max_new, 1), done=done, last=first, rounds=jnp.int32(1),
+                     accepted=zeros, proposed=zeros, drafts=zeros, per_pos=jnp.zeros((b, shape.gamma), jnp.int32),
+                     max_new=max_new)
+
+
+def spec_round(shape: SpecShape, target_fwd, draft_fwd, state: SpecState, eos_ids, args: SamplingArgs) -> SpecState:
+    """One speculation round on every row: gamma draft steps, one target pass over them, lossless acceptance."""
+    gamma, sampler = shape.gamma, shape.sampler
+    b = state.done.shape[0]
+    a_draft, a_accept, a_fix = args.fold(state.rounds).split(3)
+    one_limit, one_group = causal_metadata(b, 1)
+
+    def step(carry, i):  # gamma + 1 draft steps: propose gamma tokens, and write the last proposal's KV too
+        cache, tok = carry
+        logits, cache = draft_fwd(tok[:, None], cache.lengths[:, None], cache, one_limit, one_group)
+        cache = cache.commit(1)
+        q = sampler.probs(logits[:, 0], args)
+        nxt = sampler.sample(logits[:, 0], a_draft.fold(i))
+        return (cache, nxt), (nxt, q)
+
+    (d_cache, _), (props, qs) = jax.lax.scan(step, (state.draft_cache, state.last), jnp.arange(gamma + 1))
+    props, q = props[:gamma].T, jnp.swapaxes(qs[:gamma], 0, 1)  # [B, gamma], [B, gamma, V]
+    block = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
+    blk_limit, blk_group = causal_metadata(b, gamma + 1)
+    pos = state.target_cache.lengths[:, None] + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+    logits, t_cache = target_fwd(block, pos, state.target_cache, blk_limit, blk_group)
+    p = sampler.probs(logits, args)  # [B, gamma + 1, V]
+    n_acc, emitted = accept_proposals(p, q, props, sampler, a_accept.key, a_fix.key)
+    tokens, num, done, last, commit = emit_accepted(state.tokens, state.num_new, state.done, state.last,
+                                                    emitted, n_acc, eos_ids, state.max_new)
+    live = (~state.done).astype(jnp.int32)
+    return state.replace(
+        target_cache=t_cache.commit(commit),
+        draft_cache=d_cache.set_lengths(state.draft_cache.lengths + commit),
+        tokens=tokens, num_new=num, done=done, last=last, rounds=state.rounds + 1,
+        accepted=state.accepted + n_acc * live, proposed=state.proposed + gamma * live,
+        drafts=state.drafts + live, per_pos=state.per_pos + position_hits(n_acc, gamma, live))
+
+
+def spec_outputs(state: SpecState, num_new: int) -> tuple:
+    """What `spec_result` reads: (tokens, num_new, rounds, accepted, proposed, drafts, per_pos)."""
+    return (state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed, state.drafts,
+            state.per_pos)
+
+
+def _forwards(shape: SpecShape, target_params, draft_params):
+    return (forward_fn(Decoder(shape.target, shape.impl), target_params),
+            forward_fn(Decoder(shape.draft, shape.impl), draft_params))
+
+
 @functools.cache
-def _spec_program(target_cfg: ModelConfig, draft_cfg: ModelConfig, impl: str, gamma: int, num_new: int,
-                  cache_len: int, sampler: Sampler):
-    target, draft = Decoder(target_cfg, impl), Decoder(draft_cfg, impl)
-    width = num_new + gamma + 1
-
+def _spec_program(shape: SpecShape):
     def run(target_params, draft_params, prompt, prompt_lens, max_new, eos_ids, args: SamplingArgs):
-        target_fwd, draft_fwd = forward_fn(target, target_params), forward_fn(draft, draft_params)
-        b, p = prompt.shape
-        rows = jnp.arange(b)
-        limit, group = causal_metadata(b, p)
-        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-        t_logits, t_cache = target_fwd(prompt, positions, KVCache.init(target_cfg, b, cache_len), limit, group)
-        _, d_cache = draft_fwd(prompt, positions, KVCache.init(draft_cfg, b, cache_len), limit, group)
-        first_logits = t_logits[rows, prompt_lens - 1]
-        first = sampler.sample(first_logits, args.fold(2**31 - 1))
-        done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
-        tokens = jnp.full((b, width), PAD_ID, jnp.int32).at[:, 0].set(jnp.where(max_new > 0, first, PAD_ID))
-        state = SpecState(target_cache=t_cache.commit(prompt_lens), draft_cache=d_cache.commit(prompt_lens),
-                          tokens=tokens, num_new=jnp.minimum(max_new, 1), done=done, last=first,
-                          rounds=jnp.int32(1), accepted=jnp.zeros((b,), jnp.int32),
-                          proposed=jnp.zeros((b,), jnp.int32), drafts=jnp.zeros((b,), jnp.int32),
-                          per_pos=jnp.zeros((b, gamma), jnp.int32))
-
-        def draft_round(state: SpecState, a_draft: SamplingArgs):
-            """gamma + 1 draft steps: propose gamma tokens, and write the last proposal's KV too."""
-            one_limit, one_group = causal_metadata(b, 1)
-
-            def step(carry, i):
-                cache, tok = carry
-                logits, cache = draft_fwd(tok[:, None], cache.lengths[:, None], cache, one_limit, one_group)
-                cache = cache.commit(1)
-                q = sampler.probs(logits[:, 0], args)
-                nxt = sampler.sample(logits[:, 0], a_draft.fold(i))
-                return (cache, nxt), (nxt, q)
-
-            (cache, _), (props, qs) = jax.lax.scan(step, (state.draft_cache, state.last), jnp.arange(gamma + 1))
-            return cache, props[:gamma].T, jnp.swapaxes(qs[:gamma], 0, 1)  # [B, gamma], [B, gamma, V]
-
-        def cond(state: SpecState):
-            return ~jnp.all(state.done)
-
-        def body(state: SpecState):
-            a_draft, a_accept, a_fix = args.fold(state.rounds).split(3)
-            d_cache, props, q = draft_round(state, a_draft)
-            block = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
-            blk_limit, blk_group = causal_metadata(b, gamma + 1)
-            pos = state.target_cache.lengths[:, None] + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
-            logits, t_cache = target_fwd(block, pos, state.target_cache, blk_limit, blk_group)
-            p = sampler.probs(logits, args)  # [B, gamma + 1, V]
-            n_acc, emitted = accept_proposals(p, q, props, sampler, a_accept.key, a_fix.key)
-            tokens, num, done, last, commit = emit_accepted(state.tokens, state.num_new, state.done, state.last,
-                                                            emitted, n_acc, eos_ids, max_new)
-            live = (~state.done).astype(jnp.int32)
-            return state.replace(
-                target_cache=t_cache.commit(commit),
-                draft_cache=d_cache.set_lengths(state.draft_cache.lengths + commit),
-                tokens=tokens, num_new=num, done=done, last=last, rounds=state.rounds + 1,
-                accepted=state.accepted + n_acc * live, proposed=state.proposed + gamma * live,
-                drafts=state.drafts + live, per_pos=state.per_pos + position_hits(n_acc, gamma, live))
-
-        state = jax.lax.while_loop(cond, body, state)
-        return (state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed,
-                state.drafts, state.per_pos)
+        target_fwd, draft_fwd = _forwards(shape, target_params, draft_params)
+        state = spec_start(shape, target_fwd, draft_fwd, prompt, prompt_lens, max_new, eos_ids,
+                           args.fold(2**31 - 1))
+        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done),
+                                   lambda s: spec_round(shape, target_fwd, draft_fwd, s, eos_ids, args), state)
+        return spec_outputs(state, shape.num_new)
 
     return register_program(jax.jit(run))
+
+
+@functools.cache
+def spec_serve_programs(shape: SpecShape):
+    """(admit, advance) of speculative decoding by continuous batching (`runtime/slots.serve_loop`): admit prefills
+    up to k prompts and writes their rows into the slots named; advance runs rounds on every slot until enough
+    are free. The slot state is donated to both."""
+
+    def admit(target_params, draft_params, state: SpecState, adm: Admission, eos_ids, args: SamplingArgs):
+        target_fwd, draft_fwd = _forwards(shape, target_params, draft_params)
+        rows = spec_start(shape, target_fwd, draft_fwd, adm.prompt, adm.lens, adm.max_new, eos_ids,
+                          args.fold(2**31 - 1).fold(adm.key_data))
+        return put_rows(state, rows, adm.slots)
+
+    def advance(target_params, draft_params, state: SpecState, free_target, eos_ids, args: SamplingArgs):
+        target_fwd, draft_fwd = _forwards(shape, target_params, draft_params)
+        return jax.lax.while_loop(lambda s: ~jnp.all(s.done) & (jnp.sum(s.done) < free_target),
+                                  lambda s: spec_round(shape, target_fwd, draft_fwd, s, eos_ids, args), state)
+
+    return (register_program(jax.jit(admit, donate_argnums=(2,))),
+            register_program(jax.jit(advance, donate_argnums=(2,))))
+
+
+def empty_spec_state(shape: SpecShape, slots: int) -> SpecState:
+    """Every slot empty (done), its caches allocated for the run (each leaf its own buffer: the state is donated)."""
+    zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731
+    return SpecState(target_cache=KVCache.init(shape.target, slots, shape.cache_len),
+                     draft_cache=KVCache.init(shape.draft, slots, shape.cache_len),
+                     tokens=jnp.full((slots, shape.num_new + shape.gamma + 1), PAD_ID, jnp.int32), num_new=zeros(),
+                     done=jnp.ones((slots,), bool), last=zeros(), rounds=jnp.int32(0), accepted=zeros(),
+                     proposed=zeros(), drafts=zeros(), per_pos=jnp.zeros((slots, shape.gamma), jnp.int32),
+                     max_new=zeros())
+
+
+def serve_speculation(target, draft, req: Request, *, gamma: int, max_batch: int,
+                      budgets: list[int] | None = None) -> GenerateResult:
+    """Speculative decoding of a validated request by continuous batching through `max_batch` slots: greedy
+    outputs equal each prompt alone (a row reads only its own cache rows). `budgets`: each prompt's own
+    max_new_tokens, at most the request's (default: the request's)."""
+    capacity = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    sb = spec_batch(target, req, gamma=gamma, capacity=capacity)
+    shape = SpecShape(target.config, draft.config, target.attention_impl, int(gamma), sb.num_new, sb.cache_len,
+                      sb.sampling.sampler)
+    admit, advance = spec_serve_programs(shape)
+    ids, args, eos = req.ids, sb.sampling.args(), sb.eos
+    used = min(max_batch, len(ids))
+    slots = bucket(used, 1)
+    p = sb.prompt.shape[1]
+    budgets = [req.max_new] * len(ids) if budgets is None else [min(int(x), req.max_new) for x in budgets]
+    t0 = time.perf_counter()
+    rows, admissions, run = serve_loop(
+        SlotBook(len(ids), slots, used), empty_spec_state(shape, slots),
+        admit=lambda st, batch, where, i: admit(target.params, draft.params, st,
+                                                admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i),
+                                                eos, args),
+        advance=lambda st, free: advance(target.params, draft.params, st, free, eos, args),
+        rows=lambda st: {"done": st.done, **dict(zip(SPEC_OUTPUTS, spec_outputs(st, shape.num_new)))})
+    out = tuple(np.int64(run["rounds"]) + admissions if key == "rounds" else np.stack([r[key] for r in rows])
+                for key in SPEC_OUTPUTS)
+    res = spec_result(target, ids, out, time.perf_counter() - t0, gamma)
+    res.stats.update(slots=used, admissions=admissions)
+    return res
+
+
+SPEC_OUTPUTS = ("tokens", "num_new", "rounds", "accepted", "proposed", "drafts", "per_pos")
 
 
 def check_pair(target, draft) -> None:
@@ -283,6 +373,6 @@ def speculate_launch(target, draft, req: Request, *, gamma: int, capacity: int |
     if capacity is None:
         capacity = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
     sb = spec_batch(target, req, gamma=gamma, capacity=capacity)
-    program = _spec_program(target.config, draft.config, target.attention_impl, int(gamma), sb.num_new,
-                            sb.cache_len, sb.sampling.sampler)
+    program = _spec_program(SpecShape(target.config, draft.config, target.attention_impl, int(gamma), sb.num_new,
+                                      sb.cache_len, sb.sampling.sampler))
     return program, sb

@@ -56,3 +56,12 @@ def test_plain_decoding_is_never_second_guessed_and_counts_acceptance():
                                                 "verify_passes": 2})
     assert state.step_tokens == pytest.approx(12.0)
     assert state.acceptance.steps_accepted == 4 and state.acceptance.steps_verified == 5
+
+
+def test_a_fixed_batch_is_measured_by_its_longest_row_and_a_served_run_by_its_mean():
+    """Rows of a fixed batch that finish early idle until its longest row ends; a served run refills them. Both are
+    measured as the seconds per token of one row with every row busy, so neither looks cheaper for its batching."""
+    served = ScheduleState().record("target", 4, {"new_tokens": 400, "seconds": 1.0})
+    fixed = ScheduleState().record("target", 4, {"new_tokens": 160, "seconds": 1.0}, longest=100)
+    assert served.measured[("target", 4)] == pytest.approx(0.01)
+    assert fixed.measured[("target", 4)] == pytest.approx(0.01)  # not 4 * 1.0 / 160 = 0.025

@@ -141,3 +141,27 @@ def test_the_fields_metrics_are_counted_per_position_and_add_up():
     assert all(0 <= c <= 1 for c in cond)
     alone = speculative_generate(target, draft, prompts[:1], gamma=gamma, max_new_tokens=budget, eos_ids=[]).stats
     assert alone["num_drafts"] == alone["target_passes"] - 1  # every pass after the prefill verifies a draft
+
+
+def test_continuous_batching_equals_each_prompt_alone():
+    """Slots refilled as rows finish (mixed prompt lengths, per-prompt budgets, an EOS that ends rows early): each
+    prompt's tokens and counters equal the prompt run alone."""
+    from parse_jax.runtime.requests import Request, SamplingParams, resolve_eos
+    from parse_jax.speculation.draft_model import serve_speculation
+
+    target = random_model("qwen3", 41)
+    draft = _noisy_copy(target, 42, 0.05)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, target.config.vocab_size, int(rng.integers(2, 14))).tolist() for _ in range(7)]
+    budgets = [int(rng.integers(3, 21)) for _ in prompts]
+    free = [generate(target, [p], max_new_tokens=b).tokens[0] for p, b in zip(prompts, budgets)]
+    eos = int(np.bincount([t for row in free for t in row]).argmax())  # a token the target writes often
+    alone = [speculative_generate(target, draft, [p], gamma=3, max_new_tokens=b, eos_ids=[eos])
+             for p, b in zip(prompts, budgets)]
+    assert any(len(r.tokens[0]) < b for r, b in zip(alone, budgets))  # the EOS ended some rows early
+    req = Request(ids=prompts, max_new=max(budgets), sampling=SamplingParams(), eos=resolve_eos(target, [eos]))
+    served = serve_speculation(target, draft, req, gamma=3, max_batch=3, budgets=budgets)
+    assert served.tokens == [r.tokens[0] for r in alone]
+    assert served.stats["accepted_per_request"] == [r.stats["accepted_per_request"][0] for r in alone]
+    assert served.stats["drafts_per_request"] == [r.stats["drafts_per_request"][0] for r in alone]
+    assert served.stats["slots"] == 3 and served.stats["admissions"] > 1

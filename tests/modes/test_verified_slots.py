@@ -1,0 +1,56 @@
+"""Continuous batching of the modes that verify once, then continue token by token (single-round parse,
+sequential): slots refilled as rows finish give every prompt the tokens and counters it gets alone (greedy,
+float32), in prompt order, with mixed prompt lengths, per-prompt budgets and an EOS that ends rows early."""
+
+import numpy as np
+import pytest
+
+from parse_jax.engine import ParseConfig, ParseEngine
+from parse_jax.modes.table import MODE_TABLE
+from parse_jax.runtime.decode import generate
+from parse_jax.runtime.programs import compiled_programs
+from tests.modes.test_parse_multi import BUDGETS, DRAFT, PROMPTS, SETTINGS, TARGET, V
+
+SINGLE = {**SETTINGS, "rounds": "single"}
+
+
+@pytest.fixture(scope="module")
+def engine() -> ParseEngine:
+    """A threshold at which drafts are accepted part-way on these random models: both verification outcomes."""
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**SINGLE))
+    drafts = generate(DRAFT, PROMPTS[:4], max_new_tokens=12).tokens
+    ids = [eng.target.tokenizer.encode(p) for p in PROMPTS[:4]]
+    scores = np.concatenate([eng.prefix_scores(c, d, eng.boundaries(d)) for c, d in zip(ids, drafts)])
+    return ParseEngine(TARGET, DRAFT, ParseConfig(**SINGLE, threshold=float(np.quantile(scores, 0.4))))
+
+
+@pytest.fixture(scope="module")
+def eos() -> int:
+    plain = generate(TARGET, PROMPTS, max_new_tokens=14, eos_ids=[]).tokens
+    return int(np.argmax(np.bincount([t for toks in plain for t in toks], minlength=V)))
+
+
+@pytest.mark.parametrize("mode", ["parse", "sequential"])
+def test_refilled_slots_equal_each_prompt_alone(engine, eos, mode):
+    alone = [engine.generate([p], mode=mode, max_new_tokens=b, eos_ids=[eos]) for p, b in zip(PROMPTS, BUDGETS)]
+    assert any(len(r.tokens[0]) < b for r, b in zip(alone, BUDGETS))  # EOS ended some rows before their budget
+    accepted = [r.stats["accepted_tokens"] for r in alone]
+    assert 0 < sum(accepted) and any(a < len(r.tokens[0]) for a, r in zip(accepted, alone))  # partly accepted
+    req = engine.request(PROMPTS, mode, max(BUDGETS), 0.0, 0, 0, 1.0, [eos])
+    res = MODE_TABLE[mode].serve(engine.context, req, 3, budgets=BUDGETS)
+    assert res.tokens == [r.tokens[0] for r in alone]
+    assert res.stats["accepted_per_request"] == accepted
+    assert res.stats["prefixes_per_request"] == [r.stats["prefixes_per_request"][0] for r in alone]
+    assert res.stats["slots"] == 3 and res.stats["admissions"] > 1  # prompts entered slots freed by others
+
+
+def test_generate_with_max_batch_serves_and_compiles_nothing_per_prompt(engine, eos):
+    rows = [i for i, b in enumerate(BUDGETS) if b == 14]
+    prompts = [PROMPTS[i] for i in rows]
+    alone = [engine.generate([p], mode="parse", max_new_tokens=14, eos_ids=[eos]).tokens[0] for p in prompts]
+    res = engine.generate(prompts, mode="parse", max_new_tokens=14, eos_ids=[eos], max_batch=2)
+    assert res.tokens == alone and res.stats["slots"] == 2
+    before = compiled_programs()
+    again = engine.generate(prompts[::-1] * 2, mode="parse", max_new_tokens=14, eos_ids=[eos], max_batch=2)
+    assert again.tokens == (alone[::-1] * 2)
+    assert compiled_programs() - before <= 1  # at most an admission size not met before
