@@ -28,6 +28,9 @@ ROWS = {  # row -> (engine mode, schedule); "target" is the baseline
     "parse (fixed)": ("parse", "fixed"),
     "parse+eagle3 (default: auto)": ("parse+eagle3", "auto"),
     "parse+eagle3 (fixed)": ("parse+eagle3", "fixed"),
+    "sd (default: auto)": ("sd", "auto"),
+    "eagle3 (default: auto)": ("eagle3", "auto"),
+    "sequential (default: auto)": ("sequential", "auto"),
 }
 
 
