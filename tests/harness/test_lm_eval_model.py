@@ -71,3 +71,36 @@ def test_until_and_max_gen_toks_and_the_target_scores():
     logits = np.asarray(target.logits(np.array([[tok.bos_id] + ids])), np.float64)[0]
     logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
     assert rolling == pytest.approx(sum(logp[i, t] for i, t in enumerate(ids)), abs=1e-4)
+
+
+def _gen(lm, prompts, until, max_gen_toks=64):
+    """(outputs, the stats of this call alone) of generate_until on `prompts` with `until`."""
+    before = len(lm.stats_parts)
+    out = lm.generate_until([Instance("generate_until", {}, (p, {"max_gen_toks": max_gen_toks, "until": until}), i)
+                             for i, p in enumerate(prompts)])
+    parts = lm.stats_parts[before:]
+    return out, {k: sum(p[k] for p in parts) for k in ("new_tokens", "target_passes")}
+
+
+@pytest.mark.parametrize("mode", ["target", "sd", "parse"])
+def test_a_stop_string_ends_its_row_and_the_output_is_lm_evals_cut(mode):
+    from lm_eval.models.utils import postprocess_generated_text
+
+    lm = lm_eval_model.ParseJaxLM(mode=mode, batch_size=4, parse_config='{"schedule": "fixed"}')
+    prompts = [p for p, _ in load_task().problems(3, 5)]
+    full, uncut = _gen(lm, prompts, [])
+    assert all(t.count(";") >= 2 for t in full)
+    single = ";"  # one token of the embedded tokenizer: a stop id inside the device program
+    assert lm_eval_model.single_token_stops(lm.target.tokenizer, (single,)) != ()
+    out, stats = _gen(lm, prompts, [single])
+    assert out == [postprocess_generated_text(t, [single], None) for t in full]
+    assert stats["new_tokens"] < uncut["new_tokens"] / 2
+    if mode == "parse":  # one verification pass either way here; a batch runs in one call (no segments)
+        assert stats["target_passes"] <= uncut["target_passes"]
+        return
+    assert stats["target_passes"] < uncut["target_passes"]
+    multi = full[0].split(";")[0].split("=")[0][-2:] + "= "  # e.g. "9 = ": two tokens and a space, in row 0 only
+    assert lm_eval_model.single_token_stops(lm.target.tokenizer, (multi,)) == ()
+    out, stats = _gen(lm, prompts, [multi, "never"])
+    assert out == [postprocess_generated_text(t, [multi, "never"], None) for t in full]
+    assert out[0] != full[0] and stats["new_tokens"] < uncut["new_tokens"]
