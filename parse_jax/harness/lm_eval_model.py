@@ -31,7 +31,7 @@ import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import postprocess_generated_text
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from parse_jax.errors import ConfigError
 from parse_jax.runtime.metrics import combine
@@ -116,6 +116,17 @@ class ParseJaxLM(LM):
         self._runners: dict[tuple[int, ...], Any] = {}
         self._runner(())  # the mode's checks (its models, its settings) now, not at the first request
         self.stats_parts: list[dict] = []
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ParseJaxLM:
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> ParseJaxLM:
+        """lm-eval's `batch_size` / `max_batch_size` / `device` beside `model_args`, a `model_args` value winning:
+        lm-eval's command line always passes `--batch_size` (default 1), which would otherwise collide."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
 
     # --- generation through the engine ------------------------------------------------------------------
 

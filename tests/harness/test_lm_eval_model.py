@@ -104,3 +104,43 @@ def test_a_stop_string_ends_its_row_and_the_output_is_lm_evals_cut(mode):
     out, stats = _gen(lm, prompts, [multi, "never"])
     assert out == [postprocess_generated_text(t, [multi, "never"], None) for t in full]
     assert out[0] != full[0] and stats["new_tokens"] < uncut["new_tokens"]
+
+
+def test_the_entry_point_names_the_registered_model():
+    """pyproject's `lm_eval.models` entry point (the group lm-eval's plugin discovery reads) loads the class that
+    `register_model("parse-jax")` put in lm-eval's registry."""
+    import tomllib
+    from importlib.metadata import EntryPoint
+    from pathlib import Path
+
+    from lm_eval.api.registry import get_model
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    (name, value), = project["entry-points"]["lm_eval.models"].items()
+    cls = EntryPoint(name=name, value=value, group="lm_eval.models").load()
+    assert name == "parse-jax" and cls is lm_eval_model.ParseJaxLM is get_model(name)
+    assert project["scripts"]["parse-jax-lm-eval"] == "parse_jax.harness.lm_eval_model:main"
+
+
+@pytest.mark.subprocess
+def test_lm_evals_command_line_on_the_shipped_task_offline(tmp_path):
+    """`parse-jax-lm-eval run ...` (lm-eval's own CLI, parse-jax registered) on the shipped task YAML over a local
+    JSONL file, with the hub off: lm-eval's results file holds the score and the speculation stats."""
+    import os
+    import subprocess
+    import sys
+
+    write_task_jsonl(load_task(), 4, tmp_path / "problems.jsonl", seed=5)  # the YAML's data_files, from the cwd
+    stats = tmp_path / "spec.json"
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    cmd = [sys.executable, "-c", "from parse_jax.harness.lm_eval_model import main; main()", "run",
+           "--model", "parse-jax", "--model_args", f"mode=sd,batch_size=4,stats_path={stats}",
+           "--tasks", "parse_jax_embedded", "--include_path", str(config_dir() / "lm_eval"),
+           "--output_path", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = (tmp_path / "out").rglob("results_*.json")
+    out = json.loads(path.read_text())
+    assert out["results"]["parse_jax_embedded"]["exact_match,final_answer"] >= 0.5  # sd: the target's own answers
+    assert out["config"]["model"] == "parse-jax" and out["config"]["speculation_stats"]["num_drafts"] >= 4
+    assert json.loads(stats.read_text()) == out["config"]["speculation_stats"]
