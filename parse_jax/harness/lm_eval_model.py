@@ -8,16 +8,21 @@ mode: target, sd, sequential, parse, parse-multi, eagle3, parse+eagle3; default 
 `ParseConfig.load` reads: a shipped name, a YAML/JSON path, inline JSON), `batch_size`, `max_gen_toks`, `dtype`,
 `seed`, `stats_path` (a JSON file for the speculation stats).
 
-- `generate_until` runs the requests batched through the engine in `mode`, each group of equal `max_gen_toks` one
-  batch at a time; an output is cut at the first of its request's `until` strings (generation stops at the model's
-  EOS or `max_gen_toks`).
+- `generate_until` groups the requests by their generation kwargs (`max_gen_toks` and `until`, as lm-eval's HF
+  model does) and runs each group batched through the engine in `mode`. A request's stop strings end its row:
+  those that are one token are stop ids of the device program beside the model's EOS; in the modes whose output
+  a resumed call continues exactly (target, draft, sd, eagle3) a longer one is checked on the committed text
+  between segments of 16, 32, 64, ... tokens; PARSE modes run a batch in one call (docs/design.md §8). Outputs are
+  cut by lm-eval's own `postprocess_generated_text`.
 - `loglikelihood` and `loglikelihood_rolling` score on the target alone (its logits, BOS first).
 - The speculation stats of every generation (the field's metrics, parse_jax/runtime/metrics.py) are summed and
   written to `stats_path` and into lm-eval's results (`config.speculation_stats`, via `get_model_info`).
 
-lm-eval 0.4 looks models up only in its own registry (`lm_eval.api.registry.get_model`, filled from
-`lm_eval.models.MODEL_MAPPING`): it has no entry point for third-party models, so importing this module is what
-registers `parse-jax`; `parse-jax-lm-eval ARGS` is lm-eval's own command line with it registered.
+How lm-eval finds it: pyproject declares it in the `lm_eval.models` entry-point group, which lm-eval's plugin
+discovery reads (lm-eval's main branch, after 0.4.13) so that a bare `lm_eval --model parse-jax` needs nothing
+else. lm-eval 0.4.13 reads no entry point (its registry holds `lm_eval.models.MODEL_MAPPING` and what
+`register_model` adds in the process): there, importing this module registers `parse-jax`, and
+`parse-jax-lm-eval ARGS` is lm-eval's own command line with it imported (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -161,7 +166,7 @@ class ParseJaxLM(LM):
         runs in segments of 16, 32, 64, ... tokens (at most log2(max_new) calls), each on the prompt and the ids
         committed so far, and only rows with no stop string, EOS or spent budget go on. Resuming is exact only
         where a call's output does not depend on where it starts (target, draft alone, sd, eagle3: the target's
-        own tokens); PARSE modes run each batch in one call and cut after it (docs/design.md §11)."""
+        own tokens); PARSE modes run each batch in one call and cut after it (docs/design.md §8)."""
         tok = self.target.tokenizer
         runner = self._runner(single_token_stops(tok, until))
         if len(single_token_stops(tok, until)) == len(until) or self.mode not in RESUMABLE:
