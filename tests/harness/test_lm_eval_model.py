@@ -144,3 +144,20 @@ def test_lm_evals_command_line_on_the_shipped_task_offline(tmp_path):
     assert out["results"]["parse_jax_embedded"]["exact_match,final_answer"] >= 0.5  # sd: the target's own answers
     assert out["config"]["model"] == "parse-jax" and out["config"]["speculation_stats"]["num_drafts"] >= 4
     assert json.loads(stats.read_text()) == out["config"]["speculation_stats"]
+
+
+def test_stop_strings_of_one_token_special_ones_included(tmp_path):
+    """A chat turn's end (`<|im_end|>`, a special token) and a one-token word are stop ids; text that spans tokens
+    is not; `until` as lm-eval gives it (a string, a list, None) is read as its non-empty stop strings."""
+    from parse_jax import load_model
+    from tests.models.hf_tiny import make_tiny_hf
+
+    tok = load_model(make_tiny_hf("qwen3", tmp_path / "q", seed=3, tokenizer="qwen")).tokenizer
+    end = tok.encode("<|im_end|>")
+    assert len(end) == 1 and lm_eval_model.single_token_stops(tok, ("<|im_end|>",)) == (end[0],)
+    long = "<|im_end|>\n<|im_start|>user"
+    assert len(tok.encode(long)) > 1 and lm_eval_model.single_token_stops(tok, (long,)) == ()
+    assert lm_eval_model.stop_strings("\n\n") == ("\n\n",) and lm_eval_model.stop_strings(None) == ()
+    assert lm_eval_model.stop_strings(["", "Q:"]) == ("Q:",)
+    with pytest.raises(lm_eval_model.ConfigError, match="until must be a string or a list of strings"):
+        lm_eval_model.stop_strings([3])
