@@ -209,16 +209,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError("--no-thinking applies to the chat template; it cannot go with --chat off")
     eos_ids_from_args(args)
     task = load_task(args.task)
-    records, bad = load_records(args.data, task, args.on_bad_line)
-    if args.limit is not None:  # lm-eval's --limit: the first N records
-        records = records[: check_int("--limit", args.limit, 1)]
+    limit = None if args.limit is None else check_int("--limit", args.limit, 1)  # lm-eval's: the first N records
+    records, bad = load_records(args.data, task, args.on_bad_line, limit=limit)  # nothing past them is read
     cfg = parse_config(args)
     if not writes_results():
         raise ConfigError("eval appends to one results file: run it as a single process (a mesh of one host's "
                           "devices is fine)")
     settings = {"mode": mode, "models": model_desc(args), "parse_config": cfg.flat(), "task": args.task,
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
-                "chat": args.chat, "instruction": args.instruction}
+                "chat": args.chat, "instruction": args.instruction, "batching": args.batching}
     if args.eos_ids is not None:  # only when given: results files of earlier versions resume as before
         settings["eos_ids"] = eos_ids_from_args(args)
     if args.no_thinking:
@@ -232,7 +231,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from parse_jax.harness.runs import RunSettings
 
     run = RunSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
-                      temperature=args.temperature, eos_ids=eos, progress=False)
+                      temperature=args.temperature, eos_ids=eos, progress=False, batching=args.batching)
     records, unfit = check_records(records, runner.check, run, tokenizer=target.tokenizer,  # every request, now
                                    prompt_format=PromptFormat(args.chat, args.instruction, template_kwargs(args)),
                                    on_bad_line=args.on_bad_line, where=args.data)

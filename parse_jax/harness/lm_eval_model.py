@@ -8,16 +8,21 @@ mode: target, sd, sequential, parse, parse-multi, eagle3, parse+eagle3; default 
 `ParseConfig.load` reads: a shipped name, a YAML/JSON path, inline JSON), `batch_size`, `max_gen_toks`, `dtype`,
 `seed`, `stats_path` (a JSON file for the speculation stats).
 
-- `generate_until` runs the requests batched through the engine in `mode`, each group of equal `max_gen_toks` one
-  batch at a time; an output is cut at the first of its request's `until` strings (generation stops at the model's
-  EOS or `max_gen_toks`).
+- `generate_until` groups the requests by their generation kwargs (`max_gen_toks` and `until`, as lm-eval's HF
+  model does) and runs each group batched through the engine in `mode`. A request's stop strings end its row:
+  those that are one token are stop ids of the device program beside the model's EOS; in the modes whose output
+  a resumed call continues exactly (target, draft, sd, eagle3) a longer one is checked on the committed text
+  between segments of 16, 32, 64, ... tokens; PARSE modes run a batch in one call (docs/design.md §8). Outputs are
+  cut by lm-eval's own `postprocess_generated_text`.
 - `loglikelihood` and `loglikelihood_rolling` score on the target alone (its logits, BOS first).
 - The speculation stats of every generation (the field's metrics, parse_jax/runtime/metrics.py) are summed and
   written to `stats_path` and into lm-eval's results (`config.speculation_stats`, via `get_model_info`).
 
-lm-eval 0.4 looks models up only in its own registry (`lm_eval.api.registry.get_model`, filled from
-`lm_eval.models.MODEL_MAPPING`): it has no entry point for third-party models, so importing this module is what
-registers `parse-jax`; `parse-jax-lm-eval ARGS` is lm-eval's own command line with it registered.
+How lm-eval finds it: pyproject declares it in the `lm_eval.models` entry-point group, which lm-eval's plugin
+discovery reads (lm-eval's main branch, after 0.4.13) so that a bare `lm_eval --model parse-jax` needs nothing
+else. lm-eval 0.4.13 reads no entry point (its registry holds `lm_eval.models.MODEL_MAPPING` and what
+`register_model` adds in the process): there, importing this module registers `parse-jax`, and
+`parse-jax-lm-eval ARGS` is lm-eval's own command line with it imported (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -30,12 +35,15 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry f
 import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.models.utils import postprocess_generated_text
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from parse_jax.errors import ConfigError
 from parse_jax.runtime.metrics import combine
 from parse_jax.utils.validation import check_int
 
+FIRST_SEGMENT = 16  # new tokens of a generation's first segment when a stop string spans tokens; then doubled
+RESUMABLE = ("target", "draft", "sd", "eagle3")  # modes whose output a resumed call continues exactly
 SUMMED = ("new_tokens", "target_passes", "verify_passes", "draft_tokens", "accepted_tokens", "seconds")
 
 
@@ -101,7 +109,7 @@ class ParseJaxLM(LM):
 
     def __init__(self, **model_args: Any) -> None:
         super().__init__()
-        from parse_jax.harness.runs import mode_runner
+        from parse_jax.runtime.requests import resolve_eos
         from parse_jax.settings import ParseConfig
 
         a = ModelArgs.of(model_args)
@@ -109,26 +117,80 @@ class ParseJaxLM(LM):
         self.batch_size, self.max_gen_toks, self.seed = a.batch_size, a.max_gen_toks, a.seed
         self.mode, self.stats_path = a.mode, a.stats_path
         self.target, self.draft = _load_models(a.pair, a.target, a.draft, a.eagle3, a.dtype)
-        self.runner = mode_runner(self.target, self.draft, self.config, a.mode)
+        self.eos_ids = [int(x) for x in resolve_eos(self.target) if x >= 0]  # the model's own stop ids
+        self._runners: dict[tuple[int, ...], Any] = {}
+        self._runner(())  # the mode's checks (its models, its settings) now, not at the first request
         self.stats_parts: list[dict] = []
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ParseJaxLM:
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> ParseJaxLM:
+        """lm-eval's `batch_size` / `max_batch_size` / `device` beside `model_args`, a `model_args` value winning:
+        lm-eval's command line always passes `--batch_size` (default 1), which would otherwise collide."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
 
     # --- generation through the engine ------------------------------------------------------------------
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         out: list[str | None] = [None] * len(requests)
-        groups: dict[int, list[int]] = {}
+        groups: dict[tuple[int, tuple[str, ...]], list[int]] = {}  # as lm-eval's HF model: by generation kwargs
         for i, req in enumerate(requests):
             _, kwargs = req.args
-            groups.setdefault(int(kwargs.get("max_gen_toks", self.max_gen_toks)), []).append(i)
-        for max_new, idx in groups.items():
+            key = (int(kwargs.get("max_gen_toks", self.max_gen_toks)), stop_strings(kwargs.get("until")))
+            groups.setdefault(key, []).append(i)
+        for (max_new, until), idx in groups.items():
             for start in range(0, len(idx), self.batch_size):
                 batch = idx[start: start + self.batch_size]
-                res = self.runner([requests[i].args[0] for i in batch], max_new, self.seed)
-                self.stats_parts.append(res.stats)
-                for i, text in zip(batch, res.texts):
-                    out[i] = cut_at(text, requests[i].args[1].get("until"))
+                texts = self._generate([requests[i].args[0] for i in batch], max_new, until)
+                for i, text in zip(batch, texts):
+                    out[i] = postprocess_generated_text(text, list(until), None)  # lm-eval's own cut
         self._write_stats()
         return [str(x) for x in out]
+
+    def _runner(self, stop_ids: tuple[int, ...]):
+        """The mode's runner stopping at the model's EOS and `stop_ids` (one per stop-id set, built once)."""
+        if stop_ids not in self._runners:
+            from parse_jax.harness.runs import mode_runner
+
+            eos = None if not stop_ids else sorted({*self.eos_ids, *stop_ids})
+            self._runners[stop_ids] = mode_runner(self.target, self.draft, self.config, self.mode, eos_ids=eos)
+        return self._runners[stop_ids]
+
+    def _generate(self, prompts: list[str], max_new: int, until: tuple[str, ...]) -> list[str]:
+        """Uncut texts of a batch. Stop strings of one token end their row inside the device program (stop ids
+        beside the EOS); a row whose committed text holds a longer stop string ends at the next check: generation
+        runs in segments of 16, 32, 64, ... tokens (at most log2(max_new) calls), each on the prompt and the ids
+        committed so far, and only rows with no stop string, EOS or spent budget go on. Resuming is exact only
+        where a call's output does not depend on where it starts (target, draft alone, sd, eagle3: the target's
+        own tokens); PARSE modes run each batch in one call and cut after it (docs/design.md §8)."""
+        tok = self.target.tokenizer
+        runner = self._runner(single_token_stops(tok, until))
+        if len(single_token_stops(tok, until)) == len(until) or self.mode not in RESUMABLE:
+            res = runner(prompts, max_new, self.seed)
+            self.stats_parts.append(res.stats)
+            return res.texts
+        from parse_jax.runtime.requests import encode_prompts
+
+        ids = encode_prompts(self.target, prompts)
+        done_ids = {*self.eos_ids, *single_token_stops(tok, until)}
+        gen: list[list[int]] = [[] for _ in prompts]
+        live, segment = list(range(len(prompts))), FIRST_SEGMENT
+        while live:
+            n = min(segment, max_new - len(gen[live[0]]))  # live rows have all committed the same count
+            res = runner([ids[i] + gen[i] for i in live], n, self.seed)
+            self.stats_parts.append(res.stats)
+            still = []
+            for i, new in zip(live, res.tokens):
+                gen[i] += list(new)
+                ended = len(new) < n or (new and new[-1] in done_ids) or len(gen[i]) >= max_new
+                if not ended and not any(s in tok.decode(gen[i]) for s in until):
+                    still.append(i)
+            live, segment = still, segment * 2
+        return [tok.decode(g) for g in gen]
 
     def speculation_stats(self) -> dict:
         """The speculation stats of every generation so far: counts summed, the field's rates derived."""
@@ -187,11 +249,23 @@ class ParseJaxLM(LM):
         return out
 
 
-def cut_at(text: str, until: Any) -> str:
-    """`text` up to the first occurrence of any stop string of `until` (a string or a list of them)."""
+def stop_strings(until: Any) -> tuple[str, ...]:
+    """A request's `until` (a string, a list of them or None) as a tuple of its non-empty stop strings."""
     stops = [until] if isinstance(until, str) else list(until or [])
-    ends = [text.find(s) for s in stops if s and s in text]
-    return text[: min(ends)] if ends else text
+    if any(not isinstance(s, str) for s in stops):
+        raise ConfigError(f"generate_until: until must be a string or a list of strings, got {until!r}")
+    return tuple(s for s in stops if s)
+
+
+def single_token_stops(tok, until: tuple[str, ...]) -> tuple[int, ...]:
+    """The ids of the stop strings that are one token of `tok` (special tokens included): stop ids of the device
+    program, as EOS is."""
+    out = set()
+    for s in until:
+        ids = tok.encode(s)
+        if len(ids) == 1 and tok.decode(ids, keep_special=True) == s:
+            out.add(int(ids[0]))
+    return tuple(sorted(out))
 
 
 def main() -> None:

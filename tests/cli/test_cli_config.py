@@ -139,14 +139,20 @@ def test_eval_limit_takes_the_first_records_and_a_larger_limit_resumes(pair_dir,
     from parse_jax.tasks import load_task
 
     data = write_task_jsonl(load_task(), 5, tmp_path / "d.jsonl", seed=3)
+    data.write_text(data.read_text() + "{not json\n")  # line 6: bad, past every limit below
     out = tmp_path / "r.jsonl"
     args = ["eval", "--pair", str(pair_dir), "--data", str(data), "--out", str(out), "--mode", "sd",
             "--schedule", "fixed", "--max-new-tokens", "6", "--batch-size", "2", "--no-progress"]
     rc, _, err = _main(capsys, *args, "--limit", "2")
     assert rc == 0, err
+    assert "line 6" not in err and "bad" not in err  # past the limit: not read, not reported
+    header = json.loads(out.read_text().splitlines()[0])["settings"]
+    assert header["batching"] == "continuous" and header["parse_config"]["schedule"] == "fixed"
+    summary = json.loads((tmp_path / "r.summary.json").read_text())
+    assert summary.get("bad_lines", []) == []
     rows = [json.loads(x) for x in out.read_text().splitlines()[1:]]
     assert [r["line"] for r in rows] == [1, 2]
-    prompts = [json.loads(x)["prompt"] for x in data.read_text().splitlines()]
+    prompts = [json.loads(x)["prompt"] for x in data.read_text().splitlines()[:5]]
     assert [r["prompt"] for r in rows] == prompts[:2] and all(r["output"] for r in rows)
     assert all(r["stats"]["num_drafts"] >= 1 and "accepted_tokens" in r["stats"] for r in rows)
     rc, _, err = _main(capsys, *args, "--limit", "4")
@@ -154,6 +160,11 @@ def test_eval_limit_takes_the_first_records_and_a_larger_limit_resumes(pair_dir,
     assert [json.loads(x)["line"] for x in out.read_text().splitlines()[1:]] == [1, 2, 3, 4]  # resumed, not redone
     rc, _, err = _main(capsys, *args, "--limit", "0")
     assert rc == 2 and "--limit must be >= 1, got 0" in err
+    before = out.read_bytes()
+    rc, _, err = _main(capsys, *args, "--limit", "4", "--batching", "fixed")
+    assert rc == 2 and "batching" in err and out.read_bytes() == before  # another batching: refused, untouched
+    rc, _, err = _main(capsys, *args, "--limit", "6")
+    assert rc == 2 and "line 6" in err  # within the limit, the bad line is read and refused
 
 
 @pytest.fixture(scope="module")

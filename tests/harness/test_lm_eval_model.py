@@ -71,3 +71,93 @@ def test_until_and_max_gen_toks_and_the_target_scores():
     logits = np.asarray(target.logits(np.array([[tok.bos_id] + ids])), np.float64)[0]
     logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
     assert rolling == pytest.approx(sum(logp[i, t] for i, t in enumerate(ids)), abs=1e-4)
+
+
+def _gen(lm, prompts, until, max_gen_toks=64):
+    """(outputs, the stats of this call alone) of generate_until on `prompts` with `until`."""
+    before = len(lm.stats_parts)
+    out = lm.generate_until([Instance("generate_until", {}, (p, {"max_gen_toks": max_gen_toks, "until": until}), i)
+                             for i, p in enumerate(prompts)])
+    parts = lm.stats_parts[before:]
+    return out, {k: sum(p[k] for p in parts) for k in ("new_tokens", "target_passes")}
+
+
+@pytest.mark.parametrize("mode", ["target", "sd", "parse"])
+def test_a_stop_string_ends_its_row_and_the_output_is_lm_evals_cut(mode):
+    from lm_eval.models.utils import postprocess_generated_text
+
+    lm = lm_eval_model.ParseJaxLM(mode=mode, batch_size=4, parse_config='{"schedule": "fixed"}')
+    prompts = [p for p, _ in load_task().problems(3, 5)]
+    full, uncut = _gen(lm, prompts, [])
+    assert all(t.count(";") >= 2 for t in full)
+    single = ";"  # one token of the embedded tokenizer: a stop id inside the device program
+    assert lm_eval_model.single_token_stops(lm.target.tokenizer, (single,)) != ()
+    out, stats = _gen(lm, prompts, [single])
+    assert out == [postprocess_generated_text(t, [single], None) for t in full]
+    assert stats["new_tokens"] < uncut["new_tokens"] / 2
+    if mode == "parse":  # one verification pass either way here; a batch runs in one call (no segments)
+        assert stats["target_passes"] <= uncut["target_passes"]
+        return
+    assert stats["target_passes"] < uncut["target_passes"]
+    multi = full[0].split(";")[0].split("=")[0][-2:] + "= "  # e.g. "9 = ": two tokens and a space, in row 0 only
+    assert lm_eval_model.single_token_stops(lm.target.tokenizer, (multi,)) == ()
+    out, stats = _gen(lm, prompts, [multi, "never"])
+    assert out == [postprocess_generated_text(t, [multi, "never"], None) for t in full]
+    assert out[0] != full[0] and stats["new_tokens"] < uncut["new_tokens"]
+
+
+def test_the_entry_point_names_the_registered_model():
+    """pyproject's `lm_eval.models` entry point (the group lm-eval's plugin discovery reads) loads the class that
+    `register_model("parse-jax")` put in lm-eval's registry."""
+    import tomllib
+    from importlib.metadata import EntryPoint
+    from pathlib import Path
+
+    from lm_eval.api.registry import get_model
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    (name, value), = project["entry-points"]["lm_eval.models"].items()
+    cls = EntryPoint(name=name, value=value, group="lm_eval.models").load()
+    assert name == "parse-jax" and cls is lm_eval_model.ParseJaxLM is get_model(name)
+    assert project["scripts"]["parse-jax-lm-eval"] == "parse_jax.harness.lm_eval_model:main"
+
+
+@pytest.mark.subprocess
+def test_lm_evals_command_line_on_the_shipped_task_offline(tmp_path):
+    """`parse-jax-lm-eval run ...` (lm-eval's own CLI, parse-jax registered) on the shipped task YAML over a local
+    JSONL file, with the hub off: lm-eval's results file holds the score and the speculation stats."""
+    import os
+    import subprocess
+    import sys
+
+    write_task_jsonl(load_task(), 4, tmp_path / "problems.jsonl", seed=5)  # the YAML's data_files, from the cwd
+    stats = tmp_path / "spec.json"
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    cmd = [sys.executable, "-c", "from parse_jax.harness.lm_eval_model import main; main()", "run",
+           "--model", "parse-jax", "--model_args", f"mode=sd,batch_size=4,stats_path={stats}",
+           "--tasks", "parse_jax_embedded", "--include_path", str(config_dir() / "lm_eval"),
+           "--output_path", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = (tmp_path / "out").rglob("results_*.json")
+    out = json.loads(path.read_text())
+    assert out["results"]["parse_jax_embedded"]["exact_match,final_answer"] >= 0.5  # sd: the target's own answers
+    assert out["config"]["model"] == "parse-jax" and out["config"]["speculation_stats"]["num_drafts"] >= 4
+    assert json.loads(stats.read_text()) == out["config"]["speculation_stats"]
+
+
+def test_stop_strings_of_one_token_special_ones_included(tmp_path):
+    """A chat turn's end (`<|im_end|>`, a special token) and a one-token word are stop ids; text that spans tokens
+    is not; `until` as lm-eval gives it (a string, a list, None) is read as its non-empty stop strings."""
+    from parse_jax import load_model
+    from tests.models.hf_tiny import make_tiny_hf
+
+    tok = load_model(make_tiny_hf("qwen3", tmp_path / "q", seed=3, tokenizer="qwen")).tokenizer
+    end = tok.encode("<|im_end|>")
+    assert len(end) == 1 and lm_eval_model.single_token_stops(tok, ("<|im_end|>",)) == (end[0],)
+    long = "<|im_end|>\n<|im_start|>user"
+    assert len(tok.encode(long)) > 1 and lm_eval_model.single_token_stops(tok, (long,)) == ()
+    assert lm_eval_model.stop_strings("\n\n") == ("\n\n",) and lm_eval_model.stop_strings(None) == ()
+    assert lm_eval_model.stop_strings(["", "Q:"]) == ("Q:",)
+    with pytest.raises(lm_eval_model.ConfigError, match="until must be a string or a list of strings"):
+        lm_eval_model.stop_strings([3])

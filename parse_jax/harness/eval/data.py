@@ -93,9 +93,11 @@ def parse_record(number: int, text: str, task=None) -> Record:
                      "or 'prompt' (embedded task)")
 
 
-def load_records(path: str | Path, task=None, on_bad_line: str = "error") -> tuple[list[Record], list[BadLine]]:
+def load_records(path: str | Path, task=None, on_bad_line: str = "error",
+                 limit: int | None = None) -> tuple[list[Record], list[BadLine]]:
     """Every valid record of a JSONL file, and the bad lines; `on_bad_line="error"` raises on any bad line
-    (all of them listed, with their line numbers), "skip" returns them for the caller to report."""
+    (all of them listed, with their line numbers), "skip" returns them for the caller to report. `limit`: only the
+    first `limit` records (lm-eval's --limit): the lines after the one that holds the last are not read."""
     if on_bad_line not in ON_BAD_LINE:
         raise InputError(f"on_bad_line must be one of {ON_BAD_LINE}, got {on_bad_line!r}")
     path = Path(path)
@@ -112,6 +114,8 @@ def load_records(path: str | Path, task=None, on_bad_line: str = "error") -> tup
         lines.pop()  # the newline that ends the last line
     records, bad = [], []
     for number, line in enumerate(lines, start=1):
+        if limit is not None and len(records) >= limit:
+            break
         try:
             records.append(parse_record(number, line.rstrip("\r"), task))
         except InputError as e:

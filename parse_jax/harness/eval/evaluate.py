@@ -48,13 +48,17 @@ class EvalResult:
     summary: dict                        # the totals as results.summary.json holds them
 
 
-def as_records(records: str | Path | Sequence[Any], task: Any = None) -> list[Record]:
+def as_records(records: str | Path | Sequence[Any], task: Any = None, limit: int | None = None) -> list[Record]:
     """Eval records from a JSONL path, `Record`s, JSON-like dicts ({"prompt": ...} or {"question", "answer"}), or
-    the embedded task's (prompt, solution) pairs (`task.problems(n, seed)`); a bad one is an InputError."""
+    the embedded task's (prompt, solution) pairs (`task.problems(n, seed)`); a bad one is an InputError. `limit`:
+    the first `limit` only (what lies past them is not read)."""
+    if limit is not None:
+        limit = check_int("limit", limit, 1, error=InputError)
     if isinstance(records, (str, Path)):
-        return load_records(records, task)[0]
+        return load_records(records, task, limit=limit)[0]
     if not isinstance(records, Sequence):
         raise InputError(f"records must be a JSONL path or a list of records, got {type(records).__name__}")
+    records = records if limit is None else records[:limit]
     out = []
     for i, r in enumerate(records, start=1):
         if isinstance(r, Record):
@@ -97,9 +101,7 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
     settings = RunSettings(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, temperature=temperature,
                            eos_ids=eos_ids, progress=progress, batching=batching)
     task = task if task is not None else load_task()
-    records = as_records(records, task)
-    if limit is not None:
-        records = records[: check_int("limit", limit, 1, error=InputError)]
+    records = as_records(records, task, limit)
     runner = mode_runner(target, draft, config, mode, temperature=settings.temperature, eos_ids=settings.eos_ids)
     prompt_format = PromptFormat(chat, instruction, template_kwargs)
     records, _ = check_records(records, runner.check, settings, tokenizer=target.tokenizer,

@@ -77,3 +77,20 @@ def test_task_records_round_trip(tmp_path):
     probs = TASK.problems(5, 3)
     assert [r.prompt for r in recs] == [q for q, _ in probs]
     assert [r.reference for r in recs] == [TASK.answer(q) for q, _ in probs]
+
+
+def test_a_limit_reads_only_up_to_its_last_record(tmp_path):
+    """lm-eval's --limit: the first N records; a bad line past the N-th is not read (no error, not reported), one
+    before it is."""
+    p = _write(tmp_path, [GOOD_GSM, "{", GOOD_TASK, GOOD_GSM.replace("How", "Who"), "{"])
+    recs, bad = load_records(p, TASK, on_bad_line="skip", limit=2)
+    assert [r.line for r in recs] == [1, 3] and [b.line for b in bad] == [2]
+    with pytest.raises(InputError, match=r"1 bad line\(s\): line 2"):
+        load_records(p, TASK, limit=2)
+    recs, bad = load_records(_write(tmp_path, [GOOD_GSM, GOOD_TASK, "{"], "b.jsonl"), TASK, limit=2)
+    assert [r.line for r in recs] == [1, 2] and bad == []
+    from parse_jax.harness.eval.evaluate import as_records
+
+    assert [r.line for r in as_records(tmp_path / "b.jsonl", TASK, limit=1)] == [1]
+    with pytest.raises(InputError, match="limit must be >= 1, got 0"):
+        as_records(tmp_path / "b.jsonl", TASK, limit=0)
