@@ -4,7 +4,8 @@
 - parse-jax: `eagle3.json` (`Eagle3Config`) + Orbax `params/`.
 - the original release (e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B): `config.json` (`LlamaForCausalLMEagle3`, the
   layer's shape, the target's `vocab_size`, `draft_vocab_size`) + safetensors `fc`, `midlayer.*`, `norm`, `lm_head`
-  (draft vocabulary), `d2t` (offsets: target id = draft id + d2t[draft id]) and `t2d` (a mask of the target ids);
+  (draft vocabulary), `d2t` (offsets: target id = draft id + d2t[draft id]) and `t2d` (a mask of the target ids),
+  or the same tensors in `pytorch_model.bin` as the release ships them (read without torch: `torch_bin`);
   no embedding (the target's); the taps are EAGLE-3's layers 2, L // 2, L - 3 of the target unless the config
   names them (`eagle_config.eagle_aux_hidden_state_layer_ids`).
 - speculators: `config.json` with `speculators_config`, `transformer_layer_config` (the layer),
@@ -30,6 +31,7 @@ from parse_jax.checkpoints.hf import _HF_CLASSES, hf_config_dict, read_safetenso
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import ModelConfig, config_from_hf, read_json_object
 from parse_jax.speculation.eagle3.head import Eagle3, Eagle3Config, abstract_params, check_vocab_map
+from parse_jax.speculation.eagle3.torch_bin import BIN_FILE, read_torch_bin
 from parse_jax.utils.atomic import replacing
 
 HEAD_CONFIG_FILE = "eagle3.json"
@@ -173,11 +175,20 @@ def _param_name(name: str) -> tuple[tuple[str, ...], bool] | None:
     return (*mod, "kernel" if leaf == "weight" else "bias"), leaf == "weight"
 
 
+def read_head_weights(path: Path) -> dict[str, Any]:
+    """A published head's tensors: safetensors when the folder has them, else the release's `pytorch_model.bin`
+    (read without torch, `torch_bin`)."""
+    if not (path / "model.safetensors").is_file() and not (path / "model.safetensors.index.json").is_file() \
+            and (path / BIN_FILE).is_file():
+        return read_torch_bin(path / BIN_FILE)
+    return read_safetensors(path)
+
+
 def _read_published(path: Path, target, layout: str) -> tuple[Eagle3Config, dict[str, Any]]:
     where = f"{path / HF_CONFIG_FILE}"
     d = read_json_object(path / HF_CONFIG_FILE, "EAGLE-3 head config.json")
     cfg = _published_config(d, layout, target.config, where)
-    entries = read_safetensors(path)
+    entries = read_head_weights(path)
     prefix = "layers.0." if layout == "speculators" else "midlayer."
     if any(n.startswith("layers.1.") for n in entries):
         raise ConfigError(f"{path}: the head has more than one decoder layer (layers.1.*); parse-jax reads "

@@ -78,16 +78,37 @@ def test_draft_logits_equal_the_speculators_model(layout):
     assert (full[:, outside] == MASKED_LOGIT).all()  # a token outside the draft vocabulary is never proposed
 
 
-@pytest.mark.parametrize("layout,gamma", [("original", 3), ("speculators", 4)])
-def test_greedy_eagle3_with_a_published_head_is_token_identical(layout, gamma):
+@pytest.mark.parametrize("layout,gamma,tree,k", [("original", 3, 0, 1), ("speculators", 4, 0, 1),
+                                                 ("original", 3, 5, 2), ("speculators", 4, 8, 3)])
+def test_greedy_eagle3_with_a_published_head_is_token_identical(layout, gamma, tree, k):
+    """Chains and trees (depth 3 and 4) with a draft vocabulary smaller than the target's."""
     target = fixture_target(seed=5)
     head = load_eagle3(FIXTURES / layout, target)
     rng = np.random.default_rng(gamma)
     prompts = [rng.integers(0, target.config.vocab_size, n).tolist() for n in (6, 11, 3)]
     expect = generate(target, prompts, max_new_tokens=16).tokens
-    res = eagle3_generate(target, head, prompts, gamma=gamma, max_new_tokens=16)
+    res = eagle3_generate(target, head, prompts, gamma=gamma, max_new_tokens=16, tree=tree, tree_top_k=k)
     assert res.tokens == expect
     assert res.stats["draft_tokens"] > 0
+
+
+def test_a_tree_proposes_only_draft_vocabulary_tokens():
+    """The tree's nodes come from the head's logits placed through d2t: every node in the tree is a draft id's."""
+    from parse_jax.speculation.eagle3 import expand
+    from parse_jax.speculation.eagle3.decode import _tree_step
+
+    target = fixture_target(seed=5)
+    head = load_eagle3(FIXTURES / "original", target)
+    fns = head_applies(target.config, head.config, "xla", target.params, head.params)
+    rng = np.random.default_rng(1)
+    ids = jnp.asarray(rng.integers(0, target.config.vocab_size, (2, 7)), jnp.int32)
+    limit, group = causal_metadata(2, 7)
+    pos = jnp.broadcast_to(jnp.arange(7, dtype=jnp.int32), (2, 7))
+    _, _, feats = fns.target(ids, pos, KVCache.init(target.config, 2, 7), limit, group)
+    out, normed, cache = fns.head(ids, feats, True, pos + 1, KVCache.init(head.config.layer, 2, 64), limit, group)
+    tree = expand(_tree_step(fns, cache.commit(7)), out[:, -1], fns.lm(normed[:, -1]), depth=3, k=4, nodes=30)
+    toks = np.asarray(tree.token)[np.asarray(tree.valid)]
+    assert len(toks) == 60 and np.isin(toks, np.asarray(head.params["d2t"])).all()
 
 
 def test_parse_eagle3_with_a_published_head_is_token_identical():
@@ -105,10 +126,12 @@ def test_parse_eagle3_with_a_published_head_is_token_identical():
     head = load_eagle3(FIXTURES / "speculators", target)
     prompts = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :"]
     expect = generate(target, prompts, max_new_tokens=14).tokens
-    eng = ParseEngine(target, draft, ParseConfig(max_draft_tokens=8, threshold=1.0), eagle3=head)
-    assert eng.generate(prompts, mode="eagle3", max_new_tokens=14).tokens == expect
-    res = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=14)
-    assert res.tokens == expect and res.stats["eagle3_draft_tokens"] > 0
+    for tree in ({}, {"eagle3_gamma": 3, "eagle3_tree": 6, "eagle3_tree_top_k": 2}):  # the chain, a depth-3 tree
+        cfg = ParseConfig.from_flat(ParseConfig(max_draft_tokens=8, threshold=1.0), **tree)
+        eng = ParseEngine(target, draft, cfg, eagle3=head)
+        assert eng.generate(prompts, mode="eagle3", max_new_tokens=14).tokens == expect
+        res = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=14)
+        assert res.tokens == expect and res.stats["eagle3_draft_tokens"] > 0
 
 
 def _copy(layout: str, tmp_path: Path) -> Path:
