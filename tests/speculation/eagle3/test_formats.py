@@ -233,3 +233,31 @@ def test_export_to_speculators_round_trips(tmp_path, draft_vocab):
     shallow = random_model("qwen3", 80, num_layers=4)  # default taps (2, 3, 3)
     with pytest.raises(ConfigError, match=r"taps layers \[2, 3, 3\], some twice"):
         export_speculators(random_head(shallow, 1), shallow, tmp_path / "other")
+
+
+def test_a_head_loads_without_its_target_and_is_checked_when_it_meets_one(tmp_path):
+    """`pj.load_eagle3(path)` detects every layout on its own; the target's checks (by field) come when the head
+    meets a target; a release head naming no layer ids says it needs the target for its taps."""
+    import parse_jax as pj
+    from parse_jax.engine import ParseEngine
+    from parse_jax.speculation.eagle3 import save_eagle3
+    from tests.speculation.test_eagle3 import random_head
+
+    target = fixture_target()
+    alone = pj.load_eagle3(FIXTURES / "speculators")
+    with_target = load_eagle3(FIXTURES / "speculators", target)
+    assert alone.config == with_target.config and alone.config.taps == (1, 2, 8)
+    own = random_head(target, 3)
+    save_eagle3(own, tmp_path / "own")
+    assert pj.load_eagle3(tmp_path / "own").config == own.config
+    release = _copy("original", tmp_path)  # names no layer ids, as the original release does
+    with pytest.raises(ConfigError, match=r"names no eagle_aux_hidden_state_layer_ids.*load_eagle3\(path, target\)"):
+        pj.load_eagle3(release)
+    assert load_eagle3(release, target).config.taps == (2, 4, 5)  # 2, 8 // 2, 8 - 3 of this 8-layer target
+    _edit_config(release, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5]})
+    assert pj.load_eagle3(release).config.taps == (2, 4, 5)
+    wide = random_model("qwen3", 0, num_layers=8, hidden_size=64)
+    with pytest.raises(ConfigError, match="hidden_size: head 48, target 64"):
+        ParseEngine(wide, None, eagle3=alone)
+    with pytest.raises(ConfigError, match="vocab_size: head 103, target 90"):
+        eagle3_generate(random_model("qwen3", 0, num_layers=8, vocab_size=90), alone, [[1, 2]], max_new_tokens=2)
