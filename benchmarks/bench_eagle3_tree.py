@@ -5,10 +5,10 @@
 
 Each setting is `eagle3` greedy on the same held-out problems of the embedded task, one request at a time; the
 settings run interleaved (every setting once per repeat, repeats in turn) in one process, after an untimed warm-up
-call per program shape each, so compilation is not counted. A tree `NODES:K` is depth `--depth`, `--depth + NODES` nodes, the K most
-likely expanded per depth; the chain is the same depth. Every setting's tokens must equal the chain's (greedy,
-lossless): the script stops if not. Figures: median over repeats of tokens/s, and accepted draft tokens per target
-pass (summed over the problems).
+call per program shape each, so compilation is not counted. A tree `NODES:K` is depth `--depth`, `--depth + NODES`
+nodes, the K most likely expanded per depth; the chain is the same depth. Every setting's tokens must equal the
+chain's (greedy, lossless): the script stops if not. Figures: median over repeats of tokens/s, and accepted draft
+tokens per target pass (summed over the problems).
 
 Resumable and cheap to rerun: each finished (setting, repeat) is appended to OUT/runs.jsonl and skipped when the
 script runs again with the same arguments (the table is rebuilt from the file); --fresh starts over.
