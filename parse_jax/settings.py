@@ -6,10 +6,10 @@ field against it and the CLI builds its flags (type, choices, help, default, ran
 Nothing here imports jax (nor anything but the standard library, parse_jax.errors and parse_jax.utils; PyYAML when a
 YAML text is read or written).
 
-Config files and the CLI name every setting flat (`gamma`, `eagle3_gamma`, `eagle3_tree` beside PARSE's):
-`ParseConfig.from_flat` and `ParseConfig.flat_fields` map those names onto the groups. `ParseConfig.load` is the one
-reader of PARSE settings (a shipped name, a YAML or JSON file, a JSON string, a mapping; the CLI's --parse-config and
---set go through it too), `ParseConfig.save` writes one.
+Config files and the CLI name every setting flat (`gamma`, `eagle3_gamma`, `eagle3_tree`, `eagle3_tree_top_k`
+beside PARSE's): `ParseConfig.from_flat` and `ParseConfig.flat_fields` map those names onto the groups.
+`ParseConfig.load` is the one reader of PARSE settings (a shipped name, a YAML or JSON file, a JSON string, a
+mapping; the CLI's --parse-config and --set go through it too), `ParseConfig.save` writes one.
 """
 
 from __future__ import annotations
@@ -142,9 +142,11 @@ class SpecSettings:
 class Eagle3Settings:
     """EAGLE-3 drafting (modes eagle3 and parse+eagle3)."""
 
-    gamma: int = setting(5, "EAGLE-3 chain length per target pass", lo=1, hi=64)
-    tree: int = setting(0, "EAGLE-3 sibling leaves per target pass, chosen by draft confidence (0: a chain; "
-                           "greedy only)", lo=0, hi=64)
+    gamma: int = setting(5, "EAGLE-3 draft depth per target pass (the chain's length, the tree's depth)", lo=1, hi=64)
+    tree: int = setting(0, "EAGLE-3 tree nodes beyond the depth verified per target pass (0: a chain; greedy "
+                           "only); the tree has gamma + tree nodes", lo=0, hi=256)
+    tree_top_k: int = setting(4, "EAGLE-3 tree: the most likely nodes expanded at each depth, and children "
+                                 "proposed per node", lo=1, hi=32)
 
     def __post_init__(self) -> None:
         check_settings(self, prefix="eagle3_")
@@ -201,7 +203,7 @@ class ParseConfig:
     # --- the flat names of config files and the CLI --------------------------------------------------------
 
     FLAT_GROUPS = {"gamma": ("speculation", "gamma"), "eagle3_gamma": ("eagle3", "gamma"),
-                   "eagle3_tree": ("eagle3", "tree")}
+                   "eagle3_tree": ("eagle3", "tree"), "eagle3_tree_top_k": ("eagle3", "tree_top_k")}
 
     @classmethod
     def flat_setting(cls, key: str) -> tuple[type, str]:

@@ -152,7 +152,8 @@ def mode_launches(ctx: ModeContext, mode: str, req: Request) -> list[Launch]:
         program, sb = speculate_launch(target, draft, req, gamma=cfg.speculation.gamma)
         return [Launch("sd.speculate", program, spec_args(target, draft.params, sb))]
     if mode == "eagle3":
-        program, sb = eagle3_launch(target, ctx.head, req, gamma=cfg.eagle3.gamma, tree=cfg.eagle3.tree)
+        program, sb = eagle3_launch(target, ctx.head, req, gamma=cfg.eagle3.gamma, tree=cfg.eagle3.tree,
+                                    tree_top_k=cfg.eagle3.tree_top_k)
         return [Launch("eagle3.speculate", program, spec_args(target, ctx.head.params, sb))]
     if mode == "sequential":
         program, args = sequential_launch(ctx, req)

@@ -8,4 +8,5 @@ from parse_jax.speculation.eagle3 import eagle3_speculate
 
 
 def run(ctx: ModeContext, req: Request) -> GenerateResult:
-    return eagle3_speculate(ctx.target, ctx.head, req, gamma=ctx.config.eagle3.gamma, tree=ctx.config.eagle3.tree)
+    e = ctx.config.eagle3
+    return eagle3_speculate(ctx.target, ctx.head, req, gamma=e.gamma, tree=e.tree, tree_top_k=e.tree_top_k)

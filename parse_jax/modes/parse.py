@@ -28,7 +28,7 @@ from parse_jax.runtime.decode import decode_loop, is_eos, prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
-from parse_jax.speculation.eagle3 import Eagle3Config, EagleContext, EagleLoop, eagle_loop, head_applies
+from parse_jax.speculation.eagle3 import Eagle3Config, EagleContext, EagleLoop, eagle_loop, head_applies, slots_needed
 from parse_jax.verify.round import (
     Judge,
     PassShape,
@@ -49,6 +49,12 @@ class EagleSpec:
     config: Eagle3Config
     gamma: int
     tree: int
+    tree_top_k: int = 4
+
+    @property
+    def loop_slots(self) -> int:
+        """Cache slots an EAGLE-3 round writes past its last token (`EagleLoop.slots`)."""
+        return slots_needed(self.gamma, self.tree, self.tree_top_k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +144,8 @@ def continuation(spec: ContinueSpec, target_params, head_params, cache: KVCache,
         return state.tokens, state.num_new, {"continue_passes": state.step - 1}
     eagle = spec.eagle
     fns = head_applies(spec.target, eagle.config, spec.target_impl, target_params, head_params)
-    loop = EagleLoop(config=eagle.config, gamma=eagle.gamma, num_new=spec.num_new, tree=eagle.tree)
+    loop = EagleLoop(config=eagle.config, gamma=eagle.gamma, num_new=spec.num_new, tree=eagle.tree,
+                     tree_top_k=eagle.tree_top_k)
     state = eagle_loop(fns, cache, ctx, loop=loop, max_new=remaining,
                        eos_ids=eos_ids, sampler=spec.sampler, args=args)
     live = remaining > 0
@@ -177,7 +184,8 @@ def host_rows(remaining: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
 
 
 def _eagle_spec(ctx: ModeContext) -> EagleSpec:
-    return EagleSpec(ctx.head.config, ctx.config.eagle3.gamma, ctx.config.eagle3.tree)
+    e = ctx.config.eagle3
+    return EagleSpec(ctx.head.config, e.gamma, e.tree, e.tree_top_k)
 
 
 def single_shape(ctx: ModeContext, prompt_len: int, max_new: int, eagle: bool = False) -> SingleShape:
@@ -186,7 +194,7 @@ def single_shape(ctx: ModeContext, prompt_len: int, max_new: int, eagle: bool = 
     cap = cfg.max_draft_tokens  # static; each row drafts min(cap, its budget)
     d = bucket(min(cap, max_new), 16)
     lengths = block_lengths(p + d + ctx.round_spec.max_prefixes * len(ctx.suffix_ids))
-    margin = 1 + (cfg.eagle3.gamma + cfg.eagle3.tree if eagle else 0)  # an EAGLE-3 round writes past its last token
+    margin = _eagle_spec(ctx).loop_slots if eagle else 1  # an EAGLE-3 round writes past its last token
     return SingleShape(draft_cap=cap, draft_new=d, draft_cache=length_bucket(p + d), lengths=lengths,
                        cache_len=length_bucket(max(lengths[-1], p + max_new + margin)), num_new=bucket(max_new, 16))
 

@@ -295,7 +295,7 @@ def spec_batch(target, req: Request, *, gamma: int, capacity: int, extra_slots: 
         raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
     ids, max_new_tokens = req.ids, req.max_new
     margin = gamma + 1 + extra_slots
-    extra = f" (+{extra_slots} tree leaves)" if extra_slots else ""
+    extra = f" (+{extra_slots} tree slots)" if extra_slots else ""
     for i, p in enumerate(ids):
         if len(p) + max_new_tokens + margin > capacity:
             raise InputError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} and "

@@ -1,5 +1,6 @@
 """EAGLE-3: the head (`head`), its layouts on disk (`formats`: parse-jax, the original release, speculators),
-chain drafting and the continuation (`decode`), trees (`tree`). The names are re-exported here, so
+chain and tree drafting and the continuation (`decode`), trees (`tree`: expansion, layout, acceptance). The
+names are re-exported here, so
 `from parse_jax.speculation.eagle3 import eagle_loop, head_applies, load_eagle3, ...` works as before the split."""
 
 from parse_jax.speculation.eagle3.decode import (
@@ -13,6 +14,8 @@ from parse_jax.speculation.eagle3.decode import (
     eagle3_launch,
     eagle3_speculate,
     eagle_loop,
+    eagle_round,
+    eagle_start,
     generate_program,
     head_applies,
 )
@@ -33,13 +36,13 @@ from parse_jax.speculation.eagle3.head import (
     to_target_vocab,
     ttt_logits,
 )
-from parse_jax.speculation.eagle3.tree import move_kv, tree_block, tree_leaves
+from parse_jax.speculation.eagle3.tree import Layout, Tree, accept_path, compact_kv, expand, layout, slots_needed
 
 __all__ = [
     "Eagle3", "Eagle3Config", "Eagle3Head", "EagleContext", "EagleFns", "EagleLoop", "EagleState", "abstract_params",
     "check_tree", "continue_program", "default_taps", "draft_logits", "eagle3_generate", "eagle3_launch",
-    "eagle3_speculate",
-    "eagle_loop", "embed", "export_speculators", "generate_program", "head_applies", "head_layout", "head_module",
-    "init_head", "layer_params", "lm_head", "load_eagle3", "move_kv", "save_eagle3", "target_taps",
-    "to_target_vocab", "tree_block", "tree_leaves", "ttt_logits",
+    "eagle3_speculate", "Layout", "Tree", "accept_path", "compact_kv", "expand", "layout", "slots_needed",
+    "eagle_loop", "eagle_round", "eagle_start", "embed", "export_speculators", "generate_program", "head_applies",
+    "head_layout", "head_module", "init_head", "layer_params", "lm_head", "load_eagle3", "save_eagle3", "target_taps",
+    "to_target_vocab", "ttt_logits",
 ]

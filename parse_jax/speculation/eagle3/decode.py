@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -18,16 +19,17 @@ from parse_jax.errors import ConfigError, InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
-from parse_jax.runtime.programs import forward_fn, register_program
+from parse_jax.runtime.programs import fetch, forward_fn, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Request, SamplingParams
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.speculation.draft_model import (
     accept_proposals,
     emit_accepted,
     position_hits,
-    run_spec,
+    spec_args,
     spec_batch,
     spec_request,
+    spec_result,
 )
 from parse_jax.speculation.eagle3.head import (
     Eagle3,
@@ -40,7 +42,7 @@ from parse_jax.speculation.eagle3.head import (
     target_taps,
     to_target_vocab,
 )
-from parse_jax.speculation.eagle3.tree import move_kv, tree_block, tree_leaves
+from parse_jax.speculation.eagle3.tree import accept_path, compact_kv, expand, layout, slots_needed
 
 
 @struct.dataclass
@@ -55,10 +57,10 @@ class EagleState:
     last: jax.Array          # [B] last emitted token, not yet in the target's cache
     rounds: jax.Array        # target passes
     accepted: jax.Array      # [B] drafted tokens accepted
-    proposed: jax.Array      # [B] drafted tokens proposed
+    proposed: jax.Array      # [B] drafted tokens proposed (tree: the nodes verified)
     drafts: jax.Array        # [B] verification passes the row was live in (num_drafts)
     per_pos: jax.Array       # [B, gamma] drafts whose token at each depth was accepted
-
+    side: jax.Array          # [B] tree rounds whose accepted path left the trunk (a side leaf was taken)
 
 
 class EagleFns(NamedTuple):
@@ -83,28 +85,32 @@ class EagleContext:
 
 @dataclasses.dataclass(frozen=True)
 class EagleLoop:
-    """The static settings of an EAGLE-3 drafting loop (one program per value)."""
+    """The static settings of an EAGLE-3 drafting loop (one program per value): `gamma` the draft depth; `tree` > 0
+    (greedy only): a tree of gamma + tree nodes, `tree_top_k` expanded per depth (`tree.py`), instead of the chain."""
 
     config: Eagle3Config
     gamma: int
     num_new: int
-    tree: int = 0          # sibling leaves per round (greedy only)
+    tree: int = 0          # tree nodes beyond the chain's gamma (0: the chain)
     first_pass: int = 0    # target passes already made: 1 after a prefill, 0 from a PARSE boundary
+    tree_top_k: int = 4    # tree: frontier nodes per depth and children per node
+
+    @property
+    def slots(self) -> int:
+        """Cache slots a round writes past the committed length (target block, head drafting)."""
+        return slots_needed(self.gamma, self.tree, self.tree_top_k)
 
 
-def eagle_loop(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop: EagleLoop, max_new: jax.Array,
-               eos_ids: jax.Array, sampler: Sampler, args: SamplingArgs):
+def eagle_start(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop: EagleLoop, max_new: jax.Array,
+                eos_ids: jax.Array, sampler: Sampler, args: SamplingArgs) -> EagleState:
     """From a target cache holding `ctx.length` context tokens and the target's taps at those positions: emit the
-    first token from `ctx.first_logits`, fill the head's cache, then rounds of (gamma head steps -> one target pass
-    -> lossless acceptance) until every row is done. `loop.tree` > 0 (greedy only): the chain plus that many sibling
-    leaves picked by draft confidence, verified in the same target pass (`tree_block`)."""
-    target_fwd, head_apply, lm = fns
-    gamma, num_new, tree = loop.gamma, loop.num_new, loop.tree
+    first token from `ctx.first_logits` and fill the head's cache (one head pass over the context)."""
+    _, head_apply, lm = fns
     first_logits, ctx_tokens, ctx_feats, n = ctx.first_logits, ctx.tokens, ctx.features, ctx.length
     head_cache = KVCache.init(loop.config.layer, first_logits.shape[0], target_cache.max_len)
     b = first_logits.shape[0]
     rows = jnp.arange(b)
-    width = num_new + gamma + 1
+    width = loop.num_new + loop.gamma + 1
     first = sampler.sample(first_logits, args.fold(2**31 - 1))
     # the head's entry for position t reads x_{t+1}: the context shifted by one, then the first emitted token
     shifted = jnp.concatenate([ctx_tokens[:, 1:], ctx_tokens[:, :1]], axis=1)
@@ -116,84 +122,110 @@ def eagle_loop(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop:
     head_cache = head_cache.commit(n)
     done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
     tokens = jnp.full((b, width), PAD_ID, jnp.int32).at[:, 0].set(jnp.where(max_new > 0, first, PAD_ID))
-    state = EagleState(target_cache=target_cache, head_cache=head_cache, h_last=out[rows, n - 1],
-                       logits_last=lm(normed[rows, n - 1]), tokens=tokens, num_new=jnp.minimum(max_new, 1),
-                       done=done, last=first, rounds=jnp.int32(loop.first_pass), accepted=jnp.zeros((b,), jnp.int32),
-                       proposed=jnp.zeros((b,), jnp.int32), drafts=jnp.zeros((b,), jnp.int32),
-                       per_pos=jnp.zeros((b, gamma), jnp.int32))
+    zeros = jnp.zeros((b,), jnp.int32)
+    return EagleState(target_cache=target_cache, head_cache=head_cache, h_last=out[rows, n - 1],
+                      logits_last=lm(normed[rows, n - 1]), tokens=tokens, num_new=jnp.minimum(max_new, 1),
+                      done=done, last=first, rounds=jnp.int32(loop.first_pass), accepted=zeros, proposed=zeros,
+                      drafts=zeros, per_pos=jnp.zeros((b, loop.gamma), jnp.int32), side=zeros)
+
+
+def _draft_chain(fns: EagleFns, state: EagleState, gamma: int, sampler: Sampler, args: SamplingArgs,
+                 a_draft: SamplingArgs):
+    """gamma proposals: the first from `logits_last`, then gamma - 1 head steps on the head's own outputs.
+    Returns (props [B, gamma], q [B, gamma, V] the distributions they were drawn from)."""
+    _, head_apply, lm = fns
+    b = state.last.shape[0]
+    q1 = sampler.probs(state.logits_last, args)
+    d1 = sampler.sample(state.logits_last, a_draft.fold(0))
+    if gamma == 1:
+        return d1[:, None], q1[:, None]
+    base = state.head_cache.lengths
     one_limit, one_group = causal_metadata(b, 1)
 
-    def draft_chain(state: EagleState, a_draft: SamplingArgs):
-        """gamma proposals: the first from `logits_last`, then gamma - 1 head steps on the head's own outputs.
-        Returns (props [B, gamma], q [B, gamma, V] the distributions they were drawn from, head logits)."""
-        q1 = sampler.probs(state.logits_last, args)
-        d1 = sampler.sample(state.logits_last, a_draft.fold(0))
-        if gamma == 1:
-            return d1[:, None], q1[:, None], state.logits_last[:, None]
-        base = state.head_cache.lengths
+    def step(carry, k):
+        cache, tok, hidden = carry
+        out, normed, cache = head_apply(tok[:, None], hidden[:, None], False, (base + k)[:, None], cache,
+                                        one_limit, one_group)
+        cache = cache.commit(1)
+        logits = lm(normed[:, 0])
+        nxt = sampler.sample(logits, a_draft.fold(k))
+        return (cache, nxt, out[:, 0]), (nxt, sampler.probs(logits, args))
 
-        def step(carry, k):
-            cache, tok, hidden = carry
-            out, normed, cache = head_apply(tok[:, None], hidden[:, None], False, (base + k)[:, None], cache,
-                                            one_limit, one_group)
-            cache = cache.commit(1)
-            logits = lm(normed[:, 0])
-            nxt = sampler.sample(logits, a_draft.fold(k))
-            return (cache, nxt, out[:, 0]), (nxt, sampler.probs(logits, args), logits)
+    _, (rest, qs) = jax.lax.scan(step, (state.head_cache, d1, state.h_last), jnp.arange(1, gamma))
+    props = jnp.concatenate([d1[:, None], rest.T], axis=1)
+    return props, jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
 
-        _, (rest, qs, ls) = jax.lax.scan(step, (state.head_cache, d1, state.h_last), jnp.arange(1, gamma))
-        props = jnp.concatenate([d1[:, None], rest.T], axis=1)
-        q = jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
-        return props, q, jnp.concatenate([state.logits_last[:, None], jnp.swapaxes(ls, 0, 1)], axis=1)
 
-    def cond(state: EagleState):
-        return ~jnp.all(state.done)
+def _tree_step(fns: EagleFns, head_cache: KVCache) -> Callable:
+    """The head over k paths at once (`tree.expand`'s step): each path one prefix group over the committed head
+    cache, so every node sees exactly its ancestors; the path's token at depth i sits at RoPE position base + i."""
+    _, head_apply, lm = fns
 
-    def body(state: EagleState):
-        a_draft, a_accept, a_fix = args.fold(state.rounds).split(3)
-        props, q, head_logits = draft_chain(state, a_draft)
-        trunk = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
-        start = state.target_cache.lengths[:, None]
-        if tree:
-            leaf_depth, leaf_tok = tree_leaves(props, head_logits, tree)
-            block, pos, blk_limit, blk_group = tree_block(trunk, leaf_depth, leaf_tok, start)
-        else:
-            block = trunk
-            blk_limit, blk_group = causal_metadata(b, gamma + 1)
-            pos = start + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+    def step(path_tok, path_hid):
+        b, k, t = path_tok.shape
+        pos = head_cache.lengths[:, None] + 1 + jnp.tile(jnp.arange(t, dtype=jnp.int32), k)[None]
+        group = jnp.broadcast_to(jnp.repeat(jnp.arange(1, k + 1, dtype=jnp.int32), t)[None], (b, k * t))
+        out, normed, _ = head_apply(path_tok.reshape(b, k * t), path_hid.reshape(b, k * t, -1), False, pos,
+                                    head_cache, jnp.zeros((b, k * t), jnp.int32), group)
+        last = lambda x: x.reshape(b, k, t, -1)[:, :, -1]  # noqa: E731
+        return last(out), lm(last(normed))
+
+    return step
+
+
+def eagle_round(fns: EagleFns, state: EagleState, *, loop: EagleLoop, max_new: jax.Array, eos_ids: jax.Array,
+                sampler: Sampler, args: SamplingArgs) -> EagleState:
+    """One round: draft (the chain of `loop.gamma`, or the tree), ONE target pass verifying every drafted token,
+    acceptance (lossless for the chain; greedy for the tree), the accepted path committed to both caches and the
+    head's state taken from the path's taps."""
+    target_fwd, head_apply, lm = fns
+    gamma, tree = loop.gamma, loop.tree
+    b = state.last.shape[0]
+    rows = jnp.arange(b)
+    a_draft, a_accept, a_fix = args.fold(state.rounds).split(3)
+    start = state.target_cache.lengths[:, None]
+    side = jnp.zeros((b,), jnp.int32)
+    if tree:
+        drafted = expand(_tree_step(fns, state.head_cache), state.h_last, state.logits_last, depth=gamma,
+                         k=loop.tree_top_k, nodes=gamma + tree)
+        lay = layout(drafted, state.last, gamma)
+        logits, t_cache, feats = target_fwd(lay.tokens, start + lay.depth, state.target_cache, lay.limit, lay.group)
+        n_acc, emitted, slots = accept_path(lay, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+        t_cache = compact_kv(t_cache, start[:, 0], slots, n_acc)
+        feats = jnp.take_along_axis(feats, slots[..., None], axis=1)  # the taps along the accepted path
+        side = (slots[rows, n_acc] > n_acc).astype(jnp.int32)  # its last token sits past the trunk's slots
+    else:
+        props, q = _draft_chain(fns, state, gamma, sampler, args, a_draft)
+        block = jnp.concatenate([state.last[:, None], props], axis=1)  # [B, gamma + 1]
+        blk_limit, blk_group = causal_metadata(b, gamma + 1)
+        pos = start + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
         logits, t_cache, feats = target_fwd(block, pos, state.target_cache, blk_limit, blk_group)
-        p = sampler.probs(logits[:, : gamma + 1], args)
+        p = sampler.probs(logits, args)
         n_acc, emitted = accept_proposals(p, q, props, sampler, a_accept.key, a_fix.key)
-        path = jnp.broadcast_to(jnp.arange(gamma + 1 + bool(tree), dtype=jnp.int32), (b, gamma + 1 + bool(tree)))
-        if tree:  # greedy: a leaf at the first rejected depth that equals the target's token is accepted too
-            hit = ((leaf_depth == n_acc[:, None]) & (leaf_tok == emitted[rows, n_acc][:, None])
-                   & (n_acc < gamma)[:, None])
-            leaf_ok = hit.any(axis=1)
-            leaf_at = gamma + 1 + jnp.argmax(hit, axis=1)  # its block index
-            bonus = jnp.argmax(logits[rows, leaf_at], axis=-1).astype(jnp.int32)
-            emitted = jnp.concatenate([emitted, jnp.full((b, 1), PAD_ID, jnp.int32)], axis=1)
-            emitted = emitted.at[rows, n_acc + 1].set(jnp.where(leaf_ok, bonus, emitted[rows, n_acc + 1]))
-            path = path.at[rows, n_acc + 1].set(jnp.where(leaf_ok, leaf_at, n_acc + 1))
-            t_cache = move_kv(t_cache, start[:, 0] + leaf_at, start[:, 0] + n_acc + 1, leaf_ok)
-            n_acc = n_acc + leaf_ok.astype(jnp.int32)
-            feats = jnp.take_along_axis(feats, path[..., None], axis=1)
-        tokens, num, done, last, commit = emit_accepted(state.tokens, state.num_new, state.done, state.last,
-                                                        emitted, n_acc, eos_ids, max_new)
-        live = (~state.done).astype(jnp.int32)
-        # the head's entries for the verified path: tokens emitted, features from this same target pass
-        w = emitted.shape[1]
-        h_limit, h_group = causal_metadata(b, w)
-        h_pos = start + 1 + jnp.arange(w, dtype=jnp.int32)[None]
-        out, normed, h_cache = head_apply(emitted, feats[:, :w], True, h_pos, state.head_cache, h_limit, h_group)
-        return state.replace(
-            target_cache=t_cache.commit(commit), head_cache=h_cache.commit(commit),
-            h_last=jnp.where(live[:, None] > 0, out[rows, n_acc], state.h_last),
-            logits_last=jnp.where(live[:, None] > 0, lm(normed[rows, n_acc]), state.logits_last),
-            tokens=tokens, num_new=num, done=done, last=last, rounds=state.rounds + 1,
-            accepted=state.accepted + n_acc * live, proposed=state.proposed + (gamma + tree) * live,
-            drafts=state.drafts + live, per_pos=state.per_pos + position_hits(n_acc, gamma, live))
+    tokens, num, done, last, commit = emit_accepted(state.tokens, state.num_new, state.done, state.last,
+                                                    emitted, n_acc, eos_ids, max_new)
+    live = (~state.done).astype(jnp.int32)
+    # the head's entries for the verified path: tokens emitted, features from this same target pass
+    w = emitted.shape[1]
+    h_limit, h_group = causal_metadata(b, w)
+    h_pos = start + 1 + jnp.arange(w, dtype=jnp.int32)[None]
+    out, normed, h_cache = head_apply(emitted, feats[:, :w], True, h_pos, state.head_cache, h_limit, h_group)
+    return state.replace(
+        target_cache=t_cache.commit(commit), head_cache=h_cache.commit(commit),
+        h_last=jnp.where(live[:, None] > 0, out[rows, n_acc], state.h_last),
+        logits_last=jnp.where(live[:, None] > 0, lm(normed[rows, n_acc]), state.logits_last),
+        tokens=tokens, num_new=num, done=done, last=last, rounds=state.rounds + 1,
+        accepted=state.accepted + n_acc * live, proposed=state.proposed + (gamma + tree) * live,
+        drafts=state.drafts + live, per_pos=state.per_pos + position_hits(n_acc, gamma, live),
+        side=state.side + side * live)
 
-    return jax.lax.while_loop(cond, body, state)
+
+def eagle_loop(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop: EagleLoop, max_new: jax.Array,
+               eos_ids: jax.Array, sampler: Sampler, args: SamplingArgs) -> EagleState:
+    """`eagle_start`, then `eagle_round` until every row is done (one `lax.while_loop`)."""
+    kw = dict(loop=loop, max_new=max_new, eos_ids=eos_ids, sampler=sampler, args=args)
+    state = eagle_start(fns, target_cache, ctx, **kw)
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: eagle_round(fns, s, **kw), state)
 
 
 def head_applies(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, target_params, head_params):
@@ -237,7 +269,7 @@ def generate_program(target_cfg: ModelConfig, impl: str, cache_len: int, loop: E
         state = eagle_loop(fns, t_cache.commit(prompt_lens), ctx, loop=loop, max_new=max_new, eos_ids=eos_ids,
                            sampler=sampler, args=args)
         return (state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed,
-                state.drafts, state.per_pos)
+                state.drafts, state.per_pos, state.side)
 
     return register_program(jax.jit(run))
 
@@ -260,37 +292,50 @@ def continue_program(target_cfg: ModelConfig, impl: str, loop: EagleLoop, sample
 def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequence[int]], *, gamma: int = 4,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                     seed: int = 0, add_bos: bool = True, eos_ids: Sequence[int] | None = None,
-                    tree: int = 0) -> GenerateResult:
+                    tree: int = 0, tree_top_k: int = 4) -> GenerateResult:
     """Target + EAGLE-3 drafting, lossless: greedy output equals the target's; sampled output follows the target's
-    distribution (rejection sampling against the head's distribution). `tree` > 0: the chain of `gamma` plus that
-    many sibling leaves chosen by draft confidence, all verified in one target pass (greedy only)."""
+    distribution (rejection sampling against the head's distribution). `tree` > 0 (greedy only): instead of the
+    chain of `gamma`, a tree of depth `gamma` and `gamma + tree` nodes, the `tree_top_k` most likely expanded at
+    each depth, all verified in one target pass (docs/design.md, EAGLE-3)."""
     head.config.check_target(target.config)
-    check_tree(tree, temperature)
+    check_tree(tree, temperature, tree_top_k)
     if int(gamma) < 1:
         raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     req = spec_request(target, prompts, max_new_tokens, sampling, add_bos, eos_ids)
-    return eagle3_speculate(target, head, req, gamma=int(gamma), tree=int(tree))
+    return eagle3_speculate(target, head, req, gamma=int(gamma), tree=int(tree), tree_top_k=int(tree_top_k))
 
 
-def eagle3_speculate(target, head: Eagle3, req: Request, *, gamma: int, tree: int = 0) -> GenerateResult:
+def eagle3_speculate(target, head: Eagle3, req: Request, *, gamma: int, tree: int = 0,
+                     tree_top_k: int = 4) -> GenerateResult:
     """EAGLE-3 drafting of a validated request (mode `eagle3`)."""
-    program, sb = eagle3_launch(target, head, req, gamma=gamma, tree=tree)
-    res = run_spec(target, program, head.params, sb, gamma)
+    program, sb = eagle3_launch(target, head, req, gamma=gamma, tree=tree, tree_top_k=tree_top_k)
+    t0 = time.perf_counter()
+    out = fetch(program(*spec_args(target, head.params, sb)))
+    res = spec_result(target, sb.ids, out[:7], time.perf_counter() - t0, gamma)
     res.stats["tree"] = tree
+    if tree:  # the tree's settings, and the rounds whose accepted path left the trunk (a side leaf won)
+        res.stats["tree_top_k"] = tree_top_k
+        res.stats["tree_side_paths"] = int(out[7][: len(sb.ids)].sum())
     return res
 
 
-def eagle3_launch(target, head: Eagle3, req: Request, *, gamma: int, tree: int = 0):
+def eagle3_launch(target, head: Eagle3, req: Request, *, gamma: int, tree: int = 0, tree_top_k: int = 4):
     """(program, prepared batch) of EAGLE-3 drafting for `req`, not run (`draft_model.spec_args` gives its
-    arguments)."""
-    sb = spec_batch(target, req, gamma=gamma, capacity=target.config.max_position_embeddings, extra_slots=tree)
-    loop = EagleLoop(config=head.config, gamma=gamma, num_new=sb.num_new, tree=tree, first_pass=1)
+    arguments; it returns spec_result's seven outputs, then the side paths per row)."""
+    loop = EagleLoop(config=head.config, gamma=gamma, num_new=0, tree=tree, first_pass=1, tree_top_k=tree_top_k)
+    sb = spec_batch(target, req, gamma=gamma, capacity=target.config.max_position_embeddings,
+                    extra_slots=loop.slots - gamma - 1)
+    loop = dataclasses.replace(loop, num_new=sb.num_new)
     return generate_program(target.config, target.attention_impl, sb.cache_len, loop, sb.sampling.sampler), sb
 
 
-def check_tree(tree: int, temperature: float) -> None:
+def check_tree(tree: int, temperature: float, tree_top_k: int = 1) -> None:
+    """Tree drafting's settings for a request (the settings' own ranges are checked where they are built)."""
     if int(tree) < 0:
-        raise ConfigError(f"tree (sibling leaves per round) must be >= 0, got {tree}")
+        raise ConfigError(f"eagle3_tree (tree nodes beyond the chain's depth) must be >= 0, got {tree}")
+    if int(tree_top_k) < 1:
+        raise ConfigError(f"eagle3_tree_top_k (nodes expanded per depth) must be >= 1, got {tree_top_k}")
     if tree and temperature > 0:
-        raise ConfigError("EAGLE-3 tree drafting is greedy only (temperature 0); use the chain (tree=0) to sample")
+        raise ConfigError("EAGLE-3 tree drafting is greedy only (temperature 0); use the chain (eagle3_tree=0) to "
+                          "sample")

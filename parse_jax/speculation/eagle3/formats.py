@@ -4,7 +4,8 @@
 - parse-jax: `eagle3.json` (`Eagle3Config`) + Orbax `params/`.
 - the original release (e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B): `config.json` (`LlamaForCausalLMEagle3`, the
   layer's shape, the target's `vocab_size`, `draft_vocab_size`) + safetensors `fc`, `midlayer.*`, `norm`, `lm_head`
-  (draft vocabulary), `d2t` (offsets: target id = draft id + d2t[draft id]) and `t2d` (a mask of the target ids);
+  (draft vocabulary), `d2t` (offsets: target id = draft id + d2t[draft id]) and `t2d` (a mask of the target ids),
+  or the same tensors in `pytorch_model.bin` as the release ships them (read without torch: `torch_bin`);
   no embedding (the target's); the taps are EAGLE-3's layers 2, L // 2, L - 3 of the target unless the config
   names them (`eagle_config.eagle_aux_hidden_state_layer_ids`).
 - speculators: `config.json` with `speculators_config`, `transformer_layer_config` (the layer),
@@ -30,6 +31,7 @@ from parse_jax.checkpoints.hf import _HF_CLASSES, hf_config_dict, read_safetenso
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import ModelConfig, config_from_hf, read_json_object
 from parse_jax.speculation.eagle3.head import Eagle3, Eagle3Config, abstract_params, check_vocab_map
+from parse_jax.speculation.eagle3.torch_bin import BIN_FILE, read_torch_bin
 from parse_jax.utils.atomic import replacing
 
 HEAD_CONFIG_FILE = "eagle3.json"
@@ -66,10 +68,12 @@ def head_layout(path: Path) -> str:
                           "architectures LlamaForCausalLMEagle3 (the original EAGLE-3 release)")
 
 
-def load_eagle3(path: str | Path, target) -> Eagle3:
-    """A head in any of the three layouts (detected), checked against `target`: a head trained for another target
-    (hidden size, vocabulary, layer ids, layer count) is a clear error naming the field, not silently wrong drafts.
-    A target loaded in another dtype gets the head cast to it; a sharded target gets it replicated on its mesh."""
+def load_eagle3(path: str | Path, target=None) -> Eagle3:
+    """A head in any of the three layouts (detected). With `target`: checked against it (a head trained for another
+    target, by hidden size, vocabulary, layer ids or layer count, is a clear error naming the field, not silently
+    wrong drafts), cast to its dtype, replicated on its mesh. Without: the head as stored, checked when it meets a
+    target (`ParseEngine(..., eagle3=head)`, `eagle3_generate`); a release head that names no layer ids needs the
+    target to know its taps (EAGLE-3's 2, L // 2, L - 3) and says so."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"EAGLE-3 head folder not found: {path}")
@@ -84,7 +88,7 @@ def load_eagle3(path: str | Path, target) -> Eagle3:
     dtype = jnp.dtype(cfg.layer.dtype)
     params = jax.tree.map(lambda x: jnp.asarray(x, dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int32),
                           params)  # on device once
-    mesh = target.mesh
+    mesh = getattr(target, "mesh", None)
     if mesh is not None:  # the head runs beside the sharded target: whole on every device
         params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
     return Eagle3(cfg, params)
@@ -100,8 +104,10 @@ def _read_parse_jax(path: Path, target) -> tuple[Eagle3Config, dict[str, Any]]:
         stored = Eagle3Config.from_dict(json.loads(cfg_file.read_text()))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
-    cfg = _follow_dtype(stored, target.config)  # e.g. --dtype bfloat16: follow the target
-    cfg.check_target(target.config)
+    cfg = stored
+    if target is not None:
+        cfg = _follow_dtype(stored, target.config)  # e.g. --dtype bfloat16: follow the target
+        cfg.check_target(target.config)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_params(stored))
     try:
         with ocp.StandardCheckpointer() as ckpt:
@@ -114,7 +120,7 @@ def _read_parse_jax(path: Path, target) -> tuple[Eagle3Config, dict[str, Any]]:
 # --- the published layouts ----------------------------------------------------------------------------------
 
 
-def _published_config(d: dict[str, Any], layout: str, target_cfg: ModelConfig, where: str) -> Eagle3Config:
+def _published_config(d: dict[str, Any], layout: str, target_cfg: ModelConfig | None, where: str) -> Eagle3Config:
     """The head's `Eagle3Config` from its config.json, the unsupported variants refused by name."""
     if layout == "speculators":
         layer_d = d.get("transformer_layer_config")
@@ -143,8 +149,11 @@ def _published_config(d: dict[str, Any], layout: str, target_cfg: ModelConfig, w
     if layer.architecture not in SPECULATORS_LAYERS:
         raise ConfigError(f"{where}: model_type {layer_d.get('model_type')!r} for the head's layer; allowed: "
                           f"{', '.join(SPECULATORS_LAYERS)}")
-    n = target_cfg.num_layers
+    if ids is None and target_cfg is None:
+        raise ConfigError(f"{where} names no eagle_aux_hidden_state_layer_ids, so its taps are EAGLE-3's default "
+                          "layers of its target (2, L // 2, L - 3): load it with load_eagle3(path, target)")
     if ids is None:
+        n = target_cfg.num_layers
         ids = [2, n // 2, n - 3]  # EAGLE-3's (and speculators') default
         if len(set(ids)) != 3 or min(ids) < 0:
             raise ConfigError(f"{where} names no eagle_aux_hidden_state_layer_ids and EAGLE-3's default layers "
@@ -173,11 +182,20 @@ def _param_name(name: str) -> tuple[tuple[str, ...], bool] | None:
     return (*mod, "kernel" if leaf == "weight" else "bias"), leaf == "weight"
 
 
+def read_head_weights(path: Path) -> dict[str, Any]:
+    """A published head's tensors: safetensors when the folder has them, else the release's `pytorch_model.bin`
+    (read without torch, `torch_bin`)."""
+    if not (path / "model.safetensors").is_file() and not (path / "model.safetensors.index.json").is_file() \
+            and (path / BIN_FILE).is_file():
+        return read_torch_bin(path / BIN_FILE)
+    return read_safetensors(path)
+
+
 def _read_published(path: Path, target, layout: str) -> tuple[Eagle3Config, dict[str, Any]]:
     where = f"{path / HF_CONFIG_FILE}"
     d = read_json_object(path / HF_CONFIG_FILE, "EAGLE-3 head config.json")
-    cfg = _published_config(d, layout, target.config, where)
-    entries = read_safetensors(path)
+    cfg = _published_config(d, layout, None if target is None else target.config, where)
+    entries = read_head_weights(path)
     prefix = "layers.0." if layout == "speculators" else "midlayer."
     if any(n.startswith("layers.1.") for n in entries):
         raise ConfigError(f"{path}: the head has more than one decoder layer (layers.1.*); parse-jax reads "
@@ -188,8 +206,10 @@ def _read_published(path: Path, target, layout: str) -> tuple[Eagle3Config, dict
     if cfg.draft_vocab != cfg.layer.vocab_size and not has_map:
         raise CheckpointError(f"{path}: draft_vocab_size {cfg.draft_vocab} differs from the target vocabulary "
                               f"{cfg.layer.vocab_size} but the head has no d2t map")
-    out_cfg = _follow_dtype(cfg, target.config)
-    out_cfg.check_target(target.config)
+    out_cfg = cfg
+    if target is not None:
+        out_cfg = _follow_dtype(cfg, target.config)
+        out_cfg.check_target(target.config)
     abstract = abstract_params(cfg)
     flat = {tuple(k.key for k in p): s for p, s in jax.tree_util.tree_flatten_with_path(abstract)[0]}
     filled: dict[tuple[str, ...], np.ndarray] = {}

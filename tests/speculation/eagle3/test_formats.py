@@ -78,16 +78,37 @@ def test_draft_logits_equal_the_speculators_model(layout):
     assert (full[:, outside] == MASKED_LOGIT).all()  # a token outside the draft vocabulary is never proposed
 
 
-@pytest.mark.parametrize("layout,gamma", [("original", 3), ("speculators", 4)])
-def test_greedy_eagle3_with_a_published_head_is_token_identical(layout, gamma):
+@pytest.mark.parametrize("layout,gamma,tree,k", [("original", 3, 0, 1), ("speculators", 4, 0, 1),
+                                                 ("original", 3, 5, 2), ("speculators", 4, 8, 3)])
+def test_greedy_eagle3_with_a_published_head_is_token_identical(layout, gamma, tree, k):
+    """Chains and trees (depth 3 and 4) with a draft vocabulary smaller than the target's."""
     target = fixture_target(seed=5)
     head = load_eagle3(FIXTURES / layout, target)
     rng = np.random.default_rng(gamma)
     prompts = [rng.integers(0, target.config.vocab_size, n).tolist() for n in (6, 11, 3)]
     expect = generate(target, prompts, max_new_tokens=16).tokens
-    res = eagle3_generate(target, head, prompts, gamma=gamma, max_new_tokens=16)
+    res = eagle3_generate(target, head, prompts, gamma=gamma, max_new_tokens=16, tree=tree, tree_top_k=k)
     assert res.tokens == expect
     assert res.stats["draft_tokens"] > 0
+
+
+def test_a_tree_proposes_only_draft_vocabulary_tokens():
+    """The tree's nodes come from the head's logits placed through d2t: every node in the tree is a draft id's."""
+    from parse_jax.speculation.eagle3 import expand
+    from parse_jax.speculation.eagle3.decode import _tree_step
+
+    target = fixture_target(seed=5)
+    head = load_eagle3(FIXTURES / "original", target)
+    fns = head_applies(target.config, head.config, "xla", target.params, head.params)
+    rng = np.random.default_rng(1)
+    ids = jnp.asarray(rng.integers(0, target.config.vocab_size, (2, 7)), jnp.int32)
+    limit, group = causal_metadata(2, 7)
+    pos = jnp.broadcast_to(jnp.arange(7, dtype=jnp.int32), (2, 7))
+    _, _, feats = fns.target(ids, pos, KVCache.init(target.config, 2, 7), limit, group)
+    out, normed, cache = fns.head(ids, feats, True, pos + 1, KVCache.init(head.config.layer, 2, 64), limit, group)
+    tree = expand(_tree_step(fns, cache.commit(7)), out[:, -1], fns.lm(normed[:, -1]), depth=3, k=4, nodes=30)
+    toks = np.asarray(tree.token)[np.asarray(tree.valid)]
+    assert len(toks) == 60 and np.isin(toks, np.asarray(head.params["d2t"])).all()
 
 
 def test_parse_eagle3_with_a_published_head_is_token_identical():
@@ -105,10 +126,12 @@ def test_parse_eagle3_with_a_published_head_is_token_identical():
     head = load_eagle3(FIXTURES / "speculators", target)
     prompts = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :"]
     expect = generate(target, prompts, max_new_tokens=14).tokens
-    eng = ParseEngine(target, draft, ParseConfig(max_draft_tokens=8, threshold=1.0), eagle3=head)
-    assert eng.generate(prompts, mode="eagle3", max_new_tokens=14).tokens == expect
-    res = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=14)
-    assert res.tokens == expect and res.stats["eagle3_draft_tokens"] > 0
+    for tree in ({}, {"eagle3_gamma": 3, "eagle3_tree": 6, "eagle3_tree_top_k": 2}):  # the chain, a depth-3 tree
+        cfg = ParseConfig.from_flat(ParseConfig(max_draft_tokens=8, threshold=1.0), **tree)
+        eng = ParseEngine(target, draft, cfg, eagle3=head)
+        assert eng.generate(prompts, mode="eagle3", max_new_tokens=14).tokens == expect
+        res = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=14)
+        assert res.tokens == expect and res.stats["eagle3_draft_tokens"] > 0
 
 
 def _copy(layout: str, tmp_path: Path) -> Path:
@@ -210,3 +233,31 @@ def test_export_to_speculators_round_trips(tmp_path, draft_vocab):
     shallow = random_model("qwen3", 80, num_layers=4)  # default taps (2, 3, 3)
     with pytest.raises(ConfigError, match=r"taps layers \[2, 3, 3\], some twice"):
         export_speculators(random_head(shallow, 1), shallow, tmp_path / "other")
+
+
+def test_a_head_loads_without_its_target_and_is_checked_when_it_meets_one(tmp_path):
+    """`pj.load_eagle3(path)` detects every layout on its own; the target's checks (by field) come when the head
+    meets a target; a release head naming no layer ids says it needs the target for its taps."""
+    import parse_jax as pj
+    from parse_jax.engine import ParseEngine
+    from parse_jax.speculation.eagle3 import save_eagle3
+    from tests.speculation.test_eagle3 import random_head
+
+    target = fixture_target()
+    alone = pj.load_eagle3(FIXTURES / "speculators")
+    with_target = load_eagle3(FIXTURES / "speculators", target)
+    assert alone.config == with_target.config and alone.config.taps == (1, 2, 8)
+    own = random_head(target, 3)
+    save_eagle3(own, tmp_path / "own")
+    assert pj.load_eagle3(tmp_path / "own").config == own.config
+    release = _copy("original", tmp_path)  # names no layer ids, as the original release does
+    with pytest.raises(ConfigError, match=r"names no eagle_aux_hidden_state_layer_ids.*load_eagle3\(path, target\)"):
+        pj.load_eagle3(release)
+    assert load_eagle3(release, target).config.taps == (2, 4, 5)  # 2, 8 // 2, 8 - 3 of this 8-layer target
+    _edit_config(release, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5]})
+    assert pj.load_eagle3(release).config.taps == (2, 4, 5)
+    wide = random_model("qwen3", 0, num_layers=8, hidden_size=64)
+    with pytest.raises(ConfigError, match="hidden_size: head 48, target 64"):
+        ParseEngine(wide, None, eagle3=alone)
+    with pytest.raises(ConfigError, match="vocab_size: head 103, target 90"):
+        eagle3_generate(random_model("qwen3", 0, num_layers=8, vocab_size=90), alone, [[1, 2]], max_new_tokens=2)
