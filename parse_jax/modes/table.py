@@ -85,7 +85,8 @@ MODE_TABLE: dict[str, ModeSpec] = {spec.name: spec for spec in (
              draft_positions=draft_answer_positions, serve=sequential.serve),
     ModeSpec("parse", parse.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
              draft_positions=parse_draft_positions, multi_label="parse-multi", serve=parse.serve),
-    ModeSpec("eagle3", eagle3.run, needs_draft=False, needs_head=True, target_positions=eagle3_positions),
+    ModeSpec("eagle3", eagle3.run, needs_draft=False, needs_head=True, target_positions=eagle3_positions,
+             serve=eagle3.serve),
     ModeSpec("parse+eagle3", parse.run_eagle3, needs_draft=True, needs_head=True,
              target_positions=verify_eagle3_positions, draft_positions=draft_answer_positions),
 )}

@@ -251,3 +251,27 @@ def test_chain_drafting_accepts_exactly_what_the_head_predicts():
     assert s["num_draft_tokens"] == 3 * s["num_drafts"] and sum(s["drafts_per_request"]) == s["num_drafts"]
     assert s["acceptance_length"] == pytest.approx(1 + sum(expect) / s["num_drafts"])
     assert s["acceptance_length"] == pytest.approx(1 + sum(np.cumprod(s["conditional_acceptance_rate_per_pos"])))
+
+
+@pytest.mark.parametrize("tree", [0, 3])
+def test_continuous_batching_equals_each_prompt_alone(tree):
+    """Slots refilled as rows finish (mixed prompt lengths, per-prompt budgets, an EOS that ends rows early), the
+    chain and a tree: each prompt's tokens and counters equal the prompt run alone."""
+    from parse_jax.runtime.requests import Request, SamplingParams, resolve_eos
+    from parse_jax.speculation.eagle3.serve import serve_eagle3
+
+    target = random_model("llama3", 14)
+    head = random_head(target, 15)
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, target.config.vocab_size, int(rng.integers(2, 14))).tolist() for _ in range(6)]
+    budgets = [int(rng.integers(3, 19)) for _ in prompts]
+    free = [generate(target, [p], max_new_tokens=b).tokens[0] for p, b in zip(prompts, budgets)]
+    eos = int(np.bincount([t for row in free for t in row]).argmax())  # a token the target writes often
+    alone = [eagle3_generate(target, head, [p], gamma=3, max_new_tokens=b, eos_ids=[eos], tree=tree)
+             for p, b in zip(prompts, budgets)]
+    assert any(len(r.tokens[0]) < b for r, b in zip(alone, budgets))  # the EOS ended some rows early
+    req = Request(ids=prompts, max_new=max(budgets), sampling=SamplingParams(), eos=resolve_eos(target, [eos]))
+    served = serve_eagle3(target, head, req, gamma=3, tree=tree, tree_top_k=4, max_batch=2, budgets=budgets)
+    assert served.tokens == [r.tokens[0] for r in alone]
+    assert served.stats["accepted_per_request"] == [r.stats["accepted_per_request"][0] for r in alone]
+    assert served.stats["slots"] == 2 and served.stats["admissions"] > 1
