@@ -171,7 +171,7 @@ class ParseConfig:
                                    "this many tokens a round", lo=1, hi=4096)
     max_prefixes: int = setting(8, "prefixes verified per pass (K; the full draft always among them)", lo=1, hi=256)
     rounds: Rounds = setting("multi", "multi: the target writes one step, then the draft drafts again; single: it "
-                                      "writes the rest (mode parse; parse+eagle3 is always single)")
+                                      "writes the rest (modes parse and parse+eagle3)")
     max_draft_tokens: int = setting(64, "tokens the draft writes per round", lo=1, hi=4096)
     suffix_format: SuffixFormat = setting("plain", "chat: verify_suffix is the judge question of a user turn, "
                                                    "rendered through the target's chat template after the draft "

@@ -70,7 +70,7 @@ def test_mode_table_names_the_settings_modes():
         for fn in (spec.runner, spec.target_positions, spec.draft_positions):
             if fn is not None:
                 assert fn.__name__ != "<lambda>" and fn.__module__.startswith("parse_jax.modes"), (name, fn)
-    assert [s.multi_label for s in MODE_TABLE.values() if s.honours_rounds] == ["parse-multi"]
+    assert [s.multi_label for s in MODE_TABLE.values() if s.honours_rounds] == ["parse-multi", "parse+eagle3-multi"]
 
 
 def test_no_mode_is_tested_by_substring():

@@ -22,13 +22,19 @@ from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder
 from parse_jax.modes.context import Launch, ModeContext, PairSpec, parse_result
-from parse_jax.modes.parse_multi import multi_launch, run_multi, serve_multi  # noqa: F401  (re-exported)
+from parse_jax.modes.parse_multi import (  # noqa: F401  (EagleSpec, multi_launch re-exported)
+    EagleSpec,
+    eagle_spec,
+    multi_launch,
+    run_multi,
+    serve_multi,
+)
 from parse_jax.modes.verified_slots import serve_verified, verifier_of
 from parse_jax.runtime.decode import decode_loop, is_eos, prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
-from parse_jax.speculation.eagle3 import Eagle3Config, EagleContext, EagleLoop, eagle_loop, head_applies, slots_needed
+from parse_jax.speculation.eagle3 import EagleContext, EagleLoop, eagle_loop, head_applies
 from parse_jax.verify.round import (
     Judge,
     PassShape,
@@ -40,21 +46,6 @@ from parse_jax.verify.round import (
     join,
     verify_round,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class EagleSpec:
-    """The static settings of an EAGLE-3 continuation (mode parse+eagle3)."""
-
-    config: Eagle3Config
-    gamma: int
-    tree: int
-    tree_top_k: int = 4
-
-    @property
-    def loop_slots(self) -> int:
-        """Cache slots an EAGLE-3 round writes past its last token (`EagleLoop.slots`)."""
-        return slots_needed(self.gamma, self.tree, self.tree_top_k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,18 +174,13 @@ def host_rows(remaining: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
 # ------------------------------------------------------------------------------------------------ host side
 
 
-def _eagle_spec(ctx: ModeContext) -> EagleSpec:
-    e = ctx.config.eagle3
-    return EagleSpec(ctx.head.config, e.gamma, e.tree, e.tree_top_k)
-
-
 def single_shape(ctx: ModeContext, prompt_len: int, max_new: int, eagle: bool = False) -> SingleShape:
     """The static shapes of a single round for prompts padded to `prompt_len` and a budget of `max_new`."""
     cfg, p = ctx.config, prompt_len
     cap = cfg.max_draft_tokens  # static; each row drafts min(cap, its budget)
     d = bucket(min(cap, max_new), 16)
     lengths = block_lengths(p + d + ctx.round_spec.max_prefixes * len(ctx.suffix_ids))
-    margin = _eagle_spec(ctx).loop_slots if eagle else 1  # an EAGLE-3 round writes past its last token
+    margin = eagle_spec(ctx).loop_slots if eagle else 1  # an EAGLE-3 round writes past its last token
     return SingleShape(draft_cap=cap, draft_new=d, draft_cache=length_bucket(p + d), lengths=lengths,
                        cache_len=length_bucket(max(lengths[-1], p + max_new + margin)), num_new=bucket(max_new, 16))
 
@@ -208,7 +194,7 @@ def single_launch(ctx: ModeContext, req: Request, eagle: bool = False,
     if fused is None:
         fused = b == 1 or target.mesh is not None  # a sharded target keeps its whole batch anyway
     program = single_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, fused=fused,
-                                   eagle=_eagle_spec(ctx) if eagle else None)
+                                   eagle=eagle_spec(ctx) if eagle else None)
     args = (target.params, ctx.draft.params, ctx.head.params if eagle else None,
             device_prompts(target, ids, b, p, req.max_new), req.eos, ctx.judge, req.sampling.args(),
             prng_key(req.sampling.seed + 1))
@@ -235,8 +221,16 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
 
 
 def run_eagle3(ctx: ModeContext, req: Request) -> GenerateResult:
-    """Mode `parse+eagle3`: single-round PARSE whose continuation drafts with the target's EAGLE-3 head."""
-    return run_single(ctx, req, eagle=True)
+    """Mode `parse+eagle3`: PARSE whose target writes with the target's EAGLE-3 head, from the taps of the
+    verification pass: the rest of the answer (single round), or each round's step (multi round)."""
+    return run_multi(ctx, req, eagle=True) if ctx.config.rounds == "multi" else run_single(ctx, req, eagle=True)
+
+
+def serve_eagle3(ctx: ModeContext, req: Request, max_batch: int) -> GenerateResult | None:
+    """Mode `parse+eagle3` by continuous batching through `max_batch` slots (multi round; None as in `serve`)."""
+    if ctx.config.rounds != "multi" or ctx.target.mesh is not None:
+        return None
+    return serve_multi(ctx, req, max_batch, eagle=True)
 
 
 def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateResult:
@@ -260,7 +254,7 @@ def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateR
             if len(rows) < b:
                 state = take_rows(state, rows)
             spec = ContinueSpec(target.config, target.attention_impl, num_new, req.sampling.sampler,
-                                _eagle_spec(ctx) if eagle else None)
+                                eagle_spec(ctx) if eagle else None)
             cont = continue_single(spec)(target.params, head_params, *state, rem, req.eos,
                                          req.sampling.args(seed_offset=1))
         res, cont = fetch(({k: v for k, v in out.items() if k not in ("cache", "context")}, cont))

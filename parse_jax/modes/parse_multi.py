@@ -1,6 +1,9 @@
-"""Multi-round PARSE (mode parse, `rounds="multi"`): rounds of (the draft drafts -> ONE target pass verifies every
-step-prefix -> the longest valid one is kept -> the target writes up to its next step boundary) in one
-`lax.while_loop`, neither cache prefilled again.
+"""Multi-round PARSE (modes parse and parse+eagle3, `rounds="multi"`): rounds of (the draft drafts -> ONE target
+pass verifies every step-prefix -> the longest valid one is kept -> the target writes up to its next step end) in
+one `lax.while_loop`, neither cache prefilled again. The target writes its step token by token (parse) or with
+EAGLE-3 chains (parse+eagle3), the head reading the taps of that round's verification pass; the head's cache, like
+the target's, carries from round to round. A step ends where the delimiter automaton ends an occurrence, its state
+carried from token to token over the whole output (`verify/step.py`).
 
 Two ways to run a request:
 - `run_multi`: one program for the whole batch (the first round verifies prompt + draft over an empty cache, the
@@ -31,7 +34,47 @@ from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket,
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts, pad_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import SlotBook
-from parse_jax.verify.round import Draft, Judge, PassShape, RoundSpec, block_lengths, ends_in_eos, verify_round
+from parse_jax.speculation.eagle3 import (
+    Eagle3Config,
+    EagleContext,
+    EagleFns,
+    EagleLoop,
+    eagle_loop,
+    head_applies,
+    slots_needed,
+)
+from parse_jax.verify.round import (
+    Draft,
+    Judge,
+    PassShape,
+    RoundSpec,
+    Verified,
+    block_lengths,
+    ends_in_eos,
+    verify_round,
+)
+from parse_jax.verify.segment import state_after
+from parse_jax.verify.step import StepStop, cut_at_step_end, step_loop
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleSpec:
+    """The static settings of an EAGLE-3 continuation (mode parse+eagle3)."""
+
+    config: Eagle3Config
+    gamma: int
+    tree: int
+    tree_top_k: int = 4
+
+    @property
+    def margin(self) -> int:
+        """Positions an EAGLE-3 round writes past the last token it may emit (`EagleLoop.slots`: the chain or the
+        tree's block, and its head steps)."""
+        return slots_needed(self.gamma, self.tree, self.tree_top_k)
+
+    @property
+    def loop_slots(self) -> int:
+        return self.margin
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +90,7 @@ class MultiShape:
     lengths: tuple[int, ...]        # later rounds': the target's last token + draft + K suffix copies
     segment: int       # bucket of segment_cap
     num_new: int       # the output buffer (bucket of max_new_tokens)
-    cache_len: int     # both caches
+    cache_len: int     # both caches (and the EAGLE-3 head's)
 
 
 @struct.dataclass
@@ -69,9 +112,14 @@ class MultiState:
     prefixes: jax.Array      # [B] prefixes scored
     rejected_at: jax.Array   # [B, K + 1] passes by their first rejected prefix (K: none) (runtime/metrics.py)
     score_hist: jax.Array    # [B, 2, SCORE_BINS] judge scores of accepted / other prefixes
+    delim: jax.Array         # [B] the delimiter automaton's state after the output so far
+    eagle_accepted: jax.Array  # [B] EAGLE-3 proposals accepted (parse+eagle3; 0 otherwise)
+    eagle_proposed: jax.Array  # [B] EAGLE-3 proposals verified
+    head_cache: KVCache | None = None  # parse+eagle3: the head's entries, as many per row as the target's cache
 
 
 ROW_FIELDS = ("accepted", "drafted", "block_tokens", "prefixes", "rejected_at", "score_hist")  # per-row counters
+EAGLE_FIELDS = {"eagle_accepted": "eagle3_accepted_tokens", "eagle_proposed": "eagle3_draft_tokens"}
 
 
 def write_at(buf: jax.Array, start: jax.Array, values: jax.Array, count: jax.Array) -> jax.Array:
@@ -85,26 +133,95 @@ def write_at(buf: jax.Array, start: jax.Array, values: jax.Array, count: jax.Arr
 
 @dataclasses.dataclass(frozen=True)
 class RoundInputs:
-    """A program's traced inputs to every round: the weights, the stop ids (EOS; EOS and step ends) and the judge."""
+    """A program's traced inputs to every round: the weights ((target, draft, EAGLE-3 head or None)), the stop ids
+    (EOS; EOS and the single-token step ends, where an EAGLE-3 step stops by itself) and the judge (its delimiter
+    automaton ends the target's steps)."""
 
-    target_params: object
-    draft_params: object
+    weights: tuple
     eos_ids: jax.Array
     seg_stop: jax.Array
     judge: Judge
 
+    @property
+    def target_params(self):
+        return self.weights[0]
+
+    @property
+    def draft_params(self):
+        return self.weights[1]
+
+
+@struct.dataclass
+class Step:
+    """What the target wrote in a round's step: tokens [B, segment], how many count, both caches after them (all but
+    the last token), the automaton's state after them, its target passes and the EAGLE-3 counters."""
+
+    tokens: jax.Array
+    count: jax.Array
+    target_cache: KVCache
+    head_cache: KVCache | None
+    state: jax.Array
+    passes: jax.Array
+    eagle_accepted: jax.Array
+    eagle_proposed: jax.Array
+
+
+def after_cache(fns: EagleFns, head_cache: KVCache) -> EagleFns:
+    """`fns` whose first head call (`eagle_loop`'s prefill of its context, over a fresh cache) writes after the
+    entries of `head_cache` instead, at positions shifted by their count: the context then holds only the positions
+    the head has not read yet (a multi-round verification block), not the whole sequence."""
+    pending = [head_cache]
+
+    def head(tokens, hidden, fuse, positions, cache, limit, group):
+        if pending:
+            base = pending.pop()
+            cache, positions = base, positions + base.lengths[:, None]
+        return fns.head(tokens, hidden, fuse, positions, cache, limit, group)
+
+    return fns._replace(head=head)
+
 
 @functools.cache
-def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler):
+def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler, eagle: EagleSpec | None = None):
     """(first_round, later_round): the two kinds of round, traced inside the programs below."""
     target, draft = Decoder(pair.target, pair.target_impl), Decoder(pair.draft, pair.draft_impl)
     d, w, p = shape.draft_new, shape.pending, shape.prompt
+    taps = eagle.config.taps if eagle is not None else ()
+
+    def plain_step(x: RoundInputs, s: MultiState, v: Verified, cache: KVCache, remaining, stop: StepStop,
+                   args: SamplingArgs) -> Step:
+        """The target writes its step token by token, stopping at the step end."""
+        st = step_loop(forward_fn(target, x.target_params), cache, v.first_logits, max_new=remaining, stop=stop,
+                       sampler=sampler, args=args, num_new=shape.segment)
+        zeros = jnp.zeros_like(st.num_new)
+        return Step(st.tokens, st.num_new, st.cache, None, st.state, jnp.maximum(st.step - 1, 0), zeros, zeros)
+
+    def eagle_step(x: RoundInputs, s: MultiState, v: Verified, cache: KVCache, remaining, stop: StepStop,
+                   args: SamplingArgs) -> Step:
+        """The target writes its step with EAGLE-3 from the taps of the verification pass, the head continuing its
+        own cache; the chains stop by themselves at EOS and single-token step ends, and are cut at the first step
+        end the automaton sees (a delimiter written over two tokens)."""
+        fns = after_cache(head_applies(pair.target, eagle.config, pair.target_impl, x.target_params, x.weights[2]),
+                          s.head_cache)
+        ctx = EagleContext(tokens=v.tokens, features=v.features, length=cache.lengths - s.head_cache.lengths,
+                           first_logits=v.first_logits)
+        loop = EagleLoop(config=eagle.config, gamma=eagle.gamma, num_new=shape.segment, tree=eagle.tree,
+                         tree_top_k=eagle.tree_top_k)
+        es = eagle_loop(fns, cache, ctx, loop=loop, max_new=remaining, eos_ids=x.seg_stop, sampler=sampler,
+                        args=args)
+        tokens = es.tokens[:, :shape.segment]
+        count, state = cut_at_step_end(tokens, es.num_new, stop.table, stop.state)
+        # both caches hold the step's tokens but its last (a chain commits past an EOS or a cut: rolled back)
+        lengths = jnp.where(count > 0, cache.lengths + count - 1, cache.lengths)
+        return Step(tokens, count, es.target_cache.set_lengths(lengths), es.head_cache.set_lengths(lengths), state,
+                    es.rounds, es.accepted, es.proposed)
+
+    write_step = plain_step if eagle is None else eagle_step
 
     def round_(x: RoundInputs, s: MultiState, args: SamplingArgs, prompt: jax.Array | None, draft_cache: KVCache,
                draft_first: jax.Array) -> MultiState:
         """One round; `prompt` given: the first (prompt + draft in one pass over the empty cache)."""
         t_fwd = forward_fn(target, x.target_params, return_hidden=True)
-        t_plain = forward_fn(target, x.target_params)
         d_fwd = forward_fn(draft, x.draft_params)
         b = s.done.shape[0]
         rows = jnp.arange(b)
@@ -121,33 +238,36 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         answer = Draft(tokens=draft_tokens, length=draft_len)
         if prompt is not None:  # the prompt and the draft in one pass over the empty cache
             v = verify_round(t_fwd, s.target_cache, x.judge, head=prompt, head_len=s.prompt_len, draft=answer,
-                             spec=spec, shape=PassShape(shape.first_lengths))
+                             spec=spec, shape=PassShape(shape.first_lengths, taps))
         else:  # the target's last token and the draft over its cache
             v = verify_round(t_fwd, s.target_cache, x.judge, head=s.last[:, None], head_len=jnp.ones((b,), jnp.int32),
-                             draft=answer, spec=spec, shape=PassShape(shape.lengths))
+                             draft=answer, spec=spec, shape=PassShape(shape.lengths, taps))
         acc = jnp.where(live, v.accepted, 0)
         out = write_at(s.out, s.num_new, draft_tokens, acc)
         seq_ = write_at(s.seq, seq_len, draft_tokens, acc)
         num = s.num_new + acc
         done = s.done | (live & (ends_in_eos(draft_tokens, acc, x.eos_ids) | (num >= s.max_new)))
-        # the target writes up to its next step boundary (or EOS, or the budget)
+        # the target writes up to its next step end (or EOS, or the budget), the automaton's state carried from the
+        # output before it through the accepted prefix
         remaining = jnp.where(done, 0, jnp.minimum(shape.segment_cap, s.max_new - num))
         cache = v.cache.set_lengths(jnp.where(live, v.cache.lengths, s.target_cache.lengths))
-        cstate = decode_loop(t_plain, cache, v.first_logits, max_new=remaining, eos_ids=x.seg_stop, sampler=sampler,
-                             args=a_cont, num_new=shape.segment)
-        wrote = cstate.num_new
-        out = write_at(out, num, cstate.tokens, wrote)
-        seq_ = write_at(seq_, seq_len + acc, cstate.tokens, wrote)
+        stop = StepStop(x.eos_ids, x.judge.table, state_after(draft_tokens, acc, x.judge.table, s.delim))
+        st = write_step(x, s, v, cache, remaining, stop, a_cont)
+        wrote = st.count
+        out = write_at(out, num, st.tokens, wrote)
+        seq_ = write_at(seq_, seq_len + acc, st.tokens, wrote)
         num2 = num + wrote
-        seg_last = cstate.tokens[rows, jnp.maximum(wrote - 1, 0)]
+        seg_last = st.tokens[rows, jnp.maximum(wrote - 1, 0)]
         done = done | ((wrote > 0) & (is_eos(seg_last, x.eos_ids) | (num2 >= s.max_new)))
         # the draft keeps what it read of the accepted prefix (all but its last token were fed back to it)
         d_keep = draft_cache.lengths + jnp.minimum(acc, jnp.maximum(n - 1, 0))
         d_cache = dstate.cache.set_lengths(jnp.where(live, d_keep, draft_cache.lengths))
         return s.replace(
-            target_cache=cstate.cache, draft_cache=d_cache, seq=seq_, out=out, num_new=num2,
-            last=jnp.where(wrote > 0, seg_last, s.last), done=done, rounds=s.rounds + 1,
-            passes=s.passes + 1 + jnp.maximum(cstate.step - 1, 0),
+            target_cache=st.target_cache, draft_cache=d_cache, head_cache=st.head_cache, seq=seq_, out=out,
+            num_new=num2, last=jnp.where(wrote > 0, seg_last, s.last), done=done, rounds=s.rounds + 1,
+            passes=s.passes + 1 + st.passes, delim=jnp.where(live, st.state, s.delim),
+            eagle_accepted=s.eagle_accepted + jnp.where(live, st.eagle_accepted, 0),
+            eagle_proposed=s.eagle_proposed + jnp.where(live, st.eagle_proposed, 0),
             accepted=s.accepted + acc, drafted=s.drafted + jnp.where(live, draft_len, 0),
             block_tokens=s.block_tokens + jnp.where(live, v.block_tokens, 0),
             prefixes=s.prefixes + jnp.where(live, v.prefixes, 0),
@@ -166,8 +286,9 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
                            out=jnp.full((b, shape.num_new + d), PAD_ID, jnp.int32), prompt_len=prompt_lens,
                            max_new=prompts.max_new, num_new=zeros, last=prompt[jnp.arange(b), prompt_lens - 1],
                            done=prompts.max_new <= 0, rounds=jnp.int32(0), passes=jnp.int32(0), accepted=zeros,
-                           drafted=zeros, block_tokens=zeros, prefixes=zeros,
-                           **step_counters(spec, b))
+                           drafted=zeros, block_tokens=zeros, prefixes=zeros, **step_counters(spec, b),
+                           delim=zeros, eagle_accepted=zeros, eagle_proposed=zeros,
+                           head_cache=fresh_head(eagle, b, shape.cache_len))
         return round_(x, state, args, prompt, d_cache, d_first)
 
     def later_round(x: RoundInputs, s: MultiState, args: SamplingArgs) -> MultiState:
@@ -185,63 +306,87 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
     return first_round, later_round
 
 
+def fresh_head(eagle: EagleSpec | None, b: int, cache_len: int) -> KVCache | None:
+    """An empty EAGLE-3 head cache of `b` rows (None without EAGLE-3)."""
+    return None if eagle is None else KVCache.init(eagle.config.layer, b, cache_len)
+
+
 def step_counters(spec: RoundSpec, b: int) -> dict:
     """Zeroed per-step counters of `b` rows (runtime/metrics.py)."""
     return {"rejected_at": jnp.zeros((b, spec.max_prefixes + 1), jnp.int32),
             "score_hist": jnp.zeros((b, 2, SCORE_BINS), jnp.int32)}
 
 
-def _result(s: MultiState) -> dict:
-    return {"tokens": s.out, "num_new": s.num_new, "rounds": s.rounds, "target_passes": s.passes,
-            "accepted": s.accepted, "draft_len": s.drafted, "block_tokens": s.block_tokens, "prefixes": s.prefixes,
-            "rejected_at": s.rejected_at, "score_hist": s.score_hist}
+def _result(s: MultiState, eagle: bool) -> dict:
+    out = {"tokens": s.out, "num_new": s.num_new, "rounds": s.rounds, "target_passes": s.passes,
+           "accepted": s.accepted, "draft_len": s.drafted, "block_tokens": s.block_tokens, "prefixes": s.prefixes,
+           "rejected_at": s.rejected_at, "score_hist": s.score_hist}
+    if eagle:
+        out.update({key: getattr(s, f) for f, key in EAGLE_FIELDS.items()})
+    return out
 
 
 @functools.cache
-def multi_round_program(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler):
-    """The whole generation of a batch: its first round, then later rounds until every row is done."""
-    first_round, later_round = _rounds(pair, spec, shape, sampler)
+def multi_round_program(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler,
+                        eagle: EagleSpec | None = None):
+    """The whole generation of a batch: its first round, then later rounds until every row is done. `weights`:
+    (target, draft, EAGLE-3 head or None) parameters."""
+    first_round, later_round = _rounds(pair, spec, shape, sampler, eagle)
 
-    def run(target_params, draft_params, prompts: Prompts, eos_ids, seg_stop, judge: Judge, args: SamplingArgs):
-        x = RoundInputs(target_params, draft_params, eos_ids, seg_stop, judge)
+    def run(weights, prompts: Prompts, eos_ids, seg_stop, judge: Judge, args: SamplingArgs):
+        x = RoundInputs(weights, eos_ids, seg_stop, judge)
         state = first_round(x, prompts, args)
         s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: later_round(x, s, args), state)
-        return _result(s)
+        return _result(s, eagle is not None)
 
     return register_program(jax.jit(run))
 
 
-def multi_shape(ctx: ModeContext, prompt_bucket: int, max_new: int) -> MultiShape:
-    """The static shapes of multi-round programs for prompts up to `prompt_bucket` tokens and a budget of `max_new`."""
+def multi_shape(ctx: ModeContext, prompt_bucket: int, max_new: int, eagle: EagleSpec | None = None) -> MultiShape:
+    """The static shapes of multi-round programs for prompts up to `prompt_bucket` tokens and a budget of `max_new`
+    (`eagle`: the target's steps written with EAGLE-3, whose rounds write past their last token)."""
     cfg, p = ctx.config, prompt_bucket
     cap, seg_cap = cfg.max_draft_tokens, cfg.max_segment  # static; each row is cut to its budget
     d = bucket(min(cap, max_new), 16)
     seg = min(seg_cap, max_new)
     copies = ctx.round_spec.max_prefixes * len(ctx.suffix_ids)
     first_lengths, lengths = block_lengths(p + d + copies), block_lengths(1 + d + copies)
+    past = max(lengths[-1] + 1, eagle.margin if eagle is not None else 0)
     return MultiShape(prompt=p, draft_cap=cap, draft_new=d, segment_cap=seg_cap, pending=bucket(seg + 2, 8),
                       first_lengths=first_lengths, lengths=lengths, segment=bucket(seg, 16),
                       num_new=bucket(max_new, 16),
-                      cache_len=length_bucket(max(first_lengths[-1], p + max_new + lengths[-1] + 1)))
+                      cache_len=length_bucket(max(first_lengths[-1], p + max_new + past)))
 
 
 def _seg_stop(ctx: ModeContext, req: Request) -> np.ndarray:
     return np.array(sorted({*req.eos.tolist(), *ctx.step_end_ids.tolist()}), np.int32)
 
 
-def multi_launch(ctx: ModeContext, req: Request) -> Launch:
-    """The multi-round program for `req`."""
+def eagle_spec(ctx: ModeContext) -> EagleSpec:
+    """The EAGLE-3 continuation's settings of this engine (mode parse+eagle3)."""
+    e = ctx.config.eagle3
+    return EagleSpec(ctx.head.config, e.gamma, e.tree, e.tree_top_k)
+
+
+def _weights(ctx: ModeContext, eagle: bool) -> tuple:
+    return ctx.target.params, ctx.draft.params, ctx.head.params if eagle else None
+
+
+def multi_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Launch:
+    """The multi-round program for `req` (`eagle`: mode parse+eagle3)."""
     ids, target = req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
-    shape = multi_shape(ctx, p, req.max_new)
-    program = multi_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
-    return Launch(program, (target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
+    es = eagle_spec(ctx) if eagle else None
+    shape = multi_shape(ctx, p, req.max_new, es)
+    program = multi_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, es)
+    return Launch(program, (_weights(ctx, eagle), device_prompts(target, ids, b, p, req.max_new), req.eos,
                             _seg_stop(ctx, req), ctx.judge, req.sampling.args()))
 
 
-def run_multi(ctx: ModeContext, req: Request) -> GenerateResult:
-    """Multi-round PARSE (mode parse, rounds multi): one program for the whole generation."""
-    launch = multi_launch(ctx, req)
+def run_multi(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateResult:
+    """Multi-round PARSE (modes parse and parse+eagle3 with `eagle`, rounds multi): one program for the whole
+    generation."""
+    launch = multi_launch(ctx, req, eagle)
     t0 = time.perf_counter()
     res = fetch(launch.program(*launch.args))
     seconds = time.perf_counter() - t0
@@ -266,26 +411,27 @@ class Admission:
 
 
 @functools.cache
-def _slot_programs(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler):
+def _slot_programs(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler,
+                   eagle: EagleSpec | None = None):
     """(admit, advance) for one run's shapes, the slot state donated to both:
     - `admit`: the first round of up to k prompts (k bucketed), their rows moved into the slots the host names;
     - `advance`: later rounds of every slot until `free_target` slots are done (or all are)."""
-    first_round, later_round = _rounds(pair, spec, shape, sampler)
+    first_round, later_round = _rounds(pair, spec, shape, sampler, eagle)
 
-    def admit(target_params, draft_params, state: MultiState, adm: Admission, eos_ids, seg_stop, judge: Judge,
+    def admit(weights, state: MultiState, adm: Admission, eos_ids, seg_stop, judge: Judge,
               args: SamplingArgs) -> MultiState:
-        x = RoundInputs(target_params, draft_params, eos_ids, seg_stop, judge)
+        x = RoundInputs(weights, eos_ids, seg_stop, judge)
         new = first_round(x, adm.prompts, args)
         return _put_rows(state, new, adm.slots).replace(passes=state.passes + new.passes)
 
-    def advance(target_params, draft_params, state: MultiState, free_target, eos_ids, seg_stop, judge: Judge,
+    def advance(weights, state: MultiState, free_target, eos_ids, seg_stop, judge: Judge,
                 args: SamplingArgs) -> MultiState:
-        x = RoundInputs(target_params, draft_params, eos_ids, seg_stop, judge)
+        x = RoundInputs(weights, eos_ids, seg_stop, judge)
         cond = lambda s: ~jnp.all(s.done) & (jnp.sum(s.done) < free_target)  # noqa: E731
         return jax.lax.while_loop(cond, lambda s: later_round(x, s, args), state)
 
-    return (register_program(jax.jit(admit, donate_argnums=(2,))),
-            register_program(jax.jit(advance, donate_argnums=(2,))))
+    return (register_program(jax.jit(admit, donate_argnums=(1,))),
+            register_program(jax.jit(advance, donate_argnums=(1,))))
 
 
 def _put_rows(state: MultiState, new: MultiState, slots) -> MultiState:
@@ -296,7 +442,8 @@ def _put_rows(state: MultiState, new: MultiState, slots) -> MultiState:
     return MultiState(**rows, **scalars)
 
 
-def empty_slots(pair: PairSpec, spec: RoundSpec, shape: MultiShape, slots: int) -> MultiState:
+def empty_slots(pair: PairSpec, spec: RoundSpec, shape: MultiShape, slots: int,
+                eagle: EagleSpec | None = None) -> MultiState:
     """A slot state whose every row is empty (done, no budget); every field its own buffer (the state is donated)."""
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731
     return MultiState(target_cache=KVCache.init(pair.target, slots, shape.cache_len),
@@ -305,28 +452,33 @@ def empty_slots(pair: PairSpec, spec: RoundSpec, shape: MultiShape, slots: int) 
                       out=jnp.full((slots, shape.num_new + shape.draft_new), PAD_ID, jnp.int32),
                       prompt_len=jnp.ones((slots,), jnp.int32), max_new=zeros(), num_new=zeros(), last=zeros(),
                       done=jnp.ones((slots,), bool), rounds=jnp.int32(0), passes=jnp.int32(1) - 1, accepted=zeros(),
-                      drafted=zeros(), block_tokens=zeros(), prefixes=zeros(), **step_counters(spec, slots))
+                      drafted=zeros(), block_tokens=zeros(), prefixes=zeros(), **step_counters(spec, slots),
+                      delim=zeros(), eagle_accepted=zeros(), eagle_proposed=zeros(),
+                      head_cache=fresh_head(eagle, slots, shape.cache_len))
 
 
-def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult:
+def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None,
+                eagle: bool = False) -> GenerateResult:
     """Multi-round PARSE over every prompt of `req` with at most `max_batch` in flight: a finished row's slot takes
     the next prompt (its first round at admission), with no program compiled per prompt. Results in prompt order.
-    `budgets`: each prompt's own max_new_tokens (default: the request's)."""
+    `budgets`: each prompt's own max_new_tokens (default: the request's); `eagle`: mode parse+eagle3."""
     ids = req.ids
     budgets = [req.max_new] * len(ids) if budgets is None else budgets
     pair = PairSpec.of(ctx)
     capacity = min(max_batch, len(ids))
     slots = bucket(capacity, 1)
     p = bucket(max(len(x) for x in ids))
-    shape = multi_shape(ctx, p, max(budgets))
-    admit, advance = _slot_programs(pair, ctx.round_spec, shape, req.sampling.sampler)
-    params = (ctx.target.params, ctx.draft.params)
+    es = eagle_spec(ctx) if eagle else None
+    shape = multi_shape(ctx, p, max(budgets), es)
+    admit, advance = _slot_programs(pair, ctx.round_spec, shape, req.sampling.sampler, es)
+    weights = _weights(ctx, eagle)
+    fields = (*ROW_FIELDS, *(EAGLE_FIELDS if eagle else ()))
     args = req.sampling.args()
     first_args, loop_args = args.fold(1), args.fold(2)
     seg_stop = _seg_stop(ctx, req)
-    state = empty_slots(pair, ctx.round_spec, shape, slots)
+    state = empty_slots(pair, ctx.round_spec, shape, slots, es)
     book = SlotBook(len(ids), slots, capacity)
-    rows: dict[str, list] = {k: [None] * len(ids) for k in ("tokens", *ROW_FIELDS)}
+    rows: dict[str, list] = {k: [None] * len(ids) for k in ("tokens", *fields)}
     admissions = 0
     t0 = time.perf_counter()
     while True:
@@ -336,14 +488,14 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
             prompt, lens, max_new = pad_prompts([ids[r] for r in batch], len(where), p, 0)
             max_new[:len(batch)] = [budgets[r] for r in batch]
             adm = Admission(slots=where, prompts=Prompts(tokens=prompt, lens=lens, max_new=max_new))
-            state = admit(*params, state, adm, req.eos, seg_stop, ctx.judge, first_args.fold(admissions))
+            state = admit(weights, state, adm, req.eos, seg_stop, ctx.judge, first_args.fold(admissions))
             admissions += 1
-        state = advance(*params, state, book.free_target(), req.eos, seg_stop, ctx.judge, loop_args)
+        state = advance(weights, state, book.free_target(), req.eos, seg_stop, ctx.judge, loop_args)
         got = fetch({"done": state.done, "num_new": state.num_new, "out": state.out, "rounds": state.rounds,
-                     "passes": state.passes, **{k: getattr(state, k) for k in ROW_FIELDS}})
+                     "passes": state.passes, **{k: getattr(state, k) for k in fields}})
         for s, r in book.finish(got["done"]):
             rows["tokens"][r] = got["out"][s, : got["num_new"][s]].tolist()
-            for key in ROW_FIELDS:
+            for key in fields:
                 rows[key][r] = got[key][s]
         if book.empty:
             break
@@ -354,7 +506,8 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
            "num_new": np.array(lengths, np.int32), "accepted": np.array(rows["accepted"]),
            "draft_len": np.array(rows["drafted"]), "block_tokens": np.array(rows["block_tokens"]),
            "prefixes": np.array(rows["prefixes"]), "rejected_at": np.stack(rows["rejected_at"]),
-           "score_hist": np.stack(rows["score_hist"])}
+           "score_hist": np.stack(rows["score_hist"]),
+           **{EAGLE_FIELDS[f]: np.array(rows[f]) for f in fields if f in EAGLE_FIELDS}}
     verify_passes = int(got["rounds"]) + admissions
     res = parse_result(ctx, req, out, seconds, verify_passes=verify_passes, target_passes=int(got["passes"]),
                        rounds=verify_passes)

@@ -62,7 +62,7 @@ def verify_positions(ctx: ModeContext, n: int) -> int:
 
 
 def verify_eagle3_positions(ctx: ModeContext, n: int) -> int:
-    """A verification block, then an EAGLE-3 continuation's rounds."""
+    """A verification block, then an EAGLE-3 continuation's rounds (past the last token, in either round kind)."""
     return n + len(ctx.suffix_ids) + ctx.config.eagle3.gamma + ctx.config.eagle3.tree + 1
 
 
@@ -88,5 +88,6 @@ MODE_TABLE: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("eagle3", eagle3.run, needs_draft=False, needs_head=True, target_positions=eagle3_positions,
              serve=eagle3.serve),
     ModeSpec("parse+eagle3", parse.run_eagle3, needs_draft=True, needs_head=True,
-             target_positions=verify_eagle3_positions, draft_positions=draft_answer_positions),
+             target_positions=verify_eagle3_positions, draft_positions=parse_draft_positions,
+             multi_label="parse+eagle3-multi", serve=parse.serve_eagle3),
 )}

@@ -127,17 +127,34 @@ def text_automaton(delimiters: Sequence[str]) -> tuple[list[dict[str, int]], lis
     return full, ends
 
 
-def delimiter_marks(draft: jax.Array, draft_len: jax.Array, table: jax.Array) -> jax.Array:
-    """Bool [B, D + 1]: marks[b, v] when a delimiter occurrence ends at draft token v - 1 (v <= draft_len)."""
-    b, d = draft.shape
+def delimiter_scan(tokens: jax.Array, table: jax.Array, start: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """The automaton run over each row's tokens [B, T] from `start` [B] (default: state 0): (the state after each
+    token [B, T], whether a delimiter occurrence ends at it [B, T])."""
+    b = tokens.shape[0]
 
     def step(state, tok):
         entry = table[state, tok]
-        return entry // 2, entry % 2 == 1
+        return entry // 2, (entry // 2, entry % 2 == 1)
 
-    _, ends = jax.lax.scan(step, jnp.zeros((b,), jnp.int32), draft.T)  # ends [D, B]
+    start = jnp.zeros((b,), jnp.int32) if start is None else start
+    _, (states, ends) = jax.lax.scan(step, start, tokens.T)  # [T, B]
+    return states.T, ends.T
+
+
+def state_after(tokens: jax.Array, count: jax.Array, table: jax.Array, start: jax.Array) -> jax.Array:
+    """The automaton's state [B] after each row's first `count` tokens, from `start` (multi round: the state carried
+    from the output before them into the target's step)."""
+    states, _ = delimiter_scan(tokens, table, start)
+    at = jnp.take_along_axis(states, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
+    return jnp.where(count > 0, at, start)
+
+
+def delimiter_marks(draft: jax.Array, draft_len: jax.Array, table: jax.Array) -> jax.Array:
+    """Bool [B, D + 1]: marks[b, v] when a delimiter occurrence ends at draft token v - 1 (v <= draft_len)."""
+    b, d = draft.shape
+    _, ends = delimiter_scan(draft, table)
     v = jnp.arange(1, d + 1)[None, :]
-    marks = ends.T & (v <= draft_len[:, None])
+    marks = ends & (v <= draft_len[:, None])
     return jnp.concatenate([jnp.zeros((b, 1), bool), marks], axis=1)
 
 

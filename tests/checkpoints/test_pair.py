@@ -90,7 +90,8 @@ def test_parse_eagle3_continues_like_eagle3_from_the_accepted_prefix(pair):
     target, draft = pair
     task = pj.load_task()
     prompts = [p for p, _ in task.problems(8, 5)]
-    eng = pj.ParseEngine(target, draft, pj.ParseConfig(threshold=0.0, max_draft_tokens=12, schedule="fixed"))
+    eng = pj.ParseEngine(target, draft, pj.ParseConfig(threshold=0.0, max_draft_tokens=12, schedule="fixed",
+                                                       rounds="single"))
     res = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=24)
     from parse_jax.runtime.requests import encode_prompts
 

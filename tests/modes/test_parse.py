@@ -104,7 +104,7 @@ def test_parse_eagle3_program_equals_the_reference_path():
 
     target, draft = _engine_pair()
     eng = ParseEngine(target, draft, ParseConfig(schedule="fixed", max_draft_tokens=10, segmenter="stride", stride=3,
-                                                 threshold=0.5),
+                                                 threshold=0.5, rounds="single"),
                       eagle3=random_head(target, 43))
     ref = ReferenceParse(eng)
     for prompts in (ENGINE_PROMPTS[:1], ENGINE_PROMPTS):

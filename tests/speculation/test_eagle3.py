@@ -181,7 +181,8 @@ def test_engine_modes_eagle3_and_parse_eagle3():
     assert res.stats["accepted_tokens"] == 0 and res.stats["eagle3_draft_tokens"] > 0
     # threshold 0: every draft accepted, then EAGLE-3 continues from the committed boundary with the features of
     # the verification pass; the continuation equals the target's own greedy continuation of that context
-    eng0 = ParseEngine(target, draft, ParseConfig(max_draft_tokens=6, threshold=0.0, schedule="fixed"), eagle3=head)
+    cfg0 = ParseConfig(max_draft_tokens=6, threshold=0.0, schedule="fixed", rounds="single")
+    eng0 = ParseEngine(target, draft, cfg0, eagle3=head)
     res0 = eng0.generate(ENGINE_PROMPTS, mode="parse+eagle3", max_new_tokens=20)
     ids = [target.tokenizer.encode(p) for p in ENGINE_PROMPTS]
     bos = target.tokenizer.bos_id

@@ -1,0 +1,175 @@
+"""Where a batch-1 request's time goes, on the embedded pair: draft, verification, continuation (the target's own
+tokens, plain or EAGLE-3), commit and the rest of the program, host; the draft-only ceiling; the accepted fraction.
+For parse (single round), parse-multi, parse+eagle3 and parse+eagle3-multi.
+
+How each part is found (the method the brief lets us name):
+- wall: `ParseEngine.generate` for one prompt;
+- device: the same request's program run again on its inputs already on the device (`block_until_ready`), as
+  `bench_host_share.py` does; host = wall - device (encoding, validation, padding, the fetch, decoding, stats);
+- draft, verification, continuation: the request's own counters (draft tokens written, verification passes and
+  their tokens, the target's other passes, EAGLE-3 proposals) times the per-pass costs of
+  `parse_jax/schedule/costs.py` (`pass_costs`: the cached profile of each model when there is one, else its
+  roofline; the md says which), at batch 1 and the request's cache bucket;
+- commit and the rest: device - (draft + verification + continuation): acceptance, commits, segmentation, sampling,
+  loop control, and the cost model's own error (it can come out negative where the model overstates a pass).
+- ceiling: the draft alone writing the same budget on the same prompts; each mode's tokens/s as a share of it.
+
+    python benchmarks/bench_ceiling.py [--n 20] [--repeats 2] [--out benchmarks/results/ceiling_b1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import parse_jax as pj
+from parse_jax.engine import ParseConfig, ParseEngine
+from parse_jax.harness.provenance import provenance
+from parse_jax.modes.parse import multi_launch, single_launch
+from parse_jax.runtime.decode import generate_launch
+from parse_jax.runtime.programs import length_bucket
+from parse_jax.schedule.profile import pass_costs
+from parse_jax.utils import atomic
+
+MAX_NEW = 32  # bench's default budget
+MODES = {  # label: (engine mode, rounds)
+    "parse": ("parse", "single"), "parse-multi": ("parse", "multi"),
+    "parse+eagle3": ("parse+eagle3", "single"), "parse+eagle3-multi": ("parse+eagle3", "multi")}
+PARTS = ("draft", "verification", "continuation", "commit_and_rest", "host")
+
+
+def launch_of(eng: ParseEngine, label: str, prompt: str):
+    """(program, device-placed args) that `eng.generate([prompt], mode)` runs at batch 1 (the fused program)."""
+    mode, rounds = MODES[label]
+    req = eng.request([prompt], mode, MAX_NEW, 0.0, 0, 0, 1.0, None)
+    eagle = mode == "parse+eagle3"
+    launch = multi_launch(eng.context, req, eagle) if rounds == "multi" else single_launch(eng.context, req, eagle)[0]
+    return launch.program, jax.device_put(launch.args)
+
+
+def modelled(costs, eng: ParseEngine, stats: dict, prompt_len: int, multi: bool) -> dict:
+    """Seconds of draft, verification and continuation of one request: its counters times the per-pass costs."""
+    cache = length_bucket(prompt_len + MAX_NEW + 64)
+    cfg = eng.config
+    verify_passes = stats["verify_passes"]
+    block = max(1, round(stats["verify_tokens"] / max(verify_passes, 1)))
+    draft = stats["draft_tokens"] * costs.seconds("draft", 1, 1, cache)
+    if multi:  # each later round the draft reads the target's last step in one pass
+        draft += max(verify_passes - 1, 0) * costs.seconds("draft", 1, cfg.max_segment + 2, cache)
+    verification = verify_passes * costs.seconds("target", 1, block, cache)
+    cont_passes = stats["target_passes"] - verify_passes
+    if stats.get("eagle3_draft_tokens") is not None:  # chains of gamma (+ tree leaves) verified per target pass
+        g, tree = cfg.eagle3.gamma, cfg.eagle3.tree
+        continuation = (cont_passes * (costs.seconds("target", 1, g + 1 + tree, cache)
+                                       + g * costs.seconds("eagle3", 1, 1, cache)
+                                       + costs.seconds("eagle3", 1, g + 1 + tree, cache))
+                        + verify_passes * costs.seconds("eagle3", 1, block, cache))  # the head reads each block
+    else:
+        continuation = cont_passes * costs.seconds("target", 1, 1, cache)
+    return {"draft": draft, "verification": verification, "continuation": continuation}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results/ceiling_b1")
+    args = ap.parse_args(argv)
+    target, draft = pj.load_pair()
+    problems = [p for p, _ in pj.load_task().problems(args.n, seed=12345)]
+    engines = {label: ParseEngine(target, draft, ParseConfig(rounds=rounds, schedule="fixed"))
+               for label, (_, rounds) in MODES.items()}
+    costs = pass_costs(target, draft, head=target.eagle3)
+    ids = [engines["parse"].request([p], "parse", MAX_NEW, 0.0, 0, 0, 1.0, None).ids[0] for p in problems]
+    draft_req = engines["parse"].request(problems[:1], "target", MAX_NEW, 0.0, 0, 0, 1.0, None)
+    sums = {m: {k: 0.0 for k in ("wall", "device", "tokens", "accepted", "draft", "verification", "continuation")}
+            for m in MODES}
+    draft_time = draft_tokens = 0.0
+    for label in MODES:  # compile every bucket the problems use
+        for p in problems[:4]:
+            engines[label].generate([p], mode=MODES[label][0], max_new_tokens=MAX_NEW)
+            program, a = launch_of(engines[label], label, p)
+            jax.block_until_ready(program(*a))
+    for rep in range(args.repeats):
+        for i, p in enumerate(problems):
+            program, a = generate_launch(draft, [ids[i]], MAX_NEW, draft_req.sampling, draft_req.eos,
+                                         draft.config.max_position_embeddings)
+            a = jax.device_put(a)
+            jax.block_until_ready(program(*a))  # compiled (and warm) before it is timed
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(program(*a))
+            if rep:  # the first repeat warms
+                draft_time += time.perf_counter() - t0
+                draft_tokens += int(np.asarray(out[1]).sum())
+            for label, (mode, rounds) in MODES.items():
+                eng = engines[label]
+                t0 = time.perf_counter()
+                res = eng.generate([p], mode=mode, max_new_tokens=MAX_NEW)
+                wall = time.perf_counter() - t0
+                program, a = launch_of(eng, label, p)
+                t0 = time.perf_counter()
+                jax.block_until_ready(program(*a))
+                device = time.perf_counter() - t0
+                if not rep and args.repeats > 1:
+                    continue
+                s = sums[label]
+                s["wall"] += wall
+                s["device"] += device
+                s["tokens"] += res.stats["new_tokens"]
+                s["accepted"] += res.stats["accepted_tokens"]
+                for k, v in modelled(costs, eng, res.stats, len(ids[i]), rounds == "multi").items():
+                    s[k] += v
+    ceiling = draft_tokens / draft_time
+    rows = {}
+    for label, s in sums.items():
+        parts = {k: s[k] for k in ("draft", "verification", "continuation")}
+        parts["commit_and_rest"] = s["device"] - sum(parts.values())
+        parts["host"] = s["wall"] - s["device"]
+        tok_s = s["tokens"] / s["wall"]
+        rows[label] = {"tokens_per_s": tok_s, "share_of_draft_ceiling": tok_s / ceiling,
+                       "accepted_fraction": s["accepted"] / s["tokens"],
+                       "ms_per_request": {k: 1e3 * v / (len(problems) * max(args.repeats - 1, 1))
+                                          for k, v in {"wall": s["wall"], "device": s["device"], **parts}.items()},
+                       "share_of_wall": {k: parts[k] / s["wall"] for k in PARTS}}
+    command = "python benchmarks/bench_ceiling.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = {"command": command.strip(), "max_new_tokens": MAX_NEW, "draft_ceiling_tokens_per_s": ceiling,
+              "cost_sources": costs.sources, "modes": rows,
+              "provenance": provenance({"n": args.n, "repeats": args.repeats})}
+    text = report(result)
+    print(text)
+    out = Path(args.out)
+    atomic.write_json(out / "ceiling.json", result)
+    atomic.write_text(out / "ceiling.md", text)
+    return 0
+
+
+def report(result: dict) -> str:
+    prov = result["provenance"]
+    lines = ["# Where a batch-1 request's time goes, embedded pair", "", f"Command: `{result['command']}`", "",
+             f"{prov['config']['n']} held-out problems, batch 1, greedy, at most {result['max_new_tokens']} new "
+             f"tokens, {prov['config']['repeats']} repeats (the first warms and is not counted), modes interleaved "
+             "per problem. Wall: `generate`; device: the request's program alone on its inputs; host = wall - "
+             "device. Draft / verification / continuation: the request's counters times the per-pass costs of "
+             f"parse_jax/schedule/costs.py (sources: {result['cost_sources']}); commit and rest = device - those "
+             "three (acceptance, commits, segmentation, sampling, loop control, and the cost model's error).",
+             "", f"Draft-only ceiling: {result['draft_ceiling_tokens_per_s']:.0f} tokens/s (the draft alone, same "
+             "prompts and budget, program alone).", "",
+             "| mode | tok/s | share of draft ceiling | accepted fraction | wall ms | draft | verification | "
+             "continuation | commit + rest | host |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for m, r in result["modes"].items():
+        ms, sh = r["ms_per_request"], r["share_of_wall"]
+        cells = " | ".join(f"{ms[k]:.1f} ms ({100 * sh[k]:.0f}%)" for k in PARTS)
+        lines.append(f"| {m} | {r['tokens_per_s']:.0f} | {100 * r['share_of_draft_ceiling']:.1f}% | "
+                     f"{100 * r['accepted_fraction']:.0f}% | {ms['wall']:.1f} | {cells} |")
+    lines += ["", f"Commit {prov.get('git_commit')} (dirty: {prov.get('git_dirty')}); jax {prov.get('jax')} on "
+              f"{prov.get('device')} ({prov.get('cpu_count')} CPUs); {prov.get('time_utc')}."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
