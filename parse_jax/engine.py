@@ -16,8 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from parse_jax.distributed.mesh import on_mesh
-from parse_jax.distributed.sharded import replicate, shard_model
+from parse_jax.distributed.sharded import kernel_context, replicate, shard_model
 from parse_jax.distributed.verify import sharded_score_prefixes
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.lowering.memory import MemoryGuard
@@ -213,7 +212,7 @@ class ParseEngine:
         # a run whose weights and caches cannot fit the device: one line, before anything is allocated
         self.memory_guard.check(self.context, mode, req, min(max_batch or len(req.ids), len(req.ids)))
         fetches = FETCHES[0]
-        with on_mesh(self.target.mesh):  # a sharded run traces under its mesh (the kernels run under shard_map)
+        with kernel_context(self.target):  # sharded Pallas kernels see the mesh (they run under shard_map)
             res = self._run_batches(mode, req, max_batch)
         res.stats["mode"] = mode
         res.stats["host_transfers"] = FETCHES[0] - fetches

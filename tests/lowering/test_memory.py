@@ -125,14 +125,16 @@ def cpu_engine() -> ParseEngine:
 
 
 @pytest.mark.parametrize("mode,batch,max_new", [("target", 8, 1024), ("prefix_scores", 4, 256),
-                                                 ("parse-single", 1, 128)])
+                                                 ("parse-single", 1, 128), ("sd", 4, 256), ("parse-multi", 1, 128)])
 def test_the_estimate_is_within_10_percent_of_xla(mode, batch, max_new):
     """The programs compiled for this CPU (attention_impl "xla": dense scores, as the plan counts them there):
     arguments + outputs + temporaries - aliased, as XLA's buffer assignment reports them."""
     eng = cpu_engine()
     ctx = abstract_context(eng.context, attention_impl="xla", mesh=None)
-    ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds="single"))
-    req = eng.request([[1] * 100] * batch, "target" if mode == "target" else "parse", max_new, 0.0, 0, 0, 1.0, None)
+    rounds = "multi" if mode == "parse-multi" else "single"
+    ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=rounds))
+    run = {"target": "target", "sd": "sd"}.get(mode, "parse")
+    req = eng.request([[1] * 100] * batch, run, max_new, 0.0, 0, 0, 1.0, None)
     launch = mode_launches(ctx, mode, req)[0]
     stats = launch.program.trace(*abstract_tree(launch.args)).lower().compile().memory_analysis()
     xla = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
