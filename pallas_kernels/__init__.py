@@ -75,8 +75,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, limi
     def run(q, k, v, lengths, limit, group):
         return kernel(q, k, v, lengths, limit, group, scale=scale, interpret=interp, **tiles)
 
-    if not interp and needs_partition():  # XLA cannot partition a custom call: one kernel per device's shard
-        return partitioned(run, q, k, v, lengths, limit, group)
+    if needs_partition():  # XLA cannot partition a custom call: one kernel per device's shard (interpreted too, so
+        # that a CPU mesh runs the path a TPU or GPU mesh runs)
+        return partitioned(run, q, k, v, lengths, limit, group, check_vma=not interp)
     return run(q, k, v, lengths, limit, group)
 
 

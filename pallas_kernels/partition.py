@@ -46,15 +46,17 @@ def needs_partition() -> bool:
 
 
 def partitioned(kernel: Callable, q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, limit: jax.Array,
-                group: jax.Array) -> jax.Array:
+                group: jax.Array, *, check_vma: bool = True) -> jax.Array:
     """`kernel(q, k, v, lengths, limit, group)` (q [B, T, H, D], k/v [B, KV, S, D]) under `shard_map` over the free
-    axes of the traced-under mesh (see the module doc)."""
+    axes of the traced-under mesh (see the module doc). `check_vma=False` for an interpreted kernel: jax's Pallas
+    interpreter indexes blocks with a grid counter that varies over no mesh axis, which shard_map's varying-axes
+    check refuses (jax 0.10: "dynamic_slice requires varying manual axes to match")."""
     sizes = free_axes()
     rows = ROW_AXIS if sizes.get(ROW_AXIS, 1) > 1 and q.shape[0] % sizes[ROW_AXIS] == 0 else None
     m = sizes.get(HEAD_AXIS, 1)
     heads = HEAD_AXIS if m > 1 and q.shape[2] % m == 0 and k.shape[1] % m == 0 else None
     q_spec, kv_spec, row_spec = P(rows, None, heads, None), P(rows, heads, None, None), P(rows, None)
     mesh = jax.sharding.get_abstract_mesh()
-    fn = jax.shard_map(kernel, mesh=mesh, axis_names=frozenset(sizes),
+    fn = jax.shard_map(kernel, mesh=mesh, axis_names=frozenset(sizes), check_vma=check_vma,
                        in_specs=(q_spec, kv_spec, kv_spec, P(rows), row_spec, row_spec), out_specs=q_spec)
     return fn(q, k, v, lengths, limit, group)

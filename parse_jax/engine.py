@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from parse_jax.distributed.sharded import replicate, shard_model
+from parse_jax.distributed.sharded import kernel_context, replicate, shard_model
 from parse_jax.distributed.verify import sharded_score_prefixes
 from parse_jax.errors import ConfigError, InputError
+from parse_jax.lowering.memory import MemoryGuard
 from parse_jax.models.vocab import align_vocab
 from parse_jax.modes.context import ModeContext
 from parse_jax.modes.table import MODE_TABLE
@@ -127,6 +128,7 @@ class ParseEngine:
                                    round_spec=self.round_spec, suffix_ids=tuple(self.suffix_ids),
                                    step_end_ids=self.step_end_ids)
         self.schedule_state = ScheduleState()  # schedule="auto": acceptance and costs measured so far
+        self.memory_guard = MemoryGuard()  # generate's memory plan on the first device (docs/lowering.md)
         self._costs: PassCosts | None = None
 
     def _encode_setting(self, name: str, text: str) -> list[int]:
@@ -207,8 +209,11 @@ class ParseEngine:
         req = self.request(prompts, mode, max_new_tokens, temperature, seed, top_k, top_p, eos_ids)
         if max_batch is not None:
             max_batch = check_int("max_batch", max_batch, 1, error=InputError)
+        # a run whose weights and caches cannot fit the device: one line, before anything is allocated
+        self.memory_guard.check(self.context, mode, req, min(max_batch or len(req.ids), len(req.ids)))
         fetches = FETCHES[0]
-        res = self._run_batches(mode, req, max_batch)
+        with kernel_context(self.target):  # sharded Pallas kernels see the mesh (they run under shard_map)
+            res = self._run_batches(mode, req, max_batch)
         res.stats["mode"] = mode
         res.stats["host_transfers"] = FETCHES[0] - fetches
         res.stats["compiled_programs"] = compiled_programs()

@@ -6,6 +6,7 @@ so it maps to the closest devices (one host, ICI).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,11 @@ def make_mesh(spec: str | Mapping[str, int] | Path | None = None, devices: Seque
 
 def mesh_shape(mesh: Mesh) -> tuple[int, int]:
     return int(mesh.shape["data"]), int(mesh.shape["model"])
+
+
+
+def on_mesh(mesh: Mesh | None):
+    """The context a sharded run traces and runs under: `jax.set_mesh(mesh)`, so that code inside its programs sees
+    the mesh (`jax.sharding.get_abstract_mesh()`; the Pallas kernels then run under `shard_map`, one kernel per
+    device's shard, as XLA cannot partition their custom calls). No mesh: nothing changes."""
+    return jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()

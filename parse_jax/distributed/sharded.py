@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -14,7 +15,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from parse_jax.distributed.mesh import mesh_shape
+import pallas_kernels
+from parse_jax.distributed.mesh import mesh_shape, on_mesh
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model
@@ -99,3 +101,16 @@ def pad_cache(cache: KVCache, batch: int) -> KVCache:
         return cache
     grow = lambda x: jnp.concatenate([x, jnp.zeros((extra, *x.shape[1:]), x.dtype)])  # noqa: E731
     return KVCache(k=tuple(map(grow, cache.k)), v=tuple(map(grow, cache.v)), lengths=grow(cache.lengths))
+
+
+
+def kernel_context(model: Model):
+    """What a run of `model` (and the models beside it on its mesh) traces under: `jax.set_mesh(model.mesh)` when it
+    is sharded and attends with a Pallas kernel, so that the kernel sees the mesh and runs under `shard_map`, one
+    kernel per device's shard (XLA cannot partition a Mosaic or Triton call; interpreted kernels take the same
+    path). Otherwise nothing changes: arrays made under a mesh carry it in jax 0.10 (a cached PRNG key made there
+    is refused under another mesh), so dense attention, which GSPMD partitions, stays off it."""
+    mesh = getattr(model, "mesh", None)
+    if mesh is None or pallas_kernels.resolve(model.attention_impl, jax.default_backend())[0] == "xla":
+        return contextlib.nullcontext()
+    return on_mesh(mesh)

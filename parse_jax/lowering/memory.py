@@ -73,10 +73,10 @@ class MemoryPlan:
 
     def line(self) -> str:
         d, m = self.mesh.get("data", 1), self.mesh.get("model", 1)
-        where = f"a {self.chip} chip ({self.capacity / GB:.1f} GB)" + (f" of a data={d},model={m} mesh"
-                                                                          if d * m > 1 else "")
-        sizes = (f"weights {self.weights / GB:.2f} GB + KV caches {self.caches / GB:.2f} GB + activations "
-                 f"{self.activations / GB:.2f} GB = {self.total / GB:.2f} GB")
+        where = f"a {self.chip} chip ({_size(self.capacity, 1)})" + (f" of a data={d},model={m} mesh"
+                                                                     if d * m > 1 else "")
+        sizes = (f"weights {_size(self.weights)} + KV caches {_size(self.caches)} + activations "
+                 f"{_size(self.activations)} = {_size(self.total)}")
         run = f"batch {self.batch} x {self.prompt_len} prompt + {self.max_new_tokens} new tokens"
         if self.fits:
             return f"{run} fits {where}: {sizes}"
@@ -88,6 +88,11 @@ class MemoryPlan:
                 "weights_bytes": self.weights, "kv_cache_bytes": self.caches, "activation_bytes": self.activations,
                 "total_bytes": self.total, "fits": self.fits, "per_model": self.per_model,
                 "alternatives": list(self.alternatives), "line": self.line()}
+
+
+def _size(n: int, digits: int = 2) -> str:
+    """GB (10^9 bytes), or MB below a hundredth of one (small models would read 0.00 GB)."""
+    return f"{n / GB:.{digits}f} GB" if n >= GB / 10**digits else f"{n / 1e6:.{digits}f} MB"
 
 
 def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platform: str = "tpu") -> Shapes:
@@ -211,12 +216,13 @@ def _plan(shapes: Shapes, target: Chip, sizes: dict[str, int], capacity: int, he
 
 
 def plan_memory(ctx, mode: str, req, target: Chip, sizes: dict[str, int] | None = None,
-                capacity: int | None = None) -> MemoryPlan:
+                capacity: int | None = None, batch: int | None = None) -> MemoryPlan:
     """The memory plan of `mode` over the validated request `req` on `target` chips (`capacity` bytes each; default
-    the chip table's HBM), with what would fit when it does not."""
+    the chip table's HBM), with what would fit when it does not. `batch`: the rows run at once (default every
+    prompt of `req`; fewer under `generate(..., max_batch=)`), each as long as the longest prompt."""
     sizes = dict(sizes or {"data": 1, "model": 1})
     capacity = int(capacity if capacity is not None else target.hbm_bytes)
-    batch, prompt_len = len(req.ids), max(len(x) for x in req.ids)
+    batch, prompt_len = batch or len(req.ids), max(len(x) for x in req.ids)
     head_weights = 0
     if ctx.head is not None and mode in ("eagle3", "parse+eagle3"):
         head_weights = sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
@@ -264,24 +270,63 @@ def device_capacity(device: Any, table_chip: Chip | None) -> int | None:
     return table_chip.hbm_bytes if table_chip is not None else None
 
 
+class MemoryGuard:
+    """The memory check of the library path (`ParseEngine.generate`): a real device's capacity, read once
+    (`device_capacity`; default device: the first one), and one plan per run shape (mode, rows, longest prompt,
+    budget), cached. On a device without a capacity (a CPU) nothing is planned: a run there costs one attribute
+    read. `device`: any object with `device_kind`, `platform` and `memory_stats()`, as `jax.devices()[0]`."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.device = device
+        self._target: Chip | None = None
+        self._read = False
+        self._plans: dict[tuple, MemoryPlan] = {}
+
+    def target(self) -> Chip | None:
+        """The device as a chip whose HBM is what its allocator offers (None: no capacity, a CPU)."""
+        if not self._read:
+            import jax
+
+            from parse_jax.lowering.chips import chip_of_device_kind
+
+            device = self.device if self.device is not None else jax.devices()[0]
+            kind = getattr(device, "device_kind", "")
+            table = chip_of_device_kind(kind)
+            capacity = device_capacity(device, table)
+            if capacity is not None:
+                name = table.name if table is not None else kind or "device"
+                platform = table.platform if table is not None else getattr(device, "platform", "?")
+                self._target = Chip(name, platform, kind, table.num_cores if table else 1, capacity)
+            self._read = True
+        return self._target
+
+    def plan(self, ctx, mode: str, req, batch: int | None = None) -> MemoryPlan | None:
+        """The plan of `mode` over `req` at `batch` rows on this device (one chip of the target's mesh, when it has
+        one); None without a capacity."""
+        target = self.target()
+        if target is None:
+            return None
+        batch = batch or len(req.ids)
+        key = (mode, batch, max(len(x) for x in req.ids), req.max_new)
+        if key not in self._plans:
+            mesh = getattr(ctx.target, "mesh", None)
+            sizes = {"data": int(mesh.shape["data"]), "model": int(mesh.shape["model"])} if mesh is not None else None
+            if len(self._plans) >= 256:  # a long-lived server meets many prompt lengths: keep the cache bounded
+                self._plans.clear()
+            self._plans[key] = plan_memory(ctx, mode, req, target, sizes, capacity=target.hbm_bytes, batch=batch)
+        return self._plans[key]
+
+    def check(self, ctx, mode: str, req, batch: int | None = None) -> MemoryPlan | None:
+        """`plan`, refusing (`check_fits`: one line) a run that does not fit."""
+        plan = self.plan(ctx, mode, req, batch)
+        return check_fits(plan) if plan is not None else None
+
+
 def device_plan(ctx, mode: str, req, device: Any = None) -> MemoryPlan | None:
     """The plan of `mode` over `req` on a real device (default: the first one), whose capacity is what its allocator
     offers (`device_capacity`); a mesh target plans one chip of its mesh. None on a device without a capacity (a
     CPU)."""
-    import jax
-
-    from parse_jax.lowering.chips import Chip, chip_of_device_kind
-
-    device = device if device is not None else jax.devices()[0]
-    table = chip_of_device_kind(getattr(device, "device_kind", ""))
-    capacity = device_capacity(device, table)
-    if capacity is None:
-        return None
-    target = table or Chip(getattr(device, "device_kind", "device"), getattr(device, "platform", "?"),
-                           getattr(device, "device_kind", ""), 1, capacity)
-    mesh = getattr(ctx.target, "mesh", None)
-    sizes = {"data": int(mesh.shape["data"]), "model": int(mesh.shape["model"])} if mesh is not None else None
-    return plan_memory(ctx, mode, req, target, sizes, capacity=capacity)
+    return MemoryGuard(device).plan(ctx, mode, req)
 
 
 def check_fits(plan: MemoryPlan) -> MemoryPlan:

@@ -109,9 +109,9 @@ def _filler(engine) -> int:
 def check_memory(engine, prompts, mode: str, max_new_tokens: int, device: Any = None):
     """Refuse, before anything is allocated, a run of `engine.generate(prompts, mode, max_new_tokens)` whose weights,
     caches and largest pass do not fit the device (default: the first one): a ConfigError of one line naming the
-    sizes and what would fit. Returns the plan (None on a device that reports no capacity: a CPU)."""
-    from parse_jax.lowering.memory import check_fits, device_plan
+    sizes and what would fit. Returns the plan (None on a device that reports no capacity: a CPU).
+    `engine.generate` makes this check itself (`engine.memory_guard`)."""
+    from parse_jax.lowering.memory import MemoryGuard
 
     req = engine.request(prompts, mode, max_new_tokens, 0.0, 0, 0, 1.0, None)
-    plan = device_plan(engine.context, mode, req, device)
-    return check_fits(plan) if plan is not None else None
+    return MemoryGuard(device).check(engine.context, mode, req)

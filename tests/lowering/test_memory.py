@@ -12,13 +12,14 @@ from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError
 from parse_jax.lowering.chips import chip
 from parse_jax.lowering.launches import abstract_context, abstract_tree, mode_launches
-from parse_jax.lowering.memory import check_fits, device_plan, plan_memory, weight_bytes
+from parse_jax.lowering.memory import MemoryGuard, check_fits, device_plan, plan_memory, weight_bytes
 from parse_jax.lowering.run import check_memory
 from parse_jax.lowering.sources import shape_head, shape_model
 from parse_jax.models.model import Model, expected_params, unflatten
 from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.runtime.programs import FETCHES
 from parse_jax.tasks import TOKENIZER_DIR
-from tests.random_models import tiny_config
+from tests.random_models import random_model, tiny_config
 
 TOK = Tokenizer.from_folder(TOKENIZER_DIR)
 
@@ -85,15 +86,20 @@ def test_a_mesh_splits_weights_over_model_and_caches_over_both_axes():
     assert set(one.per_model) == {"target", "draft"}
 
 
+class Device:
+    """What `jax.devices()[0]` answers on an accelerator whose allocator offers `bytes_limit` bytes (default: a TPU
+    v6e's 32 GB); counts how often it was asked."""
+
+    def __init__(self, bytes_limit: int = 32 * 10**9, device_kind: str = "TPU v6 lite", platform: str = "tpu"):
+        self.bytes_limit, self.device_kind, self.platform, self.asked = bytes_limit, device_kind, platform, 0
+
+    def memory_stats(self):
+        self.asked += 1
+        return {"bytes_limit": self.bytes_limit}
+
+
 def test_a_device_without_room_refuses_the_run_in_one_line():
-    """`check_memory` on a device whose allocator offers 31.25 GiB, as `memory_stats()` reports it on a TPU v6e."""
-
-    class Device:  # what jax.devices()[0] answers on such a chip
-        device_kind, platform = "TPU v6 lite", "tpu"
-
-        def memory_stats(self):
-            return {"bytes_limit": 32 * 10**9}
-
+    """`check_memory` on a device whose allocator offers 32 GB, as `memory_stats()` reports it on a TPU v6e."""
     eng = big_engine("llama3-1b")
     with pytest.raises(ConfigError, match=r"^batch 64 x 5 prompt \+ 8192 new tokens does not fit a v6e chip "
                                           r"\(32\.0 GB\): weights 18\.53 GB \+ KV caches"):
@@ -119,17 +125,73 @@ def cpu_engine() -> ParseEngine:
 
 
 @pytest.mark.parametrize("mode,batch,max_new", [("target", 8, 1024), ("prefix_scores", 4, 256),
-                                                 ("parse-single", 1, 128)])
+                                                 ("parse-single", 1, 128), ("sd", 4, 256), ("parse-multi", 1, 128)])
 def test_the_estimate_is_within_10_percent_of_xla(mode, batch, max_new):
     """The programs compiled for this CPU (attention_impl "xla": dense scores, as the plan counts them there):
     arguments + outputs + temporaries - aliased, as XLA's buffer assignment reports them."""
     eng = cpu_engine()
     ctx = abstract_context(eng.context, attention_impl="xla", mesh=None)
-    ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds="single"))
-    req = eng.request([[1] * 100] * batch, "target" if mode == "target" else "parse", max_new, 0.0, 0, 0, 1.0, None)
+    rounds = "multi" if mode == "parse-multi" else "single"
+    ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=rounds))
+    run = {"target": "target", "sd": "sd"}.get(mode, "parse")
+    req = eng.request([[1] * 100] * batch, run, max_new, 0.0, 0, 0, 1.0, None)
     launch = mode_launches(ctx, mode, req)[0]
     stats = launch.program.trace(*abstract_tree(launch.args)).lower().compile().memory_analysis()
     xla = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
            - stats.alias_size_in_bytes)
     estimate = plan_memory(ctx, mode, req, chip("v5e")).total
     assert abs(estimate / xla - 1) < 0.10, (estimate, xla)
+
+
+@functools.cache
+def small_engine() -> ParseEngine:
+    """A real (random) qwen3 target and llama3 draft on this CPU."""
+    models = [random_model(family, seed, vocab_size=TOK.vocab_size) for family, seed in (("qwen3", 40), ("llama3", 41))]
+    target, draft = (Model(m.config, m.params, TOK) for m in models)
+    return ParseEngine(target, draft, ParseConfig(max_draft_tokens=12, rounds="single", schedule="fixed"))
+
+
+PROMPTS = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :", "( 5 - 5 ) + ( 6 * 2 ) :", "( 1 + 1 ) :"]
+
+
+def test_generate_refuses_a_run_the_device_cannot_hold_before_running_anything():
+    """`ParseEngine.generate` plans against its device (here one whose allocator offers room for batch 1 of this run
+    and no more): a larger batch is refused in one line naming the sizes and what would fit, before any program ran;
+    the batch that fits, or the larger one under max_batch, runs and gives the tokens of a run without the check."""
+    eng = small_engine()
+    req = eng.request(PROMPTS[:1], "parse", 16, 0.0, 0, 0, 1.0, None)
+    one = MemoryGuard(Device()).plan(eng.context, "parse", req)  # a plan on a 32 GB device: sizes only
+    reference = eng.generate(PROMPTS, "parse", 16)  # this CPU reports no capacity: no plan, no refusal
+    assert eng.memory_guard.plan(eng.context, "parse", req) is None
+    device = Device(bytes_limit=one.total + 1, device_kind="Fake accelerator", platform="fake")
+    eng.memory_guard = MemoryGuard(device)
+    try:
+        fetches = FETCHES[0]
+        with pytest.raises(ConfigError) as refused:
+            eng.generate(PROMPTS, "parse", 16)
+        assert FETCHES[0] == fetches  # nothing ran
+        line = str(refused.value)
+        assert "\n" not in line
+        longest = max(len(p) for p in eng.request(PROMPTS, "parse", 16, 0.0, 0, 0, 1.0, None).ids)
+        assert line.startswith(f"batch 4 x {longest} prompt + 16 new tokens does not fit a Fake accelerator chip "
+                               f"({(one.total + 1) / 1e6:.1f} MB): weights {one.weights / 1e6:.2f} MB + KV caches")
+        assert "weights " in line and " KV caches " in line and " activations " in line
+        assert "what would fit: batch " in line
+        assert eng.generate(PROMPTS, "parse", 16, max_batch=1).tokens == reference.tokens  # one row at a time fits
+    finally:
+        eng.memory_guard = MemoryGuard()
+    assert device.asked == 1  # the device is asked once
+
+
+def test_the_guard_plans_once_per_run_shape_and_not_at_all_on_this_cpu():
+    eng = small_engine()
+    guard = MemoryGuard(Device())
+    req = eng.request(PROMPTS, "parse", 16, 0.0, 0, 0, 1.0, None)
+    first = guard.check(eng.context, "parse", req)
+    assert first is not None and first.fits
+    assert guard.check(eng.context, "parse", req) is first  # cached
+    assert guard.check(eng.context, "parse", req, batch=2) is not first  # another shape: another plan
+    assert guard.check(eng.context, "sd", req) is not first
+    assert guard.device.asked == 1
+    cpu = MemoryGuard()
+    assert cpu.check(eng.context, "parse", req) is None and cpu.target() is None

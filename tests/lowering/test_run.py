@@ -60,6 +60,17 @@ def test_every_mode_lowers_with_the_kernel(mode, platform, chip):
         assert other not in p.custom_calls
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_lowers_for_every_tpu_generation(mode):
+    """Every mode on v4, v5p and v6e as well (v6e: 256-wide tiles), the family rotating over the modes, so that
+    every mode meets every chip and every family meets most modes (the matrix whole would be 120 lowerings)."""
+    family = ("llama3", "qwen2", "qwen3")[MODES.index(mode) % 3]
+    for chip in ("v4", "v5p", "v6e"):
+        run = lowered(family, mode, "tpu", chip)
+        assert run.failed == {} and run.programs, (family, chip)
+        assert all(p.has_kernel for p in run.programs), (family, chip, [p.custom_calls for p in run.programs])
+
+
 def test_a_split_single_round_lowers_its_continuation_at_every_row_bucket():
     run = lowered("qwen3", "parse-single", "tpu", "v5e", batch=3)
     assert [p.name for p in run.programs] == ["parse-single.round", "parse-single.continue.rows1",
