@@ -204,8 +204,8 @@ class ParseEngine:
                  max_batch: int | None = None) -> GenerateResult:
         """Generate for a batch of prompts (texts, or token-id lists) with `mode`. `eos_ids`: the stop ids (default:
         the target's config, generation config and tokenizer EOS; [] = none). `max_batch`: at most this many rows
-        at once: every mode but single-round parse+eagle3 keeps that many slots busy (a finished row's slot takes the
-        next prompt), it runs batches of that size. Results come back in prompt order."""
+        at once: every mode keeps that many slots busy (a finished row's slot takes the next
+        prompt). Results come back in prompt order."""
         req = self.request(prompts, mode, max_new_tokens, temperature, seed, top_k, top_p, eos_ids)
         if max_batch is not None:
             max_batch = check_int("max_batch", max_batch, 1, error=InputError)

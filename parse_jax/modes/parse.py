@@ -226,13 +226,6 @@ def run_eagle3(ctx: ModeContext, req: Request) -> GenerateResult:
     return run_multi(ctx, req, eagle=True) if ctx.config.rounds == "multi" else run_single(ctx, req, eagle=True)
 
 
-def serve_eagle3(ctx: ModeContext, req: Request, max_batch: int) -> GenerateResult | None:
-    """Mode `parse+eagle3` by continuous batching through `max_batch` slots (multi round; None as in `serve`)."""
-    if ctx.config.rounds != "multi" or ctx.target.mesh is not None:
-        return None
-    return serve_multi(ctx, req, max_batch, eagle=True)
-
-
 def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateResult:
     """Single-round PARSE (mode parse, rounds single; mode parse+eagle3 with `eagle`)."""
     ids, target = req.ids, ctx.target

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from parse_jax.modes import eagle3, parse, sd, sequential, target
+from parse_jax.modes import eagle3, parse, parse_eagle3_slots, sd, sequential, target
 from parse_jax.modes.context import ModeContext
 from parse_jax.runtime.requests import GenerateResult, Request
 
@@ -89,5 +89,5 @@ MODE_TABLE: dict[str, ModeSpec] = {spec.name: spec for spec in (
              serve=eagle3.serve),
     ModeSpec("parse+eagle3", parse.run_eagle3, needs_draft=True, needs_head=True,
              target_positions=verify_eagle3_positions, draft_positions=parse_draft_positions,
-             multi_label="parse+eagle3-multi", serve=parse.serve_eagle3),
+             multi_label="parse+eagle3-multi", serve=parse_eagle3_slots.serve),
 )}

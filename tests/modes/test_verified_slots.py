@@ -54,3 +54,24 @@ def test_generate_with_max_batch_serves_and_compiles_nothing_per_prompt(engine, 
     again = engine.generate(prompts[::-1] * 2, mode="parse", max_new_tokens=14, eos_ids=[eos], max_batch=2)
     assert again.tokens == (alone[::-1] * 2)
     assert compiled_programs() - before <= 1  # at most an admission size not met before
+
+
+@pytest.mark.parametrize("tree", [0, 3])
+def test_single_round_parse_eagle3_served_equals_each_prompt_alone(tree):
+    """Single-round parse+eagle3 through slots (verification at admission, EAGLE-3 rounds in the slots, the chain
+    and a tree): each prompt's tokens and counters equal the prompt alone."""
+    from parse_jax.modes.parse_eagle3_slots import serve
+    from tests.modes.test_parse_multi_eagle3 import DRAFT as E_DRAFT
+    from tests.modes.test_parse_multi_eagle3 import HEAD
+    from tests.modes.test_parse_multi_eagle3 import TARGET as E_TARGET
+
+    eng = ParseEngine(E_TARGET, E_DRAFT, ParseConfig.from_flat(**SINGLE, threshold=0.5, eagle3_tree=tree),
+                      eagle3=HEAD)
+    prompts, budgets = PROMPTS[:6], BUDGETS[:6]
+    alone = [eng.generate([p], mode="parse+eagle3", max_new_tokens=b) for p, b in zip(prompts, budgets)]
+    req = eng.request(prompts, "parse+eagle3", max(budgets), 0.0, 0, 0, 1.0, None)
+    res = serve(eng.context, req, 2, budgets=budgets)
+    assert res.tokens == [r.tokens[0] for r in alone]
+    assert sum(res.stats["accepted_per_request"]) > 0 and res.stats["eagle3_accepted_tokens"] > 0  # both paths
+    assert res.stats["accepted_per_request"] == [r.stats["accepted_tokens"] for r in alone]
+    assert res.stats["slots"] == 2 and res.stats["admissions"] > 1

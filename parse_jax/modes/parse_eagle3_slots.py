@@ -1,0 +1,110 @@
+"""Continuous batching of mode `parse+eagle3` (`runtime/slots.serve_loop`). Multi round: every round in the slots
+(`modes/parse_multi.serve_multi`). Single round: a request's verification runs when it is admitted (draft, one
+pass over every prefix with the taps EAGLE-3 reads), the head's first pass starts its continuation from the
+accepted boundary (`eagle_start`), and EAGLE-3 rounds (`eagle_round`) advance every slot until enough are free.
+Both programs compile once per run's shapes; a row reads only its own cache rows, so greedy outputs equal each
+prompt alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from parse_jax.modes.context import ModeContext, PairSpec, parse_result
+from parse_jax.modes.parse import EagleSpec, SingleShape, eagle_spec, single_round_program, single_shape
+from parse_jax.modes.parse_multi import serve_multi
+from parse_jax.modes.verified_slots import ROW_STATS
+from parse_jax.runtime.programs import bucket, fetch, register_program
+from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
+from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, serve_loop
+from parse_jax.speculation.eagle3 import EagleLoop, eagle_start, head_applies
+from parse_jax.speculation.eagle3.serve import EagleServeShape, EagleSlots, empty_slots, serve_programs
+from parse_jax.verify.round import RoundSpec
+
+
+@functools.cache
+def slot_programs(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, eagle: EagleSpec):
+    """(admit, advance, the slots' shape); the slot state is donated to both. `admit` also returns the admitted
+    rows' verification counters and drafts."""
+    verify = single_round_program(pair, spec, shape, sampler, fused=False, eagle=eagle)
+    loop = EagleLoop(config=eagle.config, gamma=eagle.gamma, num_new=shape.num_new, tree=eagle.tree,
+                     tree_top_k=eagle.tree_top_k)
+    slots_shape = EagleServeShape(pair.target, pair.target_impl, shape.cache_len, loop, sampler)
+    _, advance = serve_programs(slots_shape)
+
+    def admit(weights, slots: EagleSlots, adm: Admission, eos_ids, judge, args: SamplingArgs):
+        target_params, draft_params, head_params = weights
+        prompts = Prompts(tokens=adm.prompt, lens=adm.lens, max_new=adm.max_new)
+        key = args.fold(0).fold(adm.key_data)
+        out = verify(target_params, draft_params, head_params, prompts, eos_ids, judge, key, key.key)
+        budget = jnp.where(out["stop"], 1, out["remaining"])  # a boundary whose next token is EOS still emits it
+        fns = head_applies(pair.target, eagle.config, pair.target_impl, target_params, head_params)
+        state = eagle_start(fns, out["cache"], out["context"], loop=loop, max_new=budget, eos_ids=eos_ids,
+                            sampler=sampler, args=args.fold(1).fold(adm.key_data))
+        counters = {"draft": out["draft"], "continued": budget > 0, **{k: out[k] for k in ROW_STATS}}
+        return put_rows(slots, EagleSlots(state=state, max_new=budget), adm.slots), counters
+
+    return register_program(jax.jit(admit, donate_argnums=(1,))), advance, slots_shape
+
+
+def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult | None:
+    """Mode `parse+eagle3` through `max_batch` slots, multi or single round as `ParseConfig.rounds` says (None on
+    a sharded target: it runs fixed batches). `budgets`: each prompt's own budget, at most the request's."""
+    if ctx.target.mesh is not None:
+        return None
+    if ctx.config.rounds == "multi":
+        return serve_multi(ctx, req, max_batch, budgets=budgets, eagle=True)
+    ids, target = req.ids, ctx.target
+    budgets = [req.max_new] * len(ids) if budgets is None else [min(int(x), req.max_new) for x in budgets]
+    p = bucket(max(len(x) for x in ids))
+    shape = single_shape(ctx, p, req.max_new, eagle=True)
+    admit, advance, slots_shape = slot_programs(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
+                                                eagle_spec(ctx))
+    args, eos = req.sampling.args(), req.eos
+    weights = (target.params, ctx.draft.params, ctx.head.params)
+    used = min(max_batch, len(ids))
+    counters: list[tuple[list[int], dict]] = []
+
+    def admit_at(state, batch, where, i):
+        state, got = admit(weights, state, admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i),
+                           eos, ctx.judge, args)
+        counters.append((batch, got))
+        return state
+
+    t0 = time.perf_counter()
+    state = empty_slots(slots_shape, target.params, ctx.head.params, bucket(used, 1), p, eos, args)
+    rows, admissions, run = serve_loop(
+        SlotBook(len(ids), bucket(used, 1), used), state, admit=admit_at,
+        advance=lambda st, free: advance(target.params, ctx.head.params, st, free, eos, args),
+        rows=lambda st: {"done": st.state.done, "tokens": st.state.tokens[:, :shape.num_new],
+                         "num_new": st.state.num_new, "accepted": st.state.accepted,
+                         "proposed": st.state.proposed, "rounds": st.state.rounds})
+    counted = fetch([got for _, got in counters])
+    seconds = time.perf_counter() - t0
+    per: dict[str, list] = {k: [None] * len(ids) for k in ("draft", "continued", *ROW_STATS)}
+    for (batch, _), got in zip(counters, counted):
+        for j, r in enumerate(batch):
+            for key in per:
+                per[key][r] = got[key][j]
+    tokens = []
+    for r, row in enumerate(rows):
+        a = int(per["accepted"][r])
+        tokens.append(per["draft"][r][:a].tolist() + row["tokens"][: row["num_new"]].tolist())
+    width = max(max(len(t) for t in tokens), 1)
+    live = np.array(per["continued"], bool)
+    out = {"tokens": np.array([t + [PAD_ID] * (width - len(t)) for t in tokens], np.int32),
+           "num_new": np.array([len(t) for t in tokens], np.int32),
+           **{k: np.stack(per[k]) for k in ("continued", *ROW_STATS)},
+           "eagle3_accepted_tokens": np.where(live, [r["accepted"] for r in rows], 0),
+           "eagle3_draft_tokens": np.where(live, [r["proposed"] for r in rows], 0)}
+    steps = int(run["rounds"])
+    res = parse_result(ctx, req, out, seconds, verify_passes=admissions, target_passes=admissions + steps,
+                       continue_batch=used)
+    res.stats.update(slots=used, admissions=admissions, request_passes=admissions + steps * used)
+    return res
