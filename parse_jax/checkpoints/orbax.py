@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -246,8 +247,15 @@ def _quiet_orbax_leftovers() -> None:
         if not _is_orbax_leftover(None, value):
             previous_except(kind, value, tb)
 
+    previous_thread = threading.excepthook
+
+    def thread_excepthook(args):  # Orbax's reader threads, after the event loop they call back into has closed
+        if not _is_orbax_leftover(None, args.exc_value):
+            previous_thread(args)
+
     unraisablehook.drops_orbax_leftovers = True
     sys.unraisablehook, sys.excepthook = unraisablehook, excepthook
+    threading.excepthook = thread_excepthook
 
 
 
