@@ -22,7 +22,15 @@ from parse_jax.modes.verified_slots import ROW_STATS
 from parse_jax.runtime.programs import bucket, fetch, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, serve_loop
+from parse_jax.runtime.slots import (
+    Admission,
+    SlotBook,
+    admission,
+    put_rows,
+    request_budgets,
+    rows_by_request,
+    serve_loop,
+)
 from parse_jax.speculation.eagle3 import EagleLoop, eagle_start, head_applies
 from parse_jax.speculation.eagle3.serve import EagleServeShape, EagleSlots, empty_slots, serve_programs
 from parse_jax.verify.round import RoundSpec
@@ -61,7 +69,7 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     if ctx.config.rounds == "multi":
         return serve_multi(ctx, req, max_batch, budgets=budgets, eagle=True)
     ids, target = req.ids, ctx.target
-    budgets = [req.max_new] * len(ids) if budgets is None else [min(int(x), req.max_new) for x in budgets]
+    budgets = request_budgets(req, budgets)
     p = bucket(max(len(x) for x in ids))
     shape = single_shape(ctx, p, req.max_new, eagle=True)
     admit, advance, slots_shape = slot_programs(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
@@ -87,11 +95,7 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
                          "proposed": st.state.proposed, "rounds": st.state.rounds})
     counted = fetch([got for _, got in counters])
     seconds = time.perf_counter() - t0
-    per: dict[str, list] = {k: [None] * len(ids) for k in ("draft", "continued", *ROW_STATS)}
-    for (batch, _), got in zip(counters, counted):
-        for j, r in enumerate(batch):
-            for key in per:
-                per[key][r] = got[key][j]
+    per = rows_by_request(counters, counted, len(ids), ("draft", "continued", *ROW_STATS))
     tokens = []
     for r, row in enumerate(rows):
         a = int(per["accepted"][r])

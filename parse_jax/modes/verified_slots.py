@@ -32,6 +32,8 @@ from parse_jax.runtime.slots import (
     decode_slots,
     empty_state,
     put_rows,
+    request_budgets,
+    rows_by_request,
     serve_loop,
 )
 
@@ -84,7 +86,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     tokens), continued by plain decoding (`num_new` tokens past the draft at most, caches of `cache_len`).
     `budgets`: each prompt's own max_new_tokens, at most the request's."""
     ids, target = req.ids, ctx.target
-    budgets = [req.max_new] * len(ids) if budgets is None else [min(int(x), req.max_new) for x in budgets]
+    budgets = request_budgets(req, budgets)
     pair = PairSpec.of(ctx)
     width = draft_new + num_new
     admit, advance = slot_programs(pair, verify, width, req.sampling.sampler)
@@ -108,13 +110,8 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     counted = fetch([got for _, got in counters])
     seconds = time.perf_counter() - t0
     out = {"tokens": np.stack([r["tokens"] for r in rows]), "num_new": np.array([r["num_new"] for r in rows])}
-    for key in ("continued", *ROW_STATS):
-        if key in counted[0]:
-            per = [None] * len(ids)
-            for (batch, _), got in zip(counters, counted):
-                for j, r in enumerate(batch):
-                    per[r] = got[key][j]
-            out[key] = np.stack(per)
+    per = rows_by_request(counters, counted, len(ids), [k for k in ("continued", *ROW_STATS) if k in counted[0]])
+    out.update({k: np.stack(v) for k, v in per.items()})
     verify_passes = sum(int(got.get("verify_passes", 1)) for got in counted)
     steps = int(run["steps"])
     res = parse_result(ctx, req, out, seconds, verify_passes=verify_passes, target_passes=verify_passes + steps,

@@ -182,6 +182,23 @@ def serve_loop(book: SlotBook, state, *, admit: Callable[[Any, list[int], np.nda
     return out, admissions, {k: v for k, v in read.items() if not np.ndim(v)}
 
 
+def request_budgets(req: Request, budgets: list[int] | None) -> list[int]:
+    """Each prompt's budget in a served run: its own where given (at most the request's), else the request's."""
+    return [req.max_new] * len(req.ids) if budgets is None else [min(int(x), req.max_new) for x in budgets]
+
+
+def rows_by_request(counters: list[tuple[list[int], dict]], counted: list[dict], n: int,
+                    keys) -> dict[str, list]:
+    """Per-request rows of what each admission returned (`counters`: its requests and device arrays; `counted`:
+    those arrays on the host, in the same order): {key: [row of request 0, ...]}."""
+    per: dict[str, list] = {k: [None] * n for k in keys}
+    for (batch, _), got in zip(counters, counted):
+        for j, r in enumerate(batch):
+            for key in per:
+                per[key][r] = got[key][j]
+    return per
+
+
 def admission(ids: list[list[int]], batch: list[int], where: np.ndarray, *, prompt_len: int, max_new: list[int],
               index: int) -> Admission:
     """The `Admission` of requests `batch` (their prompts padded to `prompt_len`) into slots `where`: unused entries

@@ -36,7 +36,7 @@ from parse_jax.runtime.requests import (
     resolve_eos,
 )
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, serve_loop
+from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, request_budgets, serve_loop
 from parse_jax.utils.validation import check_int
 
 
@@ -248,7 +248,7 @@ def serve_speculation(target, draft, req: Request, *, gamma: int, max_batch: int
     used = min(max_batch, len(ids))
     slots = bucket(used, 1)
     p = sb.prompt.shape[1]
-    budgets = [req.max_new] * len(ids) if budgets is None else [min(int(x), req.max_new) for x in budgets]
+    budgets = request_budgets(req, budgets)
     t0 = time.perf_counter()
     rows, admissions, run = serve_loop(
         SlotBook(len(ids), slots, used), empty_spec_state(shape, slots),

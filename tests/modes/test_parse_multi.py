@@ -37,14 +37,19 @@ PROMPTS = _prompts(8, 1)
 BUDGETS = [6, 14, 14, 6, 14, 6, 14, 14]  # two budgets of one output bucket
 
 
-@pytest.fixture(scope="module")
-def engine() -> ParseEngine:
-    """A threshold at which drafts are accepted part-way on these random models, so rows take several rounds."""
-    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**SETTINGS))
+def partial_engine(settings: dict) -> ParseEngine:
+    """An engine whose threshold accepts drafts part-way on these random models (both verification outcomes)."""
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**settings))
     drafts = generate(DRAFT, PROMPTS[:4], max_new_tokens=12).tokens
     ids = [eng.target.tokenizer.encode(p) for p in PROMPTS[:4]]
     scores = np.concatenate([eng.prefix_scores(c, d, eng.boundaries(d)) for c, d in zip(ids, drafts)])
-    return ParseEngine(TARGET, DRAFT, ParseConfig(**SETTINGS, threshold=float(np.quantile(scores, 0.4))))
+    return ParseEngine(TARGET, DRAFT, ParseConfig(**settings, threshold=float(np.quantile(scores, 0.4))))
+
+
+@pytest.fixture(scope="module")
+def engine() -> ParseEngine:
+    """A threshold at which drafts are accepted part-way on these random models, so rows take several rounds."""
+    return partial_engine(SETTINGS)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.modes.table import MODE_TABLE
 from parse_jax.runtime.decode import generate
 from parse_jax.runtime.programs import compiled_programs
-from tests.modes.test_parse_multi import BUDGETS, DRAFT, PROMPTS, SETTINGS, TARGET, V
+from tests.modes.test_parse_multi import BUDGETS, PROMPTS, SETTINGS, TARGET, V, partial_engine
 
 SINGLE = {**SETTINGS, "rounds": "single"}
 
@@ -17,11 +17,7 @@ SINGLE = {**SETTINGS, "rounds": "single"}
 @pytest.fixture(scope="module")
 def engine() -> ParseEngine:
     """A threshold at which drafts are accepted part-way on these random models: both verification outcomes."""
-    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**SINGLE))
-    drafts = generate(DRAFT, PROMPTS[:4], max_new_tokens=12).tokens
-    ids = [eng.target.tokenizer.encode(p) for p in PROMPTS[:4]]
-    scores = np.concatenate([eng.prefix_scores(c, d, eng.boundaries(d)) for c, d in zip(ids, drafts)])
-    return ParseEngine(TARGET, DRAFT, ParseConfig(**SINGLE, threshold=float(np.quantile(scores, 0.4))))
+    return partial_engine(SINGLE)
 
 
 @pytest.fixture(scope="module")

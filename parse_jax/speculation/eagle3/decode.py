@@ -253,6 +253,18 @@ def head_applies(target_cfg: ModelConfig, cfg: Eagle3Config, impl: str, target_p
     return EagleFns(target_fwd, head_apply, lm)
 
 
+def prefill_with_taps(fns: EagleFns, cfg: ModelConfig, prompt, prompt_lens, cache_len: int):
+    """(the target's cache holding each prompt, the context EAGLE-3 starts from: the prompts, their taps and the
+    target's logits after each): one causal pass, inside the callers' jit."""
+    b, p = prompt.shape
+    limit, group = causal_metadata(b, p)
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    logits, cache, feats = fns.target(prompt, positions, KVCache.init(cfg, b, cache_len), limit, group)
+    ctx = EagleContext(tokens=prompt, features=feats, length=prompt_lens,
+                       first_logits=logits[jnp.arange(b), prompt_lens - 1])
+    return cache.commit(prompt_lens), ctx
+
+
 @functools.cache
 def generate_program(target_cfg: ModelConfig, impl: str, cache_len: int, loop: EagleLoop, sampler: Sampler):
     """Target + EAGLE-3 from prompts: one target prefill (with feature taps), then `eagle_loop`."""
@@ -260,14 +272,8 @@ def generate_program(target_cfg: ModelConfig, impl: str, cache_len: int, loop: E
 
     def run(target_params, head_params, prompt, prompt_lens, max_new, eos_ids, args: SamplingArgs):
         fns = head_applies(target_cfg, loop.config, impl, target_params, head_params)
-        b, p = prompt.shape
-        limit, group = causal_metadata(b, p)
-        positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-        logits, t_cache, feats = fns.target(prompt, positions, KVCache.init(target_cfg, b, cache_len), limit, group)
-        ctx = EagleContext(tokens=prompt, features=feats, length=prompt_lens,
-                           first_logits=logits[jnp.arange(b), prompt_lens - 1])
-        state = eagle_loop(fns, t_cache.commit(prompt_lens), ctx, loop=loop, max_new=max_new, eos_ids=eos_ids,
-                           sampler=sampler, args=args)
+        cache, ctx = prefill_with_taps(fns, target_cfg, prompt, prompt_lens, cache_len)
+        state = eagle_loop(fns, cache, ctx, loop=loop, max_new=max_new, eos_ids=eos_ids, sampler=sampler, args=args)
         return (state.tokens[:, :num_new], state.num_new, state.rounds, state.accepted, state.proposed,
                 state.drafts, state.per_pos, state.side)
 

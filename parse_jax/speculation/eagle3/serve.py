@@ -16,21 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
-from parse_jax.models.decoder import causal_metadata
 from parse_jax.runtime.programs import bucket, register_program
 from parse_jax.runtime.requests import GenerateResult, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, serve_loop
+from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, request_budgets, serve_loop
 from parse_jax.speculation.draft_model import spec_batch, spec_result
 from parse_jax.speculation.eagle3.decode import (
-    EagleContext,
     EagleLoop,
     EagleState,
     eagle_round,
     eagle_start,
     head_applies,
+    prefill_with_taps,
 )
 from parse_jax.speculation.eagle3.head import Eagle3
 
@@ -58,14 +56,9 @@ def _start_rows(shape: EagleServeShape, target_params, head_params, prompt, lens
                 args: SamplingArgs) -> EagleSlots:
     """Rows of new requests: the target's prefill with its taps, then the head's pass over the context."""
     fns = head_applies(shape.target, shape.loop.config, shape.impl, target_params, head_params)
-    b, p = prompt.shape
-    limit, group = causal_metadata(b, p)
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    logits, cache, feats = fns.target(prompt, positions, KVCache.init(shape.target, b, shape.cache_len), limit,
-                                      group)
-    ctx = EagleContext(tokens=prompt, features=feats, length=lens, first_logits=logits[jnp.arange(b), lens - 1])
-    state = eagle_start(fns, cache.commit(lens), ctx, loop=shape.loop, max_new=max_new, eos_ids=eos_ids,
-                        sampler=shape.sampler, args=args)
+    cache, ctx = prefill_with_taps(fns, shape.target, prompt, lens, shape.cache_len)
+    state = eagle_start(fns, cache, ctx, loop=shape.loop, max_new=max_new, eos_ids=eos_ids, sampler=shape.sampler,
+                        args=args)
     return EagleSlots(state=state, max_new=max_new)
 
 
@@ -115,7 +108,7 @@ def serve_eagle3(target, head: Eagle3, req: Request, *, gamma: int, tree: int, t
                             dataclasses.replace(loop, num_new=sb.num_new), sb.sampling.sampler)
     admit, advance = serve_programs(shape)
     ids, args, eos = req.ids, sb.sampling.args(), sb.eos
-    budgets = [req.max_new] * len(ids) if budgets is None else [min(int(x), req.max_new) for x in budgets]
+    budgets = request_budgets(req, budgets)
     used = min(max_batch, len(ids))
     p = sb.prompt.shape[1]
     params = (target.params, head.params)
