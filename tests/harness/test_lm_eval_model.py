@@ -132,9 +132,12 @@ def test_lm_evals_command_line_on_the_shipped_task_offline(tmp_path):
 
     write_task_jsonl(load_task(), 4, tmp_path / "problems.jsonl", seed=5)  # the YAML's data_files, from the cwd
     stats = tmp_path / "spec.json"
+    # sd as configured: under the default schedule="auto" this machine's costs may pick plain decoding (no drafts)
+    fixed = tmp_path / "fixed.json"
+    fixed.write_text(json.dumps({"schedule": "fixed"}))
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     cmd = [sys.executable, "-c", "from parse_jax.harness.lm_eval_model import main; main()", "run",
-           "--model", "parse-jax", "--model_args", f"mode=sd,batch_size=4,stats_path={stats}",
+           "--model", "parse-jax", "--model_args", f"mode=sd,batch_size=4,stats_path={stats},parse_config={fixed}",
            "--tasks", "parse_jax_embedded", "--include_path", str(config_dir() / "lm_eval"),
            "--output_path", str(tmp_path / "out")]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
