@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+import jax
+
 import parse_jax as pj
 from parse_jax.harness.provenance import provenance
 from parse_jax.harness.runs import RunSettings, measure
@@ -113,17 +115,27 @@ def main() -> int:
               "command": "python " + " ".join(sys.argv), "provenance": provenance(None, args.seed), "batches": {}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    partial = out / "schedule.partial.json"
+    if partial.exists():  # resume: batch sizes an interrupted run of the same settings finished
+        done = json.loads(partial.read_text())
+        if all(done.get(k) == result[k] for k in ("n", "repeats", "max_new_tokens", "batching")):
+            result["batches"] = done["batches"]
     for b in (int(x) for x in args.batches.split(",")):
+        if str(b) in result["batches"]:
+            continue
         settings = RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=b, repeats=args.repeats,
                                seed=args.seed, progress=False, batching=args.batching)
         result["batches"][str(b)] = measure(runners, task, problems, settings)
         print(b, json.dumps({k: round(v["speedup_vs_target"], 3) for k, v in result["batches"][str(b)].items()}),
               flush=True)
-        atomic.write_text(out / "schedule.partial.json", json.dumps(result, indent=1) + "\n")  # progress so far
+        atomic.write_text(partial, json.dumps(result, indent=1) + "\n")  # progress so far
+        # the programs of this batch size are not met again: free them (each compiled CPU program holds its own
+        # memory mappings; a process that keeps them all ran out of them, LLVM "Cannot allocate memory", at batch 4)
+        jax.clear_caches()
     atomic.write_text(out / "schedule.json", json.dumps(result, indent=1) + "\n")
     atomic.write_text(out / "schedule.md", markdown(result))
     plot(result, out / "speedup_vs_batch.png")
-    (out / "schedule.partial.json").unlink(missing_ok=True)
+    partial.unlink(missing_ok=True)
     print(markdown(result))
     return 0
 

@@ -124,7 +124,7 @@ class ParseEngine:
                            table=jnp.asarray(table))
         self.round_spec = RoundSpec(cfg.segmenter, cfg.max_prefixes, cfg.stride, cfg.min_segment, cfg.max_segment,
                                     cfg.policy)
-        self.context = ModeContext(target=target, draft=draft, head=eagle3, config=cfg, judge=self.judge,
+        self.context = ModeContext(target=target, draft=draft, head=eagle3, config=cfg.resolved(), judge=self.judge,
                                    round_spec=self.round_spec, suffix_ids=tuple(self.suffix_ids),
                                    step_end_ids=self.step_end_ids)
         self.schedule_state = ScheduleState()  # schedule="auto": acceptance and costs measured so far
@@ -226,7 +226,8 @@ class ParseEngine:
         n = len(req.ids)
         size = n if max_batch is None else min(max_batch, n)
         parts, choices, start = [], [], 0
-        explored = False  # at most one exploration batch per call (one that compiled measures nothing)
+        rounds = self._rounds_options(mode, req)
+        explorations = 0  # at most one per choice and call (a batch that compiled measures nothing)
         while start < n:
             sampling = req.sampling
             if start:  # each batch draws from its own keys (greedy runs are unaffected)
@@ -234,21 +235,23 @@ class ParseEngine:
             batch = dataclasses.replace(req, ids=req.ids[start:start + size], sampling=sampling)
             choice = None
             if self.config.schedule == "auto" and mode != "target":
-                choice = self._choose(mode, batch, explore=start + size < n and not explored)
+                choice = self._choose(mode, batch, rounds,
+                                      explore=start + size < n and explorations < len(rounds) + 1)
                 choices.append(choice.as_dict())
-                explored = explored or choice.explored
+                explorations += choice.explored
             run = mode if choice is None else choice.run
+            ctx = self.context if choice is None else self._context(choice.rounds)
             compiled = compiled_programs() if choice is not None else None
             spec, res = MODE_TABLE[run], None
             if spec.serve is not None and start + size < n and not (choice is not None and choice.explored):
                 # the rest through `size` slots, a finished row's slot taking the next prompt
-                res = spec.serve(self.context, dataclasses.replace(batch, ids=req.ids[start:]), size)
+                res = spec.serve(ctx, dataclasses.replace(batch, ids=req.ids[start:]), size)
             if res is None:
-                res = spec.runner(self.context, batch)
+                res = spec.runner(ctx, batch)
             if choice is not None and compiled_programs() == compiled:  # a batch that compiled is no measurement
                 served = "admissions" in res.stats
                 longest = None if served else max(1, max(len(t) for t in res.tokens))
-                self.schedule_state = self.schedule_state.record(run, min(size, len(res.tokens)), res.stats,
+                self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,
                                                                  longest=longest)
             parts.append(res)
             start += len(res.tokens)
@@ -257,17 +260,39 @@ class ParseEngine:
             res.stats["schedule"] = choices
         return res
 
-    def _choose(self, mode: str, req: Request, explore: bool) -> ScheduleChoice:
-        """Plain decoding or `mode` for this batch, from the cost model and what earlier batches measured."""
+    def _choose(self, mode: str, req: Request, rounds: tuple[str | None, ...], explore: bool) -> ScheduleChoice:
+        """Plain decoding or `mode` (with each of `rounds`) for this batch, from the cost model and what earlier
+        batches measured."""
         if self._costs is None:
             self._costs = pass_costs(self.target, self.draft, head=self.eagle3)  # a cached profile, else the roofline
-        cfg = self.config
+        cfg = self.context.config
         knobs = Knobs(draft_tokens=cfg.max_draft_tokens, prefixes=cfg.max_prefixes, rounds=cfg.rounds,
                       gamma=cfg.speculation.gamma, eagle3_gamma=cfg.eagle3.gamma)  # settings are kept as given
         longest = max(len(p) for p in req.ids)
         workload = Workload(batch=len(req.ids), cache_len=length_bucket(longest + req.max_new),
                             suffix_tokens=len(self.suffix_ids), remaining_tokens=req.max_new)
-        return choose(self.schedule_state, self._costs, mode=mode, knobs=knobs, workload=workload, explore=explore)
+        return choose(self.schedule_state, self._costs, mode=mode, knobs=knobs, workload=workload, rounds=rounds,
+                      explore=explore)
+
+    def _rounds_options(self, mode: str, req: Request) -> tuple[str | None, ...]:
+        """The rounds `schedule="auto"` may run `mode` with: multi and single where the user left `rounds="auto"`
+        and the mode honours it (each where the request's positions fit), else the config's (None)."""
+        if self.config.rounds != "auto" or not MODE_TABLE[mode].honours_rounds:
+            return (None,)
+        fits = []
+        for rounds in ("multi", "single"):
+            try:
+                self._check_positions(req.ids, req.max_new, mode, self._context(rounds))
+                fits.append(rounds)
+            except InputError:
+                pass
+        return tuple(fits) or (None,)
+
+    def _context(self, rounds: str | None) -> ModeContext:
+        """The engine's context, with `rounds` when given (what a batch the schedule chose runs)."""
+        if rounds is None or rounds == self.context.config.rounds:
+            return self.context
+        return dataclasses.replace(self.context, config=self.context.config.resolved(rounds))
 
     def request(self, prompts, mode: str, max_new_tokens, temperature, seed, top_k, top_p,
                 eos_ids) -> Request:
@@ -286,17 +311,17 @@ class ParseEngine:
             check_tree(self.config.eagle3.tree, sampling.temperature)
         eos_ids = check_eos_ids(eos_ids, self.target.config.vocab_size)
         ids = encode_prompts(self.target, prompts)
-        self._check_positions(ids, max_new, mode)
+        self._check_positions(ids, max_new, mode, self.context)
         return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(self.target, eos_ids))
 
-    def _check_positions(self, ids: list[list[int]], max_new: int, mode: str) -> None:
+    def _check_positions(self, ids: list[list[int]], max_new: int, mode: str, ctx: ModeContext) -> None:
         """Every mode writes `max_new_tokens` past the prompt plus what its passes write beyond the last token it
         may emit (its draft: what it drafts): all of it must fit the models' positions, checked before any cache is
         allocated."""
         spec = MODE_TABLE[mode]
-        models = [("target", self.target, spec.target_positions(self.context, max_new))]
+        models = [("target", self.target, spec.target_positions(ctx, max_new))]
         if spec.draft_positions is not None:
-            models.append(("draft", self.draft, spec.draft_positions(self.context, max_new)))
+            models.append(("draft", self.draft, spec.draft_positions(ctx, max_new)))
         for name, model, extra in models:
             limit = model.config.max_position_embeddings
             for i, p in enumerate(ids):

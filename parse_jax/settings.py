@@ -29,6 +29,7 @@ from parse_jax.utils.validation import check_choice, check_float, check_int
 
 Policy = Literal["earliest_error", "longest_valid"]
 Rounds = Literal["single", "multi"]
+RoundsSetting = Literal["auto", "single", "multi"]  # "auto": the schedule chooses per batch (docs/design.md §7)
 SuffixFormat = Literal["plain", "chat"]
 Segmenter = Literal["delimiter", "stride", "hybrid"]
 Mode = Literal["target", "sd", "sequential", "parse", "eagle3", "parse+eagle3"]
@@ -36,6 +37,7 @@ Schedule = Literal["fixed", "auto"]
 Batching = Literal["continuous", "fixed"]  # how bench, sweep, calibrate and eval batch their prompts
 POLICIES: tuple[str, ...] = typing.get_args(Policy)
 ROUNDS: tuple[str, ...] = typing.get_args(Rounds)
+ROUNDS_SETTINGS: tuple[str, ...] = typing.get_args(RoundsSetting)
 SUFFIX_FORMATS: tuple[str, ...] = typing.get_args(SuffixFormat)
 SEGMENTERS: tuple[str, ...] = typing.get_args(Segmenter)
 MODES: tuple[str, ...] = typing.get_args(Mode)
@@ -170,8 +172,10 @@ class ParseConfig:
     max_segment: int = setting(32, "segmenter hybrid: longer segments split; multi round: the target writes at most "
                                    "this many tokens a round", lo=1, hi=4096)
     max_prefixes: int = setting(8, "prefixes verified per pass (K; the full draft always among them)", lo=1, hi=256)
-    rounds: Rounds = setting("multi", "multi: the target writes one step, then the draft drafts again; single: it "
-                                      "writes the rest (modes parse and parse+eagle3)")
+    rounds: RoundsSetting = setting("auto", "multi: the target writes one step, then the draft drafts again; single: "
+                                            "it writes the rest (modes parse and parse+eagle3); auto: schedule=auto "
+                                            "chooses per batch from the costs and what it measured (multi under "
+                                            "schedule=fixed)")
     max_draft_tokens: int = setting(64, "tokens the draft writes per round", lo=1, hi=4096)
     suffix_format: SuffixFormat = setting("plain", "chat: verify_suffix is the judge question of a user turn, "
                                                    "rendered through the target's chat template after the draft "
@@ -243,6 +247,13 @@ class ParseConfig:
         return dataclasses.replace(base, **plain,
                                    speculation=dataclasses.replace(base.speculation, **groups["speculation"]),
                                    eagle3=dataclasses.replace(base.eagle3, **groups["eagle3"]))
+
+    def resolved(self, rounds: Rounds | None = None) -> ParseConfig:
+        """This config with a concrete `rounds` (what the modes run): `rounds` when given, else the setting, with
+        "auto" as multi (the choice of schedule=fixed; schedule=auto passes its own per batch)."""
+        if rounds is None:
+            rounds = "multi" if self.rounds == "auto" else self.rounds
+        return self if rounds == self.rounds else dataclasses.replace(self, rounds=rounds)
 
     def flat(self) -> dict[str, Any]:
         """The flat settings of this config (what a results header records)."""

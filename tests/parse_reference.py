@@ -69,7 +69,7 @@ class ReferenceParse:
                  seed: int = 0, top_k: int = 0, top_p: float = 1.0) -> GenerateResult:
         sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
         ids = encode_prompts(self.target, prompts)
-        if mode == "parse" and self.config.rounds == "multi":
+        if mode == "parse" and self.config.resolved().rounds == "multi":
             return self._parse_multi(ids, int(max_new_tokens), sampling)
         return self._verify_then_continue(ids, int(max_new_tokens), sampling, sequential=mode == "sequential",
                                           eagle=mode == "parse+eagle3")

@@ -59,7 +59,9 @@ def test_auto_keeps_explicit_settings_and_records_what_it_measured():
     eng = _engine(schedule="auto", max_prefixes=3, rounds="single")
     eng._costs = costs(MEMORY_BOUND, eagle3=False)
     first = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=4)
-    assert [c["why"] for c in first.stats["schedule"]][0] == "prediction"
+    # nothing measured at batch 4 yet: the predicted best runs one batch of its own before anything is served
+    assert first.stats["schedule"][0]["why"].startswith("exploring") and "admissions" not in first.stats["schedule"]
+    assert all(c["rounds"] is None for c in first.stats["schedule"])  # the user's rounds, never the schedule's
     second = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=4)  # (the first served run compiled)
     res = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=4)
     ran = first.stats["schedule"] + second.stats["schedule"] + res.stats["schedule"]
@@ -77,20 +79,43 @@ def test_auto_is_the_default_and_serves_the_rest_through_slots():
     assert ParseConfig().schedule == "auto"
     eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=12))
     eng._costs = costs(COMPUTE_BOUND, eagle3=False)  # plain decoding wins, and serves every prompt through 2 slots
+    for name, seconds in (("target", 0.1), ("parse-multi", 0.3), ("parse-single", 0.2)):  # as earlier calls measured
+        eng.schedule_state = eng.schedule_state.record(name, 2, {"new_tokens": 20, "seconds": seconds})
     res = eng.generate(PROMPTS, mode="parse", max_new_tokens=10, max_batch=2)
-    assert [c["ran"] for c in res.stats["schedule"]] == ["target"]
+    assert [(c["ran"], c["why"]) for c in res.stats["schedule"]] == [("target", "measured")]
     assert res.stats["slots"] == 2 and res.stats["admissions"] > 1
     assert res.tokens == [generate(TARGET, [p], max_new_tokens=10).tokens[0] for p in PROMPTS]
 
 
-def test_one_exploration_batch_per_call():
-    """An explored batch that compiled measures nothing; the next batches of the call do not explore again."""
+def test_at_most_one_exploration_batch_per_choice_and_call():
+    """An explored batch that compiled measures nothing; a call explores at most once per choice (here two: plain
+    decoding and parse with the user's rounds), then serves the rest."""
     eng = _engine(schedule="auto", rounds="single")
     eng._costs = costs(MEMORY_BOUND, eagle3=False)
     for _ in range(2):
         res = eng.generate(PROMPTS, mode="parse", max_new_tokens=6, max_batch=1)
-        assert sum(c["why"].startswith("exploring") for c in res.stats["schedule"]) <= 1
+        assert sum(c["why"].startswith("exploring") for c in res.stats["schedule"]) <= 2
+        assert not res.stats["schedule"][-1]["why"].startswith("exploring")
     assert ("parse", 1) in eng.schedule_state.measured
+
+
+@pytest.mark.parametrize("faster", ["multi", "single"])
+def test_rounds_auto_runs_the_rounds_measured_faster_as_that_fixed_setting_would(faster):
+    """`rounds="auto"` (the default) lets the schedule choose multi or single round per batch; what a batch ran
+    equals the engine with that rounds fixed."""
+    assert ParseConfig().rounds == "auto"
+    eng = _engine(schedule="auto", rounds="auto")
+    eng._costs = costs(MEMORY_BOUND, eagle3=False)
+    slower = {"multi": "single", "single": "multi"}[faster]
+    state = eng.schedule_state
+    for name, seconds in ((f"parse-{faster}", 0.1), (f"parse-{slower}", 0.5), ("target", 0.4)):
+        state = state.record(name, 2, {"new_tokens": 20, "seconds": seconds})
+    eng.schedule_state = state
+    res = eng.generate(PROMPTS[:4], mode="parse", max_new_tokens=12, max_batch=2)
+    assert [(c["ran"], c["rounds"], c["why"]) for c in res.stats["schedule"]] == [("parse", faster, "measured")]
+    fixed = _engine(rounds=faster).generate(PROMPTS[:4], mode="parse", max_new_tokens=12, max_batch=2)
+    assert res.tokens == fixed.tokens
+    assert res.stats["accepted_per_request"] == fixed.stats["accepted_per_request"]
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "4"])

@@ -21,6 +21,7 @@ from parse_jax.runtime.metrics import combine
 from parse_jax.runtime.programs import compiled_programs
 from parse_jax.runtime.requests import GenerateResult, SamplingParams
 from parse_jax.runtime.slots import serve_request
+from parse_jax.schedule.auto import option
 from parse_jax.settings import BATCHING, DEFAULT_BATCHING, Batching
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.validation import check_choice, check_eos_ids, check_float, check_int, check_seed
@@ -29,7 +30,7 @@ DRAFT_ALONE = "draft"  # bench-only: the draft model alone (what PARSE's draft c
 
 # every bench name: the engine's modes, the multi-round runs of those that honour `rounds`, then the draft alone
 BENCH_MODES = (*MODE_TABLE, *(s.multi_label for s in MODE_TABLE.values() if s.multi_label), DRAFT_ALONE)
-
+WARM_UP_CALLS = 4  # per runner and chunk shape: enough for an auto engine to explore, measure and serve
 
 
 # (prompts, max_new_tokens, seed, max_batch) -> GenerateResult; max_batch: at most that many rows at once (None: all)
@@ -195,10 +196,8 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     names = list(runners)
     prompts = [p for p, _ in problems]
     if settings.batching == "continuous":  # every prompt in one call per runner, `batch_size` slots kept busy
-        # warm-up: the timed call itself, twice (the second meets what a schedule="auto" engine decides once the
-        # first has measured, so the timed calls meet compiled programs); what still compiles is counted
         chunks, max_batch = [prompts], batch_size
-        warm_ups = [prompts, prompts]
+        warm_ups = [prompts]
     else:  # fixed chunks of `batch_size`
         chunks, max_batch = [prompts[i:i + batch_size] for i in range(0, n, batch_size)], None
         warm_ups = [next(c for c in chunks if len(c) == shape) for shape in sorted({len(c) for c in chunks})]
@@ -207,7 +206,14 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     for name in names:  # warm-up: compile the programs the timed runs use
         for chunk in warm_ups:
             warm.set_postfix_str(f"{name} at batch {min(len(chunk), batch_size)}; {_programs_note()}")
-            runners[name](chunk, max_new_tokens, seed, max_batch)
+            # again while a call compiled (at most WARM_UP_CALLS): a schedule="auto" engine measures only batches
+            # that compiled nothing, and serves what it measured best, so its first calls meet new programs; what
+            # still compiles inside the timed calls is counted
+            for _ in range(WARM_UP_CALLS):
+                before = compiled_programs()
+                runners[name](chunk, max_new_tokens, seed, max_batch)
+                if compiled_programs() == before:
+                    break
             warm.update(1)
     warm.set_postfix_str(_programs_note())
     warm.close()
@@ -277,7 +283,8 @@ def _add_stats(acc: dict, stats: dict, rows: int) -> None:
             acc[key] = acc.get(key, 0) + value
     ran = acc.setdefault("schedule_ran", {})
     for choice in stats.get("schedule", []):
-        ran[choice["ran"]] = ran.get(choice["ran"], 0) + 1
+        name = option(choice["ran"], choice.get("rounds"))  # "parse-single": the rounds the schedule chose
+        ran[name] = ran.get(name, 0) + 1
     # passes are batched: per request, each pass counts once per row it carried (the result's own count where it
     # has one: a served or merged result holds many batches)
     acc["row_passes"] = acc.get("row_passes", 0) + stats.get("request_passes", stats.get("target_passes", 0) * rows)

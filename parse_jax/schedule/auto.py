@@ -5,10 +5,13 @@ from costs instead of a fixed size).
 The estimate of a choice's seconds per token, best first:
 1. measured: what that choice took per token at this batch bucket earlier in the engine's life;
 2. predicted and calibrated: the cost model's prediction (`policy.decide`: profile or roofline, and the acceptance
-   seen so far) scaled by measured / predicted of the other choice at this bucket (the same hardware runs both);
+   seen so far) scaled by measured / predicted of plain decoding at this bucket where it was measured, else of the
+   median measured choice (the same hardware runs them all);
 3. predicted: the cost model alone.
-When only one choice is measured at a bucket and the other is predicted within `EXPLORE_RATIO` of it, the next batch
-(`explore=True`: more batches follow) runs the other once, so both become measured; a single call never explores.
+The choices are plain decoding and the mode, with each rounds setting the schedule may pick (`rounds="auto"`: multi
+and single). Where more batches follow (`explore=True`), a bucket where nothing is measured yet runs its predicted
+best as a batch of its own (measured, before it serves the rest), and a choice not measured yet whose estimate is
+within `EXPLORE_RATIO` of the best measured one runs once, so that it becomes measured; a single batch never explores.
 Everything here is host-side bookkeeping between device programs; nothing runs under jit.
 """
 
@@ -27,9 +30,15 @@ EMA = 0.5            # weight of the newest measurement
 PLAIN = "target"
 
 
+def option(run: str, rounds: str | None = None) -> str:
+    """The name a choice is measured under: its mode, with the rounds the schedule chose ("parse-single")."""
+    return run if rounds is None else f"{run}-{rounds}"
+
+
 @dataclasses.dataclass(frozen=True)
 class ScheduleChoice:
-    """What a batch runs (`run`: the requested mode, or "target" for plain decoding) and why."""
+    """What a batch runs (`run`: the requested mode, or "target" for plain decoding; `rounds`: the rounds the
+    schedule chose for it, None where the config's are kept) and why. The figures are keyed by `option` names."""
 
     run: str
     mode: str
@@ -38,15 +47,21 @@ class ScheduleChoice:
     predicted: Mapping[str, float]    # the cost model's
     measured: Mapping[str, float]     # earlier batches' at this bucket
     explored: bool = False
+    rounds: str | None = None
 
     @property
     def speculate(self) -> bool:
         return self.run != PLAIN
 
+    @property
+    def name(self) -> str:
+        return option(self.run, self.rounds)
+
     def as_dict(self) -> dict[str, Any]:
         why = ("exploring (not measured at this batch yet)" if self.explored else
-               "measured" if len(self.measured) == 2 else "calibrated prediction" if self.measured else "prediction")
-        return {"mode": self.mode, "ran": self.run, "batch": self.batch, "why": why,
+               "measured" if len(self.measured) == len(self.predicted) else
+               "calibrated prediction" if self.measured else "prediction")
+        return {"mode": self.mode, "ran": self.run, "rounds": self.rounds, "batch": self.batch, "why": why,
                 "seconds_per_token": dict(self.estimate), "predicted_seconds_per_token": dict(self.predicted),
                 "measured_seconds_per_token": dict(self.measured)}
 
@@ -89,32 +104,39 @@ class ScheduleState:
 
 
 def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, workload: Workload,
-           explore: bool = False) -> ScheduleChoice:
+           rounds: tuple[str | None, ...] = (None,), explore: bool = False) -> ScheduleChoice:
     """Plain decoding or `mode` for the next batch (`workload.batch` rows; its step length is replaced by the one
-    measured so far, see the module docstring)."""
+    measured so far), `mode` with each of `rounds` ("multi", "single"; None: `knobs.rounds`, the config's). See the
+    module docstring."""
     batch = workload.batch
     if mode == PLAIN:
         return ScheduleChoice(PLAIN, mode, batch, {}, {}, {})
     workload = dataclasses.replace(workload, step_tokens=state.step_tokens)
     policy_mode = "parse" if mode == "sequential" else mode  # sequential: priced as PARSE (the same draft, more passes)
-    rounds = "single" if policy_mode == "parse+eagle3" else knobs.rounds  # parse+eagle3 runs one round
-    decision = decide(costs, workload, state.acceptance, dataclasses.replace(knobs, mode=policy_mode, rounds=rounds))
-    by_mode = {c.mode: c.seconds_per_token for c in decision.alternatives}
-    predicted = {mode: by_mode[policy_mode], PLAIN: by_mode[PLAIN]}
+    predicted: dict[str, float] = {}
+    for r in rounds:
+        decision = decide(costs, workload, state.acceptance,
+                          dataclasses.replace(knobs, mode=policy_mode, rounds=r or knobs.rounds))
+        by_mode = {c.mode: c.seconds_per_token for c in decision.alternatives}
+        predicted[option(mode, r)] = by_mode[policy_mode]
+        predicted[PLAIN] = by_mode[PLAIN]
     b = bucket(batch, 1)
     measured = {m: state.measured[(m, b)] for m in predicted if (m, b) in state.measured}
     estimate = dict(predicted)
-    if len(measured) == 1:
-        (known, value), = measured.items()
-        scale = value / predicted[known]
-        estimate = {m: value if m == known else predicted[m] * scale for m in predicted}
-    elif len(measured) == 2:
-        estimate = dict(measured)
-    run = min(estimate, key=lambda m: (estimate[m], m != PLAIN))  # a tie goes to plain decoding
+    if measured:  # the unmeasured scaled as the measured ones err (the same hardware runs them all)
+        ratios = sorted(measured[m] / predicted[m] for m in measured)
+        scale = measured[PLAIN] / predicted[PLAIN] if PLAIN in measured else ratios[len(ratios) // 2]
+        estimate = {m: measured.get(m, predicted[m] * scale) for m in predicted}
+    pick = min(estimate, key=lambda m: (estimate[m], m != PLAIN))  # a tie goes to plain decoding
     explored = False
-    if explore and len(measured) == 1:
-        other = next(m for m in predicted if m not in measured)
-        known = next(iter(measured))
-        if estimate[other] <= EXPLORE_RATIO * estimate[known]:
-            run, explored = other, True
-    return ScheduleChoice(run, mode, batch, estimate, predicted, measured, explored)
+    unmeasured = [m for m in sorted(estimate, key=estimate.get) if m not in measured]
+    if explore and unmeasured:
+        if not measured:  # nothing measured here yet: the predicted best runs as one batch of its own, measured
+            explored = True
+        else:
+            best = min(measured.values())
+            near = [m for m in unmeasured if estimate[m] <= EXPLORE_RATIO * best]
+            if near:
+                pick, explored = near[0], True
+    run, chosen = (PLAIN, None) if pick == PLAIN else (mode, rounds[[option(mode, r) for r in rounds].index(pick)])
+    return ScheduleChoice(run, mode, batch, estimate, predicted, measured, explored, chosen)

@@ -15,11 +15,12 @@ verification suffix; a: the probability a drafted step is accepted; alpha: that 
   probability a^m_k, and the accepted prefix is the longest whose predecessors all hold (earliest_error), so
   E[accepted tokens] = L * sum_k (m_k - m_(k-1)) a^m_k. Drafting costs D d(1); the verification block is
   D + K' S tokens (+1: the target's last token, multi round): t(D + K' S + 1).
-  - multi round: then the target writes one step itself (L t(1)) and the draft reads it (d(L)):
-    tokens = E[accepted] + L, seconds = D d(1) + d(L) + t(D + K' S + 1) + L t(1).
+  - multi round: then the target writes one step itself (L tokens) and the draft reads it (d(L)):
+    tokens = E[accepted] + L, seconds = D d(1) + d(L) + t(D + K' S + 1) + L * (seconds per target token).
   - single round (D capped at the N tokens still to write): the target writes the other N - E[accepted] tokens,
-    token by token (parse, at t(1) each) or with EAGLE-3 chains (parse+eagle3, at the eagle3 seconds per token):
     tokens = N, seconds = D d(1) + t(D + K' S) + (N - E[accepted]) * (seconds per continuation token).
+  - the target writes token by token (parse: t(1) per token) or with EAGLE-3 chains (parse+eagle3: the eagle3
+    seconds per token, in its multi-round step as in its single-round rest).
 
 Prompt prefill is common to every mode and left out. Knobs the user set (`Knobs`) are never changed: the policy only
 chooses the ones left None, and a fixed mode is kept even where another would be faster.
@@ -249,26 +250,24 @@ def chain_choice(costs: PassCosts, w: Workload, rate: float, gamma: int, eagle3:
 
 def parse_choice(costs: PassCosts, w: Workload, step_rate: float, *, draft_tokens: int, prefixes: int,
                  rounds: Rounds, continuation: Choice | None = None) -> Choice:
-    """A PARSE round (multi) or request (single); `continuation`: the EAGLE-3 choice the target writes the rest
-    with (parse+eagle3, single round only), else token by token."""
+    """A PARSE round (multi) or request (single); `continuation`: the EAGLE-3 choice the target writes with
+    (parse+eagle3: its step in multi round, the rest in single round), else token by token."""
     b, c, dc = w.batch, w.cache_len, w.draft_cache_len or w.cache_len
     d = min(draft_tokens, w.remaining_tokens) if rounds == "single" else draft_tokens
     steps = max(1, round(d / w.step_tokens))
     k = max(1, min(prefixes, steps))
     accepted = min(expected_accepted_tokens(step_rate, steps, k, w.step_tokens), float(d))
-    target_step = costs.seconds("target", b, 1, c)
+    per_token = costs.seconds("target", b, 1, c) if continuation is None else continuation.seconds_per_token
     drafting = d * costs.seconds("draft", b, 1, dc)
+    mode, gamma = ("parse", 0) if continuation is None else ("parse+eagle3", continuation.gamma)
     if rounds == "multi":
         block = d + k * w.suffix_tokens + 1
         seconds = (drafting + costs.seconds("draft", b, math.ceil(w.step_tokens), dc)
-                   + costs.seconds("target", b, block, c) + w.step_tokens * target_step)
-        return Choice("parse", accepted + w.step_tokens, seconds, d, prefixes, "multi")
+                   + costs.seconds("target", b, block, c) + w.step_tokens * per_token)
+        return Choice(mode, accepted + w.step_tokens, seconds, d, prefixes, "multi", gamma)
     rest = w.remaining_tokens - accepted
-    per_token = target_step if continuation is None else continuation.seconds_per_token
     seconds = drafting + costs.seconds("target", b, d + k * w.suffix_tokens, c) + rest * per_token
-    mode = "parse" if continuation is None else "parse+eagle3"
-    return Choice(mode, float(w.remaining_tokens), seconds, d, prefixes, "single",
-                  0 if continuation is None else continuation.gamma)
+    return Choice(mode, float(w.remaining_tokens), seconds, d, prefixes, "single", gamma)
 
 
 def _options(fixed: Any, free: Iterable[Any]) -> tuple[Any, ...]:
@@ -291,9 +290,7 @@ def mode_choices(costs: PassCosts, w: Workload, stats: AcceptanceStats, knobs: K
             return eagle3
     if mode == "sd":
         return _fastest(chain_choice(costs, w, stats.token_rate, g) for g in _options(knobs.gamma, GAMMAS))
-    if mode == "parse+eagle3" and knobs.rounds == "multi":
-        raise ConfigError("mode parse+eagle3 runs a single round; rounds='multi' was set")
-    rounds = ("single",) if mode == "parse+eagle3" else _options(knobs.rounds, ROUND_CHOICES)
+    rounds = _options(knobs.rounds, ROUND_CHOICES)
     return _fastest(parse_choice(costs, w, stats.step_rate, draft_tokens=d, prefixes=k, rounds=r,
                                  continuation=eagle3)
                     for d in _options(knobs.draft_tokens, DRAFT_TOKENS)
@@ -316,8 +313,6 @@ def decide(costs: PassCosts, workload: Workload, stats: AcceptanceStats = Accept
         raise ConfigError(f"mode {knobs.mode!r} needs a cost for its "
                           f"{'draft' if costs.draft is None else 'EAGLE-3 head'}; this cost model prices: "
                           f"{', '.join(modes)}")
-    if knobs.mode is None and knobs.rounds == "multi":
-        modes = tuple(m for m in modes if m != "parse+eagle3")  # a single-round mode: not with rounds="multi"
     considered = modes if knobs.mode is None else tuple(dict.fromkeys((knobs.mode, "target")))
     best = {m: mode_choices(costs, workload, stats, knobs, m) for m in considered}
     choice = best[knobs.mode] if knobs.mode is not None else _fastest(best.values())

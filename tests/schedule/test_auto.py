@@ -65,3 +65,22 @@ def test_a_fixed_batch_is_measured_by_its_longest_row_and_a_served_run_by_its_me
     fixed = ScheduleState().record("target", 4, {"new_tokens": 160, "seconds": 1.0}, longest=100)
     assert served.measured[("target", 4)] == pytest.approx(0.01)
     assert fixed.measured[("target", 4)] == pytest.approx(0.01)  # not 4 * 1.0 / 160 = 0.025
+
+
+def test_free_rounds_are_two_choices_measured_under_their_own_names():
+    rounds = ("multi", "single")
+    fresh = _choose(ScheduleState(), MEMORY_BOUND, 4, rounds=rounds, explore=True)
+    assert set(fresh.predicted) == {"target", "parse-multi", "parse-single"}
+    best = min(fresh.predicted, key=fresh.predicted.get)
+    assert fresh.explored and fresh.name == best  # nothing measured here: the predicted best runs a batch alone
+    assert not _choose(ScheduleState(), MEMORY_BOUND, 4, rounds=rounds).explored  # a single batch never explores
+    # multi measured slow: single, unmeasured but predicted near the best measured, is explored, then wins measured
+    state = ScheduleState().record("parse-multi", 4, {"new_tokens": 100, "seconds": 0.5})
+    state = state.record("target", 4, {"new_tokens": 100, "seconds": 0.2})
+    explored = _choose(state, MEMORY_BOUND, 4, rounds=rounds, explore=True)
+    assert (explored.run, explored.rounds, explored.explored) == ("parse", "single", True)
+    state = state.record("parse-single", 4, {"new_tokens": 100, "seconds": 0.1})
+    after = _choose(state, MEMORY_BOUND, 4, rounds=rounds, explore=True)
+    assert (after.run, after.rounds, after.explored, after.as_dict()["why"]) == ("parse", "single", False, "measured")
+    state = state.record("parse-single", 4, {"new_tokens": 100, "seconds": 0.9})  # now slower than plain decoding
+    assert _choose(state, MEMORY_BOUND, 4, rounds=rounds).run == "target"

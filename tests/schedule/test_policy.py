@@ -91,12 +91,17 @@ def test_explicit_settings_are_never_overridden():
         assert alt.mode != "sd" or alt.gamma == 2
 
 
-def test_fixed_multi_round_leaves_out_the_single_round_mode():
-    d = decide(costs(MEMORY_BOUND), Workload(batch=1, cache_len=256), knobs=Knobs(rounds="multi"))
-    assert "parse+eagle3" not in {c.mode for c in d.alternatives}
+def test_fixed_multi_round_prices_parse_eagle3_with_its_head_writing_the_step():
+    w = Workload(batch=1, cache_len=256)
+    d = decide(costs(MEMORY_BOUND), w, knobs=Knobs(rounds="multi"))
     assert all(c.rounds in (None, "multi") for c in d.alternatives)
-    with pytest.raises(ConfigError, match="parse\\+eagle3 runs a single round"):
-        decide(costs(MEMORY_BOUND), Workload(batch=1, cache_len=256), knobs=Knobs(mode="parse+eagle3", rounds="multi"))
+    multi = decide(costs(MEMORY_BOUND), w, knobs=Knobs(mode="parse+eagle3", rounds="multi")).choice
+    plain = decide(costs(MEMORY_BOUND), w, knobs=Knobs(mode="parse", rounds="multi", draft_tokens=multi.draft_tokens,
+                                                       prefixes=multi.prefixes)).choice
+    assert (multi.mode, multi.rounds) == ("parse+eagle3", "multi") and multi.gamma > 0
+    # the same round, but the target's step written by EAGLE-3 chains: cheaper where the head's tokens are accepted
+    assert multi.tokens_per_round == pytest.approx(plain.tokens_per_round)
+    assert multi.round_seconds < plain.round_seconds
 
 
 def test_knobs_from_settings():
