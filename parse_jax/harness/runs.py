@@ -30,7 +30,7 @@ DRAFT_ALONE = "draft"  # bench-only: the draft model alone (what PARSE's draft c
 
 # every bench name: the engine's modes, the multi-round runs of those that honour `rounds`, then the draft alone
 BENCH_MODES = (*MODE_TABLE, *(s.multi_label for s in MODE_TABLE.values() if s.multi_label), DRAFT_ALONE)
-WARM_UP_CALLS = 4  # per runner and chunk shape: enough for an auto engine to explore, measure and serve
+WARM_UP_CALLS = 6  # per runner and chunk shape: an auto engine explores, measures and serves up to 3 choices
 
 
 # (prompts, max_new_tokens, seed, max_batch) -> GenerateResult; max_batch: at most that many rows at once (None: all)
