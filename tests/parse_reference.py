@@ -35,7 +35,7 @@ class ReferenceParse:
     """The reference path over an engine's models and settings."""
 
     def __init__(self, eng) -> None:
-        self.config = _FlatConfig(eng.config)
+        self.config = _FlatConfig(eng.config.resolved())  # concrete rounds (the engine runs "auto" as multi)
         self.target, self.draft, self.eagle3 = eng.target, eng.draft, eng.eagle3
         self._verify = verify_pass
         self.suffix_ids, self.yes_id, self.no_id = eng.suffix_ids, eng.yes_id, eng.no_id
@@ -69,7 +69,7 @@ class ReferenceParse:
                  seed: int = 0, top_k: int = 0, top_p: float = 1.0) -> GenerateResult:
         sampling = SamplingParams(float(temperature), int(top_k), float(top_p), int(seed))
         ids = encode_prompts(self.target, prompts)
-        if mode == "parse" and self.config.resolved().rounds == "multi":
+        if mode == "parse" and self.config.rounds == "multi":
             return self._parse_multi(ids, int(max_new_tokens), sampling)
         return self._verify_then_continue(ids, int(max_new_tokens), sampling, sequential=mode == "sequential",
                                           eagle=mode == "parse+eagle3")

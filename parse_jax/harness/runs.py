@@ -30,7 +30,7 @@ DRAFT_ALONE = "draft"  # bench-only: the draft model alone (what PARSE's draft c
 
 # every bench name: the engine's modes, the multi-round runs of those that honour `rounds`, then the draft alone
 BENCH_MODES = (*MODE_TABLE, *(s.multi_label for s in MODE_TABLE.values() if s.multi_label), DRAFT_ALONE)
-WARM_UP_CALLS = 6  # per runner and chunk shape: an auto engine explores, measures and serves up to 3 choices
+WARM_UP_CALLS = 8  # per runner and chunk shape: an auto engine explores, measures and serves up to 3 choices
 
 
 # (prompts, max_new_tokens, seed, max_batch) -> GenerateResult; max_batch: at most that many rows at once (None: all)
@@ -206,13 +206,14 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     for name in names:  # warm-up: compile the programs the timed runs use
         for chunk in warm_ups:
             warm.set_postfix_str(f"{name} at batch {min(len(chunk), batch_size)}; {_programs_note()}")
-            # again while a call compiled (at most WARM_UP_CALLS): a schedule="auto" engine measures only batches
-            # that compiled nothing, and serves what it measured best, so its first calls meet new programs; what
-            # still compiles inside the timed calls is counted
+            # again while a call compiled or explored (at most WARM_UP_CALLS): a schedule="auto" engine measures
+            # only batches that compiled nothing, explores what it has not measured, and serves what it measured
+            # best, so its first calls meet new programs; what still compiles inside the timed calls is counted
             for _ in range(WARM_UP_CALLS):
                 before = compiled_programs()
-                runners[name](chunk, max_new_tokens, seed, max_batch)
-                if compiled_programs() == before:
+                res = runners[name](chunk, max_new_tokens, seed, max_batch)
+                explored = any(c.get("why", "").startswith("exploring") for c in res.stats.get("schedule", []))
+                if compiled_programs() == before and not explored:
                     break
             warm.update(1)
     warm.set_postfix_str(_programs_note())
