@@ -235,10 +235,8 @@ class ParseEngine:
             batch = dataclasses.replace(req, ids=req.ids[start:start + size], sampling=sampling)
             choice = None
             if self.config.schedule == "auto" and mode != "target":
-                # explore where more batches follow, or where earlier calls measured this batch size (the engine is
-                # in repeated use: a single batch then measures a choice too)
-                again = start + size < n or self.schedule_state.seen(len(batch.ids))
-                choice = self._choose(mode, batch, rounds, explore=again and explorations < len(rounds) + 1)
+                choice = self._choose(mode, batch, rounds,
+                                      explore=start + size < n and explorations < len(rounds) + 1)
                 choices.append(choice.as_dict())
                 explorations += choice.explored
             run = mode if choice is None else choice.run

@@ -122,22 +122,3 @@ def test_rounds_auto_runs_the_rounds_measured_faster_as_that_fixed_setting_would
 def test_max_batch_must_be_a_positive_integer(bad):
     with pytest.raises(InputError, match="max_batch"):
         _engine().generate(PROMPTS, mode="target", max_new_tokens=4, max_batch=bad)
-
-
-def test_later_single_batch_calls_explore_what_the_first_did_not_measure():
-    """A call of one batch never explores the first time; once this batch size is measured (the engine in repeated
-    use, as a bench or a server), a later single-batch call runs an unmeasured choice predicted near the best, so
-    every choice gets measured instead of the cost model's guess standing forever."""
-    eng = _engine(schedule="auto", rounds="single")
-    eng._costs = costs(MEMORY_BOUND, eagle3=False)
-    state = eng.schedule_state.record("parse", 8, {"new_tokens": 80, "seconds": 0.1})  # an earlier call's
-    eng.schedule_state = state
-    assert eng.schedule_state.seen(7) and not eng.schedule_state.seen(1)  # batch 7: bucket 8
-    res = eng.generate(PROMPTS, mode="parse", max_new_tokens=24)
-    assert [(c["ran"], c["why"]) for c in res.stats["schedule"]] == [("target", "exploring (not measured at this "
-                                                                               "batch yet)")]
-    assert res.tokens == generate(TARGET, PROMPTS, max_new_tokens=24).tokens
-    first = _engine(schedule="auto", rounds="single")
-    first._costs = costs(MEMORY_BOUND, eagle3=False)
-    assert not first.generate(PROMPTS, mode="parse", max_new_tokens=24).stats["schedule"][0]["why"].startswith(
-        "exploring")

@@ -9,10 +9,9 @@ The estimate of a choice's seconds per token, best first:
    median measured choice (the same hardware runs them all);
 3. predicted: the cost model alone.
 The choices are plain decoding and the mode, with each rounds setting the schedule may pick (`rounds="auto"`: multi
-and single). Where more batches follow in the call, or earlier calls measured this bucket (`explore=True`), a bucket
-where nothing is measured yet runs its predicted best as a batch of its own (measured, before it serves the rest),
-and a choice not measured yet whose estimate is within `EXPLORE_RATIO` of the best measured one runs once, so that it
-becomes measured; a first call of one batch never explores.
+and single). Where more batches follow (`explore=True`), a bucket where nothing is measured yet runs its predicted
+best as a batch of its own (measured, before it serves the rest), and a choice not measured yet whose estimate is
+within `EXPLORE_RATIO` of the best measured one runs once, so that it becomes measured; a single batch never explores.
 Everything here is host-side bookkeeping between device programs; nothing runs under jit.
 """
 
@@ -75,10 +74,6 @@ class ScheduleState:
     acceptance: AcceptanceStats = AcceptanceStats()
     measured: Mapping[tuple[str, int], float] = dataclasses.field(default_factory=dict)
     step_tokens: float = 12.0
-
-    def seen(self, batch: int) -> bool:
-        """Whether some choice was measured at `batch`'s bucket."""
-        return any(b == bucket(batch, 1) for _, b in self.measured)
 
     def record(self, run: str, batch: int, stats: Mapping[str, Any], *, longest: int | None = None) -> ScheduleState:
         """This state with a finished batch's result counted in (`stats`: its GenerationStats dict). `longest`: the
