@@ -12,15 +12,12 @@ import json
 import sys
 from pathlib import Path
 
+from bench_schedule import runner  # benchmarks/ is on sys.path when run as a script
+
 import parse_jax as pj
 from parse_jax.harness.provenance import provenance
 from parse_jax.harness.runs import RunSettings, measure
 from parse_jax.utils import atomic
-
-
-def runner(engine: pj.ParseEngine, mode: str):
-    return lambda prompts, max_new, seed, max_batch=None: engine.generate(
-        prompts, mode=mode, max_new_tokens=max_new, seed=seed, max_batch=max_batch)
 
 
 def main() -> int:

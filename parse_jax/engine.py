@@ -127,6 +127,10 @@ class ParseEngine:
         self.context = ModeContext(target=target, draft=draft, head=eagle3, config=cfg.resolved(), judge=self.judge,
                                    round_spec=self.round_spec, suffix_ids=tuple(self.suffix_ids),
                                    step_end_ids=self.step_end_ids)
+        # the context a batch runs with each rounds `schedule="auto"` may choose (built once: one object per rounds)
+        self._contexts = {r: self.context if r == self.context.config.rounds else
+                          dataclasses.replace(self.context, config=self.context.config.resolved(r))
+                          for r in ("multi", "single")}
         self.schedule_state = ScheduleState()  # schedule="auto": acceptance and costs measured so far
         self.memory_guard = MemoryGuard()  # generate's memory plan on the first device (docs/lowering.md)
         self._costs: PassCosts | None = None
@@ -290,9 +294,7 @@ class ParseEngine:
 
     def _context(self, rounds: str | None) -> ModeContext:
         """The engine's context, with `rounds` when given (what a batch the schedule chose runs)."""
-        if rounds is None or rounds == self.context.config.rounds:
-            return self.context
-        return dataclasses.replace(self.context, config=self.context.config.resolved(rounds))
+        return self.context if rounds is None else self._contexts[rounds]
 
     def request(self, prompts, mode: str, max_new_tokens, temperature, seed, top_k, top_p,
                 eos_ids) -> Request:

@@ -21,7 +21,7 @@ from parse_jax.runtime.metrics import combine
 from parse_jax.runtime.programs import compiled_programs
 from parse_jax.runtime.requests import GenerateResult, SamplingParams
 from parse_jax.runtime.slots import serve_request
-from parse_jax.schedule.auto import option
+from parse_jax.schedule.auto import EXPLORING, option
 from parse_jax.settings import BATCHING, DEFAULT_BATCHING, Batching
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.validation import check_choice, check_eos_ids, check_float, check_int, check_seed
@@ -212,7 +212,7 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
             for _ in range(WARM_UP_CALLS):
                 before = compiled_programs()
                 res = runners[name](chunk, max_new_tokens, seed, max_batch)
-                explored = any(c.get("why", "").startswith("exploring") for c in res.stats.get("schedule", []))
+                explored = any(c.get("why") == EXPLORING for c in res.stats.get("schedule", []))
                 if compiled_programs() == before and not explored:
                     break
             warm.update(1)

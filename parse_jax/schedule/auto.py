@@ -28,6 +28,7 @@ from parse_jax.schedule.policy import AcceptanceStats, Knobs, Workload, decide
 EXPLORE_RATIO = 2.0  # explore the unmeasured choice when predicted within this factor of the measured one
 EMA = 0.5            # weight of the newest measurement
 PLAIN = "target"
+EXPLORING = "exploring (not measured at this batch yet)"  # the `why` of an explored batch
 
 
 def option(run: str, rounds: str | None = None) -> str:
@@ -58,7 +59,7 @@ class ScheduleChoice:
         return option(self.run, self.rounds)
 
     def as_dict(self) -> dict[str, Any]:
-        why = ("exploring (not measured at this batch yet)" if self.explored else
+        why = (EXPLORING if self.explored else
                "measured" if len(self.measured) == len(self.predicted) else
                "calibrated prediction" if self.measured else "prediction")
         return {"mode": self.mode, "ran": self.run, "rounds": self.rounds, "batch": self.batch, "why": why,
@@ -114,6 +115,7 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
     workload = dataclasses.replace(workload, step_tokens=state.step_tokens)
     policy_mode = "parse" if mode == "sequential" else mode  # sequential: priced as PARSE (the same draft, more passes)
     predicted: dict[str, float] = {}
+    by_name = {option(mode, r): r for r in rounds}  # each speculative choice's rounds
     for r in rounds:
         decision = decide(costs, workload, state.acceptance,
                           dataclasses.replace(knobs, mode=policy_mode, rounds=r or knobs.rounds))
@@ -124,8 +126,9 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
     measured = {m: state.measured[(m, b)] for m in predicted if (m, b) in state.measured}
     estimate = dict(predicted)
     if measured:  # the unmeasured scaled as the measured ones err (the same hardware runs them all)
-        ratios = sorted(measured[m] / predicted[m] for m in measured)
-        scale = measured[PLAIN] / predicted[PLAIN] if PLAIN in measured else ratios[len(ratios) // 2]
+        ratios = [measured[PLAIN] / predicted[PLAIN]] if PLAIN in measured else sorted(
+            measured[m] / predicted[m] for m in measured)
+        scale = ratios[len(ratios) // 2]
         estimate = {m: measured.get(m, predicted[m] * scale) for m in predicted}
     pick = min(estimate, key=lambda m: (estimate[m], m != PLAIN))  # a tie goes to plain decoding
     explored = False
@@ -138,5 +141,5 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
             near = [m for m in unmeasured if estimate[m] <= EXPLORE_RATIO * best]
             if near:
                 pick, explored = near[0], True
-    run, chosen = (PLAIN, None) if pick == PLAIN else (mode, rounds[[option(mode, r) for r in rounds].index(pick)])
+    run, chosen = (PLAIN, None) if pick == PLAIN else (mode, by_name[pick])
     return ScheduleChoice(run, mode, batch, estimate, predicted, measured, explored, chosen)
