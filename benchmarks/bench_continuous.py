@@ -42,10 +42,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--task", default="default", help="task preset (the default task's answers all have one "
+                    "length: fixed chunks then waste nothing; `medium` mixes 3- and 4-step problems)")
     ap.add_argument("--out", default="benchmarks/results/continuous_b16")
     args = ap.parse_args()
     target, draft = pj.load_pair()
-    task = pj.load_task()
+    task = pj.load_task(args.task)
     problems = task.problems(args.n, seed=args.seed, split="test")
     eng = pj.ParseEngine(target, draft, pj.ParseConfig(schedule="fixed"))
     runners = {"target (chunks)": chunked(eng, "target"), "target (continuous)": continuous(eng, "target"),
@@ -53,10 +55,11 @@ def main() -> int:
     settings = RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch,
                            repeats=args.repeats, seed=args.seed, progress=False, batching="continuous")
     rows = measure(runners, task, problems, settings, baseline="target (chunks)")
-    result = {"n": args.n, "batch": args.batch, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
+    result = {"n": args.n, "batch": args.batch, "task": args.task, "repeats": args.repeats,
+              "max_new_tokens": args.max_new_tokens,
               "command": "python " + " ".join(sys.argv), "provenance": provenance(None, args.seed), "rows": rows}
     lines = [f"# Continuous batching vs fixed chunks ({args.n} held-out problems, {args.batch} rows in flight, "
-             f"{args.repeats} repeats, max_new_tokens {args.max_new_tokens}, embedded pair)", "",
+             f"{args.repeats} repeats, max_new_tokens {args.max_new_tokens}, embedded pair, task {args.task})", "",
              f"Command: `{result['command']}`", "",
              "| run | tokens/s | vs target in chunks (min-max) | accuracy | compiles in timing |",
              "|---|---|---|---|---|"]

@@ -67,6 +67,27 @@ def test_a_fixed_batch_is_measured_by_its_longest_row_and_a_served_run_by_its_me
     assert fixed.measured[("target", 4)] == pytest.approx(0.01)  # not 4 * 1.0 / 160 = 0.025
 
 
+def test_a_served_figure_replaces_a_fixed_batch_figure_and_is_not_moved_by_one():
+    """An explored fixed batch reads cheaper than the same choice served (its rows verify together); once served,
+    the choice is judged by what serving costs."""
+    explored = ScheduleState().record("parse", 8, {"new_tokens": 640, "seconds": 1.0}, longest=100)
+    assert explored.measured[("parse", 8)] == pytest.approx(0.01) and not explored.served
+    served = explored.record("parse", 8, {"new_tokens": 400, "seconds": 1.0})
+    assert served.measured[("parse", 8)] == pytest.approx(0.02)  # replaced, not averaged with 0.01
+    assert served.served == {("parse", 8)}
+    again = served.record("parse", 8, {"new_tokens": 800, "seconds": 1.0}, longest=100)
+    assert again.measured[("parse", 8)] == pytest.approx(0.02)  # a fixed batch leaves a served figure
+    twice = served.record("parse", 8, {"new_tokens": 800, "seconds": 1.0})
+    assert twice.measured[("parse", 8)] == pytest.approx(0.5 * 0.01 + 0.5 * 0.02)  # served runs average
+    fixed = explored.record("parse", 8, {"new_tokens": 640, "seconds": 2.0}, longest=100)
+    assert fixed.measured[("parse", 8)] == pytest.approx(0.015)  # fixed batches average among themselves
+    # the choice that read cheaper explored loses once its served cost is known
+    state = served.record("target", 8, {"new_tokens": 640, "seconds": 1.5}, longest=100)
+    assert _choose(state, MEMORY_BOUND, 8).run == "target"
+    assert _choose(explored.record("target", 8, {"new_tokens": 640, "seconds": 1.5}, longest=100),
+                   MEMORY_BOUND, 8).run == "parse"
+
+
 def test_free_rounds_are_two_choices_measured_under_their_own_names():
     rounds = ("multi", "single")
     fresh = _choose(ScheduleState(), MEMORY_BOUND, 4, rounds=rounds, explore=True)
