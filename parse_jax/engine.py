@@ -247,13 +247,18 @@ class ParseEngine:
             ctx = self.context if choice is None else self._context(choice.rounds)
             compiled = compiled_programs() if choice is not None else None
             spec, res = MODE_TABLE[run], None
-            if spec.serve is not None and start + size < n and not (choice is not None and choice.explored):
-                # the rest through `size` slots, a finished row's slot taking the next prompt
-                res = spec.serve(ctx, dataclasses.replace(batch, ids=req.ids[start:]), size)
+            explored = choice is not None and choice.explored
+            if spec.serve is not None and start + size < n:
+                # the rest through `size` slots, a finished row's slot taking the next prompt; an explored batch
+                # through the same programs, its `size` rows admitted at once (what the served rest then reuses)
+                rest = batch.ids if explored else req.ids[start:]
+                res = spec.serve(ctx, dataclasses.replace(batch, ids=rest), size)
             if res is None:
                 res = spec.runner(ctx, batch)
+            if choice is not None:  # what the decision ran: its prompts, and its slots (None: a fixed batch)
+                choices[-1].update(rows=len(res.tokens), slots=res.stats.get("slots"))
             if choice is not None and compiled_programs() == compiled:  # a batch that compiled is no measurement
-                served = "admissions" in res.stats
+                served = "admissions" in res.stats and not explored  # an explored batch: rows idle once done
                 longest = None if served else max(1, max(len(t) for t in res.tokens))
                 self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,
                                                                  longest=longest)

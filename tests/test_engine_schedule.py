@@ -99,6 +99,21 @@ def test_at_most_one_exploration_batch_per_choice_and_call():
     assert ("parse", 1) in eng.schedule_state.measured
 
 
+def test_an_explored_batch_runs_through_the_serving_programs_and_is_measured_as_a_batch():
+    """The explored batch's rows are admitted at once into the slots the rest is then served through (the same
+    programs, so exploring compiles nothing the served run would not); each decision says how many prompts it ran
+    and in how many slots."""
+    eng = _engine(schedule="auto", rounds="single")
+    eng._costs = costs(MEMORY_BOUND, eagle3=False)
+    res = eng.generate(PROMPTS, mode="parse", max_new_tokens=10, max_batch=2)
+    first = res.stats["schedule"][0]
+    assert first["why"].startswith("exploring") and (first["rows"], first["slots"]) == (2, 2)
+    assert sum(c["rows"] for c in res.stats["schedule"]) == len(PROMPTS)
+    assert res.stats["schedule"][-1]["rows"] > 2  # the rest, served
+    alone = [_engine(rounds="single").generate([p], mode="parse", max_new_tokens=10) for p in PROMPTS]
+    assert res.tokens == [r.tokens[0] for r in alone]
+
+
 @pytest.mark.parametrize("faster", ["multi", "single"])
 def test_rounds_auto_runs_the_rounds_measured_faster_as_that_fixed_setting_would(faster):
     """`rounds="auto"` (the default) lets the schedule choose multi or single round per batch; what a batch ran
