@@ -31,6 +31,7 @@ from parse_jax.harness.runs import (
     write_text,
 )
 from parse_jax.modes.table import MODE_TABLE
+from parse_jax.settings import Schedule
 from parse_jax.utils.atomic import check_writable
 from parse_jax.utils.validation import check_float
 
@@ -81,10 +82,13 @@ def sweep_configs(base: ParseConfig, param: str, values: Sequence[str]) -> list[
 
 
 def run_sweep(eng: ParseEngine, task, param: str, values: Sequence[str], settings: RunSettings = SWEEP_SETTINGS,
-              *, mode: str = "parse", split: str = "test", models: dict | None = None) -> dict:
-    """`target` once, then `mode` with each value of `param` over `eng.config`, on the same `settings.n` problems
-    of `split` (a --data `DataTask` has one split: its file)."""
+              *, mode: str = "parse", split: str = "test", models: dict | None = None,
+              schedule: Schedule | None = None) -> dict:
+    """`target` once, then `mode` with each value of `param` over `eng.config` (its `schedule` replaced where
+    given), on the same `settings.n` problems of `split` (a --data `DataTask` has one split: its file)."""
     target, draft, base = eng.target, eng.draft, eng.config
+    if schedule is not None:
+        base = dataclasses.replace(base, schedule=schedule)
     spec = MODE_TABLE.get(mode_config(base, mode)[1]) if mode in BENCH_MODES else None
     if spec is None or not (spec.needs_draft or spec.needs_head):  # the target or the draft alone: nothing to vary
         raise InputError(f"a sweep varies a PARSE mode; got {mode!r}")
@@ -119,6 +123,12 @@ def sweep_markdown(result: dict, title: str) -> str:
               f"{result['n']} problems (split `{result['split']}`) of task `{result.get('task')}`: batches of "
               f"{result['batch_size']}, {result['repeats']} repeats interleaved, {sampling_text(result)}, at most "
               f"{result['max_new_tokens']} new tokens.", "", sweep_table(result), ""]
+    ran = [f"{p['value']}: {', '.join(f'{k} x{v}' for k, v in sorted(p['schedule_ran'].items()))}"
+           for p in result["points"] if p.get("schedule_ran")]
+    if ran:  # schedule="auto": a value whose runs decoded plainly measured the target, not its PARSE setting
+        lines += ["What `schedule=\"auto\"` ran for each value (decisions per choice; `target`: plain decoding, "
+                  "where the cost model or a measurement said speculation would lose at this batch size): "
+                  + "; ".join(ran) + ".", ""]
     if "calibration" in result:
         c = result["calibration"]
         lines += [c["message"], ""]
@@ -167,14 +177,17 @@ def pick_threshold(result: dict, tolerance: float) -> dict:
 def calibrate(eng: ParseEngine, task, settings: RunSettings = CALIBRATE_SETTINGS, *, tolerance: float = 0.01,
               thresholds: Sequence[float] = DEFAULT_THRESHOLDS, mode: str = "parse",
               log: Callable[[str], None] = print, models: dict | None = None) -> dict:
-    """A threshold sweep on dev problems (never the held-out test split), then `pick_threshold`."""
+    """A threshold sweep on dev problems (never the held-out test split), PARSE run as configured whatever the
+    engine's schedule, then `pick_threshold`."""
     check_float("tolerance", tolerance, 0.0, 1.0, max_open=True, error=InputError)
     if not thresholds:
         raise ConfigError("no thresholds to calibrate over")
     for t in thresholds:
         check_float("threshold", t, 0.0, 1.0)
+    # the threshold is a property of the verification: every candidate runs PARSE as configured (schedule "fixed"),
+    # or at a batch size where the schedule decodes plainly no candidate would be measured at all
     result = run_sweep(eng, task, "threshold", [f"{t:g}" for t in thresholds], settings, mode=mode, split=DEV_SPLIT,
-                       models=models)
+                       models=models, schedule="fixed")
     result["calibration"] = pick_threshold(result, tolerance)
     log(sweep_table(result))
     return result

@@ -1,6 +1,7 @@
 """Sweeps and threshold calibration: values parse into configs, calibration draws dev problems (never the test
 split) and picks a threshold its own sweep numbers justify."""
 
+import dataclasses
 import json
 
 import pytest
@@ -8,7 +9,15 @@ import pytest
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.runs import RunSettings
-from parse_jax.harness.sweep import calibrate, parse_value, pick_threshold, run_sweep, sweep_configs, write_sweep
+from parse_jax.harness.sweep import (
+    calibrate,
+    parse_value,
+    pick_threshold,
+    run_sweep,
+    sweep_configs,
+    sweep_markdown,
+    write_sweep,
+)
 from parse_jax.tasks import load_task
 from tests.test_engine import DRAFT, TARGET
 
@@ -80,6 +89,28 @@ def test_calibrate_on_dev_problems_picks_what_its_sweep_supports(tmp_path):
     doc = json.loads((tmp_path / "calibrate.json").read_text())
     assert doc["calibration"]["threshold"] == chosen["threshold"]
     assert doc["provenance"]["config"]["split"] == "train" and doc["provenance"]["seed"] == 0
+
+
+def test_calibrate_runs_parse_as_configured_under_an_auto_engine():
+    """A threshold is a property of the verification: calibrate measures PARSE itself even where the engine's
+    schedule would decode plainly (at batch 16 on a CPU it does, and every candidate then measured the target)."""
+    auto = ParseEngine(TARGET, DRAFT, dataclasses.replace(BASE, schedule="auto"))
+    res = calibrate(auto, load_task(), RunSettings(n=4, max_new_tokens=10, batch_size=4, repeats=1, progress=False),
+                    thresholds=[0.0, 1.0], log=lambda s: None)
+    assert res["parse_config"]["schedule"] == "fixed"
+    pts = {p["value"]: p for p in res["points"]}
+    assert pts["0"]["accepted_tokens"] == pts["0"]["draft_tokens"] > 0 and not pts["0"]["schedule_ran"]
+
+
+def test_a_sweep_report_says_what_the_auto_schedule_ran_per_value():
+    res = run_sweep(ParseEngine(TARGET, DRAFT, dataclasses.replace(BASE, schedule="auto")), load_task(),
+                    "threshold", ["0.5"], RunSettings(n=4, max_new_tokens=10, batch_size=4, repeats=1,
+                                                      progress=False))
+    ran = res["points"][0]["schedule_ran"]
+    assert ran and all(k == "target" or k.startswith("parse") for k in ran)
+    text = sweep_markdown(res, "t")
+    assert "What `schedule=\"auto\"` ran for each value" in text
+    assert "0.5: " + ", ".join(f"{k} x{v}" for k, v in sorted(ran.items())) in text
 
 
 def test_sweep_runs_target_once_and_each_value():
