@@ -18,6 +18,7 @@ import parse_jax as pj
 from parse_jax.harness.provenance import provenance
 from parse_jax.harness.runs import RunSettings, measure
 from parse_jax.runtime.requests import merge_results
+from parse_jax.tasks.arith import PRESETS
 from parse_jax.utils import atomic
 
 
@@ -42,8 +43,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=13)
-    ap.add_argument("--task", default="default", help="task preset (the default task's answers all have one "
-                    "length: fixed chunks then waste nothing; `medium` mixes 3- and 4-step problems)")
+    ap.add_argument("--task", default="default", choices=sorted(PRESETS),
+                    help="task preset (the default task's answers all have one length: fixed chunks then waste "
+                    "nothing; `medium` mixes 3- and 4-step problems)")
     ap.add_argument("--out", default="benchmarks/results/continuous_b16")
     args = ap.parse_args()
     target, draft = pj.load_pair()

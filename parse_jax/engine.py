@@ -250,7 +250,8 @@ class ParseEngine:
             explored = choice is not None and choice.explored
             if spec.serve is not None and start + size < n:
                 # the rest through `size` slots, a finished row's slot taking the next prompt; an explored batch
-                # through the same programs, its `size` rows admitted at once (what the served rest then reuses)
+                # through the same programs, its `size` rows admitted at once (what the served rest then reuses
+                # where its prompts fall in the same length bucket)
                 rest = batch.ids if explored else req.ids[start:]
                 res = spec.serve(ctx, dataclasses.replace(batch, ids=rest), size)
             if res is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
@@ -31,7 +32,6 @@ from parse_jax.harness.runs import (
     write_text,
 )
 from parse_jax.modes.table import MODE_TABLE
-from parse_jax.settings import Schedule
 from parse_jax.utils.atomic import check_writable
 from parse_jax.utils.validation import check_float
 
@@ -81,14 +81,21 @@ def sweep_configs(base: ParseConfig, param: str, values: Sequence[str]) -> list[
     return out
 
 
-def run_sweep(eng: ParseEngine, task, param: str, values: Sequence[str], settings: RunSettings = SWEEP_SETTINGS,
-              *, mode: str = "parse", split: str = "test", models: dict | None = None,
-              schedule: Schedule | None = None) -> dict:
-    """`target` once, then `mode` with each value of `param` over `eng.config` (its `schedule` replaced where
-    given), on the same `settings.n` problems of `split` (a --data `DataTask` has one split: its file)."""
+@dataclasses.dataclass(frozen=True)
+class SweepBase:
+    """What a sweep reads of an engine: its models, and the config each value is applied over."""
+
+    target: Any
+    draft: Any
+    config: ParseConfig
+
+
+def run_sweep(eng: ParseEngine | SweepBase, task, param: str, values: Sequence[str],
+              settings: RunSettings = SWEEP_SETTINGS, *, mode: str = "parse", split: str = "test",
+              models: dict | None = None) -> dict:
+    """`target` once, then `mode` with each value of `param` over `eng.config`, on the same `settings.n` problems
+    of `split` (a --data `DataTask` has one split: its file)."""
     target, draft, base = eng.target, eng.draft, eng.config
-    if schedule is not None:
-        base = dataclasses.replace(base, schedule=schedule)
     spec = MODE_TABLE.get(mode_config(base, mode)[1]) if mode in BENCH_MODES else None
     if spec is None or not (spec.needs_draft or spec.needs_head):  # the target or the draft alone: nothing to vary
         raise InputError(f"a sweep varies a PARSE mode; got {mode!r}")
@@ -126,7 +133,8 @@ def sweep_markdown(result: dict, title: str) -> str:
     ran = [f"{p['value']}: {', '.join(f'{k} x{v}' for k, v in sorted(p['schedule_ran'].items()))}"
            for p in result["points"] if p.get("schedule_ran")]
     if ran:  # schedule="auto": a value whose runs decoded plainly measured the target, not its PARSE setting
-        lines += ["What `schedule=\"auto\"` ran for each value (decisions per choice; `target`: plain decoding, "
+        lines += ["What `schedule=\"auto\"` ran for each value in the first timed repeat (decisions per choice, a "
+                  "served run being one; `target`: plain decoding, "
                   "where the cost model or a measurement said speculation would lose at this batch size): "
                   + "; ".join(ran) + ".", ""]
     if "calibration" in result:
@@ -186,8 +194,9 @@ def calibrate(eng: ParseEngine, task, settings: RunSettings = CALIBRATE_SETTINGS
         check_float("threshold", t, 0.0, 1.0)
     # the threshold is a property of the verification: every candidate runs PARSE as configured (schedule "fixed"),
     # or at a batch size where the schedule decodes plainly no candidate would be measured at all
-    result = run_sweep(eng, task, "threshold", [f"{t:g}" for t in thresholds], settings, mode=mode, split=DEV_SPLIT,
-                       models=models, schedule="fixed")
+    fixed = SweepBase(eng.target, eng.draft, dataclasses.replace(eng.config, schedule="fixed"))
+    result = run_sweep(fixed, task, "threshold", [f"{t:g}" for t in thresholds], settings, mode=mode,
+                       split=DEV_SPLIT, models=models)
     result["calibration"] = pick_threshold(result, tolerance)
     log(sweep_table(result))
     return result
