@@ -88,15 +88,15 @@ class ScheduleState:
         12.65 ms per token-row explored, 15.7 served). Figures of one kind are averaged (`EMA`)."""
         tokens, seconds = stats.get("new_tokens", 0), stats.get("seconds", 0.0)
         measured, served = dict(self.measured), self.served
-        key = (run, bucket(batch, 1))
-        if tokens > 0 and seconds > 0 and (longest is None or key not in served):
+        key, is_served = (run, bucket(batch, 1)), longest is None
+        if tokens > 0 and seconds > 0 and (is_served or key not in served):
             # seconds per token of one row with every row of the batch busy: what a served run keeps. A fixed batch
             # took `seconds` to write its longest row; counted by its mean row instead, its finished rows' idle
             # time would be charged to the choice (and a served choice would always look cheaper than an explored one)
-            per_token = seconds / longest if longest else seconds * batch / tokens
-            old = measured.get(key) if (longest is not None or key in served) else None
+            per_token = seconds * batch / tokens if is_served else seconds / longest
+            old = measured.get(key) if is_served == (key in served) else None  # only figures of one kind average
             measured[key] = per_token if old is None else EMA * per_token + (1 - EMA) * old
-            if longest is None:
+            if is_served:
                 served = served | {key}
         acceptance, step_tokens = self.acceptance, self.step_tokens
         drafted, accepted = stats.get("draft_tokens"), stats.get("accepted_tokens")
