@@ -57,13 +57,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from parse_jax.distributed.multihost import process_slice
 
         prompts = process_slice(prompts)
-    if mode == "target":
-        res = generate(target, prompts, **kw)
-    else:
+    engine = ParseEngine(target, draft, cfg)
+    if mode == "target":  # plain decoding outside the engine: the memory check `engine.generate` makes itself
         from parse_jax.lowering.run import check_memory
 
-        engine = ParseEngine(target, draft, cfg)
         check_memory(engine, prompts, mode, args.max_new_tokens)  # a run that cannot fit: one line, nothing allocated
+        res = generate(target, prompts, **kw)
+    else:
         res = engine.generate(prompts, mode=mode, **kw)
     texts, tokens = res.texts, res.tokens
     if getattr(args, "per_host", False):

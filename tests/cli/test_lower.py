@@ -86,3 +86,21 @@ def test_bad_lower_flags_are_one_line_errors(tmp_path, capsys):
     assert "--out writes lowered programs: drop --memory-only" in capsys.readouterr().err
     assert main(["lower", "--mode", "fast"]) == 2
     assert "argument --mode: invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_generate_in_target_mode_is_refused_before_decoding_on_a_device_too_small(tmp_path, capsys, monkeypatch):
+    """`parse-jax generate --mode target` decodes outside the engine; it makes the engine's memory check first: on a
+    device whose allocator offers 0.1 MB, one line naming the sizes, exit 2, nothing decoded."""
+    from tests.lowering.test_memory import Device
+    from tests.models.hf_tiny import make_tiny_hf
+
+    folder = make_tiny_hf("qwen3", tmp_path / "hf", seed=1)
+    small = Device(bytes_limit=10**5, device_kind="Fake accelerator", platform="fake")
+    cpu = jax.devices()
+    capsys.readouterr()  # the folder writer's progress
+    monkeypatch.setattr(jax, "devices", lambda *a: [small] if not a else cpu)
+    assert main(["generate", "--model", str(folder), "--mode", "target", "hello", "--max-new-tokens", "8",
+                 "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "does not fit a Fake accelerator chip (0.1 MB): weights" in err, err
+    assert small.asked == 1
