@@ -8,9 +8,11 @@ for the module map.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +25,7 @@ from parse_jax.lowering.memory import MemoryGuard
 from parse_jax.models.vocab import align_vocab
 from parse_jax.modes.context import ModeContext
 from parse_jax.modes.table import MODE_TABLE
-from parse_jax.runtime.programs import FETCHES, compiled_programs, length_bucket
+from parse_jax.runtime.programs import FETCHES, bucket, compiled_programs, length_bucket
 from parse_jax.runtime.requests import (
     GenerateResult,
     Request,
@@ -32,10 +34,13 @@ from parse_jax.runtime.requests import (
     merge_results,
     resolve_eos,
 )
-from parse_jax.schedule.auto import ScheduleChoice, ScheduleState, choose
+from parse_jax.schedule.auto import PLAIN as PLAIN_CHOICE
+from parse_jax.schedule.auto import ScheduleChoice, ScheduleState, SetupCharge, choose
+from parse_jax.schedule.auto import option as choice_name
 from parse_jax.schedule.costs import PassCosts
 from parse_jax.schedule.policy import Knobs, Workload
 from parse_jax.schedule.profile import pass_costs
+from parse_jax.schedule.setup import SetupCosts, load_setup_costs
 from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings  # noqa: F401  (re-exported)
 from parse_jax.speculation.draft_model import check_pair
 from parse_jax.speculation.eagle3 import Eagle3, check_tree
@@ -134,6 +139,24 @@ class ParseEngine:
         self.schedule_state = ScheduleState()  # schedule="auto": acceptance and costs measured so far
         self.memory_guard = MemoryGuard()  # generate's memory plan on the first device (docs/lowering.md)
         self._costs: PassCosts | None = None
+        self._setup: SetupCosts | None = None  # program setup per choice, read from disk when first needed
+        self._ready: set[tuple[str, int]] = set()  # (choice, batch bucket) whose programs this engine has set up
+        self._job_left: int | None = None  # prompts left in a one-off job (`job`); None: setup is not charged
+        self._row_tokens: float | None = None  # tokens a row has written on average so far
+
+    @contextlib.contextmanager
+    def job(self, prompts: int) -> Iterator[ParseEngine]:
+        """Declare the next `prompts` prompts (over any number of `generate` calls) a one-off job, as `parse-jax eval`
+        does: under `schedule="auto"`, each choice's program setup (tracing, compiling, loading; measured by earlier
+        runs and remembered on disk) is charged to the job's remaining rows, and a choice whose setup they cannot
+        pay back is neither run nor explored. Outside a job, setup is amortized over the engine's life (a server, a
+        benchmark) and not charged. docs/design.md §7."""
+        prompts = check_int("prompts", prompts, 1, error=InputError)
+        outer, self._job_left = self._job_left, prompts
+        try:
+            yield self
+        finally:
+            self._job_left = outer
 
     def _encode_setting(self, name: str, text: str) -> list[int]:
         """A setting's text as ids, special tokens in it (`<|im_end|>`, `<|eot_id|>`: a hand-written chat turn) as
@@ -232,6 +255,7 @@ class ParseEngine:
         parts, choices, start = [], [], 0
         rounds = self._rounds_options(mode, req)
         explorations = 0  # at most one per choice and call (a batch that compiled measures nothing)
+        setup_known = self._setup
         while start < n:
             sampling = req.sampling
             if start:  # each batch draws from its own keys (greedy runs are unaffected)
@@ -240,7 +264,8 @@ class ParseEngine:
             choice = None
             if self.config.schedule == "auto" and mode != "target":
                 choice = self._choose(mode, batch, rounds,
-                                      explore=start + size < n and explorations < len(rounds) + 1)
+                                      explore=start + size < n and explorations < len(rounds) + 1,
+                                      charge=self._charge(mode, rounds, len(batch.ids), req.max_new, start))
                 choices.append(choice.as_dict())
                 explorations += choice.explored
             run = mode if choice is None else choice.run
@@ -248,6 +273,7 @@ class ParseEngine:
             compiled = compiled_programs() if choice is not None else None
             spec, res = MODE_TABLE[run], None
             explored = choice is not None and choice.explored
+            t0 = time.perf_counter()
             if spec.serve is not None and start + size < n:
                 # the rest through `size` slots, a finished row's slot taking the next prompt; an explored batch
                 # through the same programs, its `size` rows admitted at once (what the served rest then reuses
@@ -256,6 +282,7 @@ class ParseEngine:
                 res = spec.serve(ctx, dataclasses.replace(batch, ids=rest), size)
             if res is None:
                 res = spec.runner(ctx, batch)
+            seconds = time.perf_counter() - t0
             if choice is not None:  # what the decision ran: its prompts, and its slots (None: a fixed batch)
                 choices[-1].update(rows=len(res.tokens), slots=res.stats.get("slots"))
             if choice is not None and compiled_programs() == compiled:  # a batch that compiled is no measurement
@@ -263,14 +290,50 @@ class ParseEngine:
                 longest = None if served else max(1, max(len(t) for t in res.tokens))
                 self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,
                                                                  longest=longest)
+            elif choice is not None:  # it set up programs: what that cost, beyond the tokens it wrote
+                self._record_setup(choice, res, len(batch.ids), seconds)
+            if choice is not None:
+                self._ready.add((choice.name, bucket(len(batch.ids), 1)))
             parts.append(res)
             start += len(res.tokens)
         res = parts[0] if len(parts) == 1 else merge_results(parts)
         if choices:
             res.stats["schedule"] = choices
+        written = sum(len(t) for t in res.tokens) / max(len(res.tokens), 1)
+        self._row_tokens = written if self._row_tokens is None else 0.5 * written + 0.5 * self._row_tokens
+        if self._job_left is not None:
+            self._job_left = max(self._job_left - n, 0)
+        if self._setup is not None and self._setup is not setup_known:
+            self._setup.save()
         return res
 
-    def _choose(self, mode: str, req: Request, rounds: tuple[str | None, ...], explore: bool) -> ScheduleChoice:
+    def _charge(self, mode: str, rounds: tuple[str | None, ...], size: int, max_new: int,
+                start: int) -> SetupCharge | None:
+        """Inside a `job`: the setup each choice not yet set up at this batch bucket would pay, over the decode
+        steps the job has left (its prompts x the tokens a row writes on average, else the budget, / the rows)."""
+        if self._job_left is None:
+            return None
+        if self._setup is None:
+            self._setup = load_setup_costs(self.target, self.draft, self.eagle3)
+        b = bucket(size, 1)
+        names = [PLAIN_CHOICE] + [choice_name(mode, r) for r in rounds]
+        seconds = {m: self._setup.get(m, b) for m in names if (m, b) not in self._ready}
+        rows = max(self._job_left - start, size)
+        steps = rows * (self._row_tokens or max_new) / size
+        return SetupCharge({m: s for m, s in seconds.items() if s is not None}, steps)
+
+    def _record_setup(self, choice: ScheduleChoice, res: GenerateResult, size: int, seconds: float) -> None:
+        """A batch of `size` rows at once that set up programs took `seconds`: its setup is that less what its tokens
+        cost at the choice's estimate (batch-wide steps x seconds per token)."""
+        if self._setup is None:
+            self._setup = load_setup_costs(self.target, self.draft, self.eagle3)
+        rows = max(min(size, len(res.tokens)), 1)
+        steps = sum(len(t) for t in res.tokens) / rows
+        setup = max(seconds - steps * choice.estimate.get(choice.name, 0.0), 0.0)
+        self._setup = self._setup.with_figure(choice.name, bucket(size, 1), setup)
+
+    def _choose(self, mode: str, req: Request, rounds: tuple[str | None, ...], explore: bool,
+                charge: SetupCharge | None = None) -> ScheduleChoice:
         """Plain decoding or `mode` (with each of `rounds`) for this batch, from the cost model and what earlier
         batches measured."""
         if self._costs is None:
@@ -282,7 +345,7 @@ class ParseEngine:
         workload = Workload(batch=len(req.ids), cache_len=length_bucket(longest + req.max_new),
                             suffix_tokens=len(self.suffix_ids), remaining_tokens=req.max_new)
         return choose(self.schedule_state, self._costs, mode=mode, knobs=knobs, workload=workload, rounds=rounds,
-                      explore=explore)
+                      explore=explore, charge=charge)
 
     def _rounds_options(self, mode: str, req: Request) -> tuple[str | None, ...]:
         """The rounds `schedule="auto"` may run `mode` with: multi and single where the user left `rounds="auto"`

@@ -8,6 +8,7 @@ import pytest
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import InputError
 from parse_jax.runtime.decode import generate
+from parse_jax.schedule.setup import load_setup_costs
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
 from tests.test_engine import DRAFT, TARGET
 
@@ -142,3 +143,33 @@ def test_rounds_auto_runs_the_rounds_measured_faster_as_that_fixed_setting_would
 def test_max_batch_must_be_a_positive_integer(bad):
     with pytest.raises(InputError, match="max_batch"):
         _engine().generate(PROMPTS, mode="target", max_new_tokens=4, max_batch=bad)
+
+
+def test_a_job_decodes_plainly_where_the_mode_s_setup_would_not_pay_back(tmp_path, monkeypatch):
+    """`engine.job(n)`: each choice's program setup, as earlier runs measured it (a file beside the profiles), is
+    charged to the job's rows. A job whose rows cannot pay back sd's setup runs plain decoding (the target's tokens)
+    and explores nothing; the same engine outside a job speculates where the costs say it wins. A batch that set up
+    programs inside a job leaves its figure in the file."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the profiles folder (and the setup file) of this test
+    eng = _engine(schedule="auto")
+    eng._costs = costs(MEMORY_BOUND, eagle3=False)  # sd predicted to win
+    load_setup_costs(TARGET, DRAFT).with_figure("sd", 2, 1e6).with_figure("target", 2, 0.0).save()
+    with eng.job(6):
+        res = eng.generate(PROMPTS[:6], mode="sd", max_new_tokens=10, max_batch=2)
+    assert {c["ran"] for c in res.stats["schedule"]} == {"target"}
+    assert res.stats["schedule"][0]["setup_seconds_per_token"]["sd"] > 1e3
+    assert res.tokens == generate(TARGET, PROMPTS[:6], max_new_tokens=10).tokens
+    written = load_setup_costs(TARGET, DRAFT).seconds
+    assert written["sd@2"] == 1e6 and set(written) <= {"sd@2", "target@2"}
+    free = eng.generate(PROMPTS[:6], mode="sd", max_new_tokens=10, max_batch=2)  # no job: setup not charged
+    assert "sd" in {c["ran"] for c in free.stats["schedule"]}  # explored: sd measured on this machine
+    assert all(c["setup_seconds_per_token"] == {} for c in free.stats["schedule"])
+    fresh = _engine(schedule="auto")
+    fresh._costs = costs(MEMORY_BOUND, eagle3=False)
+    with fresh.job(6):  # no figure for sd at batch 4: it runs, and what its setup took is written down
+        ran = fresh.generate(PROMPTS[:6], mode="sd", max_new_tokens=10, max_batch=4)
+    assert "sd" in {c["ran"] for c in ran.stats["schedule"]}
+    assert "sd@4" in load_setup_costs(TARGET, DRAFT).seconds
+    with pytest.raises(InputError, match="prompts must be"):
+        with eng.job(0):
+            pass

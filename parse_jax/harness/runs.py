@@ -4,6 +4,7 @@ settings, and `measure` (every mode on the same problems, interleaved and repeat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -72,10 +73,12 @@ def needs_draft(modes: Sequence[str]) -> bool:
 class ModeRunner:
     """What `mode_runner` gives: called as a `Runner` it generates; `check(prompts, max_new, seed)` runs every check
     that generation would run on that request (prompts, budget, positions, seed, stop ids, the mode's needs), and
-    nothing else: what eval calls on each record before it writes anything."""
+    nothing else: what eval calls on each record before it writes anything. `job(prompts)`: a context in which the
+    next `prompts` prompts are one job (`ParseEngine.job`; nothing to declare for a model alone)."""
 
     run: Runner
     check: Callable[[list, int, int], None]
+    job: Callable[[int], contextlib.AbstractContextManager] = lambda prompts: contextlib.nullcontext()
 
     def __call__(self, prompts: list, max_new: int, seed: int, max_batch: int | None = None) -> GenerateResult:
         return self.run(prompts, max_new, seed, max_batch)
@@ -106,7 +109,7 @@ def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperatur
     return ModeRunner(lambda prompts, max_new, seed, max_batch=None: eng.generate(
         prompts, mode=engine_mode, max_new_tokens=max_new, temperature=temperature, seed=seed, max_batch=max_batch,
         **extra), lambda prompts, max_new, seed: eng.request(prompts, engine_mode, max_new, temperature, seed, 0, 1.0,
-                                                              eos_ids))
+                                                              eos_ids), eng.job)
 
 
 def alone(model, prompts: list, max_new: int, seed: int, max_batch: int | None, *, temperature: float,

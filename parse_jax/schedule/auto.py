@@ -37,6 +37,19 @@ def option(run: str, rounds: str | None = None) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class SetupCharge:
+    """Program setup charged to a one-off job (`ParseEngine.job`): `seconds` of setup (tracing, compiling, loading)
+    each choice not yet run at this batch bucket would pay first, spread over the `steps` (batch-wide decode steps)
+    the job has left. A choice then costs `estimate + seconds / steps` per token (schedule/setup.py)."""
+
+    seconds: Mapping[str, float]
+    steps: float
+
+    def per_token(self, choice: str) -> float:
+        return self.seconds.get(choice, 0.0) / max(self.steps, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class ScheduleChoice:
     """What a batch runs (`run`: the requested mode, or "target" for plain decoding; `rounds`: the rounds the
     schedule chose for it, None where the config's are kept) and why. The figures are keyed by `option` names."""
@@ -49,6 +62,7 @@ class ScheduleChoice:
     measured: Mapping[str, float]     # earlier batches' at this bucket
     explored: bool = False
     rounds: str | None = None
+    setup: Mapping[str, float] = dataclasses.field(default_factory=dict)  # seconds per token charged (a job's)
 
     @property
     def speculate(self) -> bool:
@@ -64,7 +78,7 @@ class ScheduleChoice:
                "calibrated prediction" if self.measured else "prediction")
         return {"mode": self.mode, "ran": self.run, "rounds": self.rounds, "batch": self.batch, "why": why,
                 "seconds_per_token": dict(self.estimate), "predicted_seconds_per_token": dict(self.predicted),
-                "measured_seconds_per_token": dict(self.measured)}
+                "measured_seconds_per_token": dict(self.measured), "setup_seconds_per_token": dict(self.setup)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +128,12 @@ class ScheduleState:
 
 
 def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, workload: Workload,
-           rounds: tuple[str | None, ...] = (None,), explore: bool = False) -> ScheduleChoice:
+           rounds: tuple[str | None, ...] = (None,), explore: bool = False,
+           charge: SetupCharge | None = None) -> ScheduleChoice:
     """Plain decoding or `mode` for the next batch (`workload.batch` rows; its step length is replaced by the one
     measured so far), `mode` with each of `rounds` ("multi", "single"; None: `knobs.rounds`, the config's). See the
-    module docstring."""
+    module docstring. `charge`: a one-off job's setup costs, added to each choice's estimate; a choice that must
+    pay setup is explored only where it then beats the best measured choice."""
     batch = workload.batch
     if mode == PLAIN:
         return ScheduleChoice(PLAIN, mode, batch, {}, {}, {})
@@ -139,16 +155,18 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
             measured[m] / predicted[m] for m in measured)
         scale = ratios[len(ratios) // 2]
         estimate = {m: measured.get(m, predicted[m] * scale) for m in predicted}
-    pick = min(estimate, key=lambda m: (estimate[m], m != PLAIN))  # a tie goes to plain decoding
+    setup = {m: charge.per_token(m) for m in estimate if charge.per_token(m) > 0} if charge is not None else {}
+    cost = {m: estimate[m] + setup.get(m, 0.0) for m in estimate}
+    pick = min(cost, key=lambda m: (cost[m], m != PLAIN))  # a tie goes to plain decoding
     explored = False
-    unmeasured = [m for m in sorted(estimate, key=estimate.get) if m not in measured]
+    unmeasured = [m for m in sorted(cost, key=cost.get) if m not in measured]
     if explore and unmeasured:
         if not measured:  # nothing measured here yet: the predicted best runs as one batch of its own, measured
             explored = True
         else:
-            best = min(measured.values())
-            near = [m for m in unmeasured if estimate[m] <= EXPLORE_RATIO * best]
+            best = min(cost[m] for m in measured)
+            near = [m for m in unmeasured if cost[m] <= (1.0 if m in setup else EXPLORE_RATIO) * best]
             if near:
                 pick, explored = near[0], True
     run, chosen = (PLAIN, None) if pick == PLAIN else (mode, by_name[pick])
-    return ScheduleChoice(run, mode, batch, estimate, predicted, measured, explored, chosen)
+    return ScheduleChoice(run, mode, batch, estimate, predicted, measured, explored, chosen, setup)

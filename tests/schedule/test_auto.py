@@ -3,7 +3,7 @@ the requested mode where it wins, calibration by the other choice's measurement,
 
 import pytest
 
-from parse_jax.schedule.auto import ScheduleState, choose
+from parse_jax.schedule.auto import ScheduleState, SetupCharge, choose
 from parse_jax.schedule.policy import Knobs, Workload
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
 
@@ -105,3 +105,29 @@ def test_free_rounds_are_two_choices_measured_under_their_own_names():
     assert (after.run, after.rounds, after.explored, after.as_dict()["why"]) == ("parse", "single", False, "measured")
     state = state.record("parse-single", 4, {"new_tokens": 100, "seconds": 0.9})  # now slower than plain decoding
     assert _choose(state, MEMORY_BOUND, 4, rounds=rounds).run == "target"
+
+
+def test_a_job_pays_setup_only_where_its_remaining_steps_pay_it_back():
+    """Inside a one-off job each choice not yet set up costs its setup seconds spread over the job's remaining steps:
+    a short job keeps plain decoding (and does not explore the mode), a long one speculates; without a charge (an
+    engine's life) the setup is not counted."""
+    fresh = ScheduleState()
+    win = _choose(fresh, MEMORY_BOUND, 1)
+    assert win.run == "parse" and win.setup == {}
+    gain = win.estimate["target"] - win.estimate["parse"]  # seconds per step the mode saves
+    setup = {"parse": 60.0, "target": 5.0}
+    short = (setup["parse"] - setup["target"]) / gain / 2  # half the steps that would pay the difference back
+    for explore in (False, True):
+        c = _choose(fresh, MEMORY_BOUND, 1, charge=SetupCharge(setup, short), explore=explore)
+        assert c.run == "target", explore
+        assert c.setup == {"parse": pytest.approx(60 / short), "target": pytest.approx(5 / short)}
+        assert c.as_dict()["setup_seconds_per_token"] == c.setup
+    assert _choose(fresh, MEMORY_BOUND, 1, charge=SetupCharge(setup, 4 * short)).run == "parse"
+    # plain decoding measured and set up; the mode's setup unknown: explored as before (its figure is learned)
+    state = fresh.record("target", 1, {"new_tokens": 100, "seconds": 100 * win.estimate["target"]})
+    c = _choose(state, MEMORY_BOUND, 1, charge=SetupCharge({}, short), explore=True)
+    assert c.run == "parse" and c.explored
+    # known and not paid back: not explored; paid back: explored
+    assert _choose(state, MEMORY_BOUND, 1, charge=SetupCharge({"parse": 60.0}, short), explore=True).run == "target"
+    c = _choose(state, MEMORY_BOUND, 1, charge=SetupCharge({"parse": 60.0}, 100 * short), explore=True)
+    assert c.run == "parse" and c.explored

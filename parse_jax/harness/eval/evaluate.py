@@ -111,8 +111,9 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
     def generate(prompts: list, line: int):
         return runner(prompts, settings.max_new_tokens, batch_seed(settings.seed, line), settings.batch_size)
 
-    summary = run_eval(records, generate, results, settings, tokenizer=target.tokenizer, task=task,
-                       prompt_format=prompt_format, log=log or (lambda _: None))
+    with runner.job(max(sum(r.key not in results.done for r in records), 1)):  # setup is charged to this eval
+        summary = run_eval(records, generate, results, settings, tokenizer=target.tokenizer, task=task,
+                           prompt_format=prompt_format, log=log or (lambda _: None))
     return EvalResult(accuracy=summary["accuracy"], accuracy_ci95=tuple(summary["accuracy_ci95"]), n=summary["n"],
                       correct=summary["correct"], tokens_per_s=summary["tokens_per_s"],
                       accepted_per_pass=summary["accepted_per_pass"], new_tokens=summary["new_tokens"],
