@@ -61,8 +61,10 @@ def test_single_pass_scores_equal_separate_passes(pair, prompts):
 
 CHILD = r"""
 import json, sys
+import jax
 import numpy as np
 import parse_jax as pj
+jax.config.update("jax_disable_most_optimizations", True)  # compiling dominates; both engines under one setting
 from parse_jax.distributed.mesh import make_mesh
 target, draft = pj.load_pair()
 prompts = [p for p, _ in pj.load_task().problems(6, 22)]

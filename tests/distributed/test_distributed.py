@@ -102,8 +102,9 @@ def test_mesh_equals_single_device(meshes, mesh):
     # greedy generation through ParseEngine.generate with the sharded target (and draft on 2x4)
     assert row["target_tokens_equal"] and row["target_texts_equal"]
     assert row["parse_tokens_equal"] and row["parse_texts_equal"]
-    for mode in ("sd", "eagle3", "parse+eagle3"):  # the draft and the EAGLE-3 head beside a sharded target
-        assert row[f"{mode}_tokens_equal"] and row[f"{mode}_texts_equal"], mode
+    if mesh in ("8x1", "2x4"):  # every mode there (check_meshes.ALL_MODES_ON); target and parse on the others
+        for mode in ("sd", "eagle3", "parse+eagle3"):  # the draft and the EAGLE-3 head beside a sharded target
+            assert row[f"{mode}_tokens_equal"] and row[f"{mode}_texts_equal"], mode
     assert row["parse_accepted_per_request"] == meshes["ref_parse_stats"]["accepted_per_request"]
 
 
