@@ -45,9 +45,10 @@ from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSet
 from parse_jax.speculation.draft_model import check_pair
 from parse_jax.speculation.eagle3 import Eagle3, check_tree
 from parse_jax.tasks import JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
-from parse_jax.utils.validation import check_boundaries, check_choice, check_eos_ids, check_int
+from parse_jax.utils.validation import check_boundaries, check_choice, check_eos_ids, check_float, check_int
 from parse_jax.verify.host_segment import (
     cap_boundaries,
+    confidence_boundaries,
     hybrid_from_boundaries,
     stride_boundaries,
     text_delimiter_boundaries,
@@ -128,7 +129,7 @@ class ParseEngine:
                            no_id=jnp.int32(self.no_id), threshold=jnp.float32(cfg.threshold),
                            table=jnp.asarray(table))
         self.round_spec = RoundSpec(cfg.segmenter, cfg.max_prefixes, cfg.stride, cfg.min_segment, cfg.max_segment,
-                                    cfg.policy)
+                                    cfg.policy, cfg.prefix_choice, cfg.prefix_confidence)
         self.context = ModeContext(target=target, draft=draft, head=eagle3, config=cfg.resolved(), judge=self.judge,
                                    round_spec=self.round_spec, suffix_ids=tuple(self.suffix_ids),
                                    step_end_ids=self.step_end_ids)
@@ -178,18 +179,26 @@ class ParseEngine:
 
     # --- segmentation and scoring (the numpy reference path) ------------------------------------------------
 
-    def boundaries(self, draft_ids: Sequence[int]) -> list[int]:
+    def boundaries(self, draft_ids: Sequence[int], probs: Sequence[float] | None = None) -> list[int]:
         """Candidate prefix ends of a draft by the configured segmenter, capped at max_prefixes (the numpy
-        reference of the device segmenter: delimiters are found in the decoded text of the draft's tokens)."""
+        reference of the device segmenter: delimiters are found in the decoded text of the draft's tokens).
+        `probs`: the draft's probability of each of its tokens, which `prefix_choice="confidence"` chooses by."""
         cfg = self.config
         draft = self._ids("draft_ids", draft_ids)
         if cfg.segmenter == "stride":
-            return cap_boundaries(stride_boundaries(len(draft), cfg.stride), cfg.max_prefixes)
-        texts = self.target.tokenizer.token_texts
-        b = text_delimiter_boundaries([texts[t] if t < len(texts) else "" for t in draft], cfg.delimiters)
-        if cfg.segmenter == "hybrid":
-            b = hybrid_from_boundaries(b, len(draft), cfg.min_segment, cfg.max_segment)
-        return cap_boundaries(b, cfg.max_prefixes)
+            b = stride_boundaries(len(draft), cfg.stride)
+        else:
+            texts = self.target.tokenizer.token_texts
+            b = text_delimiter_boundaries([texts[t] if t < len(texts) else "" for t in draft], cfg.delimiters)
+            if cfg.segmenter == "hybrid":
+                b = hybrid_from_boundaries(b, len(draft), cfg.min_segment, cfg.max_segment)
+        if cfg.prefix_choice == "spread":
+            return cap_boundaries(b, cfg.max_prefixes)
+        if probs is None or len(probs) != len(draft):
+            raise InputError(f"prefix_choice 'confidence' chooses by the draft's token probabilities: pass probs, one "
+                             f"per draft token ({len(draft)}), got {None if probs is None else len(probs)}")
+        return confidence_boundaries(b, [check_float(f"probs[{i}]", p, 0.0, 1.0, error=InputError)
+                                         for i, p in enumerate(probs)], cfg.max_prefixes, cfg.prefix_confidence)
 
     def prefix_scores(self, context_ids: Sequence[int], draft_ids: Sequence[int],
                       boundaries: Sequence[int]) -> np.ndarray:

@@ -230,12 +230,12 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         seq_len = s.prompt_len + s.num_new
         budget = jnp.where(live, jnp.minimum(shape.draft_cap, s.max_new - s.num_new), 0)
         dstate = decode_loop(d_fwd, draft_cache, draft_first, max_new=budget, eos_ids=x.eos_ids, sampler=sampler,
-                             args=a_draft, num_new=d)
+                             args=a_draft, num_new=d, keep_probs=spec.keep_probs)
         draft_tokens, n = dstate.tokens, dstate.num_new
         closing = jnp.take_along_axis(draft_tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
         # a closing EOS is not verified (the judge never saw one): the target's next token decides to stop
         draft_len = jnp.maximum(jnp.where((n > 1) & is_eos(closing, x.eos_ids), n - 1, n), 1)
-        answer = Draft(tokens=draft_tokens, length=draft_len)
+        answer = Draft(tokens=draft_tokens, length=draft_len, probs=dstate.probs)
         if prompt is not None:  # the prompt and the draft in one pass over the empty cache
             v = verify_round(t_fwd, s.target_cache, x.judge, head=prompt, head_len=s.prompt_len, draft=answer,
                              spec=spec, shape=PassShape(shape.first_lengths, taps))

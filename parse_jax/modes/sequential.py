@@ -24,9 +24,8 @@ from parse_jax.runtime.requests import GenerateResult, Prompts, Request, device_
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
 from parse_jax.speculation.eagle3 import EagleContext
 from parse_jax.verify.block import pack_block
-from parse_jax.verify.round import Judge, RoundSpec, block_lengths, draft_answers, ends_in_eos, join
+from parse_jax.verify.round import Judge, RoundSpec, block_lengths, draft_answers, ends_in_eos, join, segment_draft
 from parse_jax.verify.scoring import passes, verify_block
-from parse_jax.verify.segment import segment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +65,9 @@ def sequential_verify(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, s
         d_fwd = forward_fn(draft, draft_params)
         d_cache, d_first = prefill(d_fwd, pair.draft, prompt, prompt_lens, shape.draft_cache)
         answer = draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids, sampler=sampler, args=args,
-                               num_new=shape.draft_new)
+                               num_new=shape.draft_new, keep_probs=spec.keep_probs)
         d_tokens, d_len = answer.tokens, answer.length
-        bounds, count = segment(d_tokens, d_len, spec.segmenter, spec.max_prefixes, judge.table, spec.stride,
-                                spec.min_segment, spec.max_segment)
+        bounds, count = segment_draft(answer, judge.table, spec)
         t_fwd = forward_fn(target, target_params, return_hidden=True)
         cache, first_logits = prefill(forward_fn(target, target_params), target_cfg, prompt, prompt_lens,
                                       shape.cache_len)

@@ -42,6 +42,7 @@ class DecodeState:
     done: jax.Array        # [B] row finished (EOS or its max_new_tokens)
     last: jax.Array        # [B] last generated token: the next step's input
     step: jax.Array        # scalar: loop iteration
+    probs: jax.Array | None = None  # [B, N] each token's probability under the sampled distribution (keep_probs)
 
 
 def is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
@@ -50,9 +51,10 @@ def is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
 
 
 def decode_loop(forward, cache: KVCache, first_logits: jax.Array, *, max_new: jax.Array, eos_ids: jax.Array,
-                sampler: Sampler, args: SamplingArgs, num_new: int) -> DecodeState:
+                sampler: Sampler, args: SamplingArgs, num_new: int, keep_probs: bool = False) -> DecodeState:
     """Sample from `first_logits`, then one-token steps through `cache` until every row is done (step i draws with
-    `args.fold(i)`).
+    `args.fold(i)`). `keep_probs`: also keep each token's probability under the model's softmax (PARSE's
+    confidence-chosen prefixes read the draft's).
 
     `forward(tokens, positions, cache, limit, group) -> (logits, cache)`. Traced inside the callers' jit:
     target-only generation after a prefill, the draft's answer, and the target's continuation after a PARSE boundary.
@@ -65,11 +67,17 @@ def decode_loop(forward, cache: KVCache, first_logits: jax.Array, *, max_new: ja
         tokens = state.tokens.at[:, state.step].set(tok)
         num = state.num_new + (~state.done).astype(jnp.int32)
         done = state.done | is_eos(tok, eos_ids) | (num >= max_new)
-        return state.replace(tokens=tokens, num_new=num, done=done, last=tok, step=state.step + 1)
+        probs = state.probs
+        if keep_probs:
+            logp = jax.nn.log_softmax(step_logits.astype(jnp.float32), axis=-1)
+            p = jnp.exp(jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0])
+            probs = probs.at[:, state.step].set(jnp.where(state.done, 1.0, p))
+        return state.replace(tokens=tokens, num_new=num, done=done, last=tok, step=state.step + 1, probs=probs)
 
     state = DecodeState(cache=cache, tokens=jnp.full((b, num_new), PAD_ID, jnp.int32),
                         num_new=jnp.zeros((b,), jnp.int32), done=max_new <= 0,
-                        last=jnp.zeros((b,), jnp.int32), step=jnp.int32(0))
+                        last=jnp.zeros((b,), jnp.int32), step=jnp.int32(0),
+                        probs=jnp.ones((b, num_new), jnp.float32) if keep_probs else None)
     state = emit(state, first_logits)
 
     def cond(state: DecodeState) -> jax.Array:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from parse_jax.errors import InputError
 from parse_jax.utils.validation import check_draft
 
@@ -106,3 +108,18 @@ def cap_picks(num_head: int, max_prefixes: int) -> list[int]:
     if k == 1:
         return [0]
     return [(2 * i * (num_head - 1) + (k - 1)) // (2 * (k - 1)) for i in range(k)]
+
+
+def confidence_boundaries(boundaries: Sequence[int], probs: Sequence[float], max_prefixes: int,
+                          cutoff: float = 1.0) -> list[int]:
+    """The full draft (the last boundary) and at most `max_prefixes - 1` of the others: those whose following step
+    (up to the next boundary) holds the least likely draft token, among those where it is at most `cutoff` likely;
+    the earliest first on ties. Verifying the prefix before a step the draft doubts keeps what precedes it when that
+    step is wrong. `probs[t]`: the draft's probability of its token t."""
+    if max_prefixes < 1:
+        raise InputError(f"max_prefixes must be >= 1, got {max_prefixes}")
+    b = list(boundaries)
+    head = [(min(float(p) for p in probs[v:b[i + 1]]), v) for i, v in enumerate(b[:-1])]
+    cut = float(np.float32(cutoff))  # as the device compares it
+    picked = sorted((c, v) for c, v in head if c <= cut)[:max_prefixes - 1]
+    return sorted(v for _, v in picked) + [b[-1]]

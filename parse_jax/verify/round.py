@@ -18,10 +18,16 @@ from parse_jax.runtime.decode import decode_loop, is_eos
 from parse_jax.runtime.metrics import SCORE_BINS
 from parse_jax.runtime.programs import length_bucket
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.settings import Policy
+from parse_jax.settings import Policy, PrefixChoice
 from parse_jax.verify.block import pack_block
 from parse_jax.verify.scoring import accept_on_device, passes, verify_block
-from parse_jax.verify.segment import Segmenter, segment
+from parse_jax.verify.segment import (
+    Segmenter,
+    next_step_confidence,
+    segment_marks,
+    select_boundaries,
+    select_by_confidence,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +40,13 @@ class RoundSpec:
     min_segment: int
     max_segment: int
     policy: Policy
+    prefix_choice: PrefixChoice = "spread"  # confidence: the step ends before the draft's least sure steps
+    prefix_confidence: float = 1.0
+
+    @property
+    def keep_probs(self) -> bool:
+        """Whether the draft's token probabilities are kept (what confidence-chosen prefixes read)."""
+        return self.prefix_choice == "confidence"
 
 
 @struct.dataclass
@@ -50,10 +63,12 @@ class Judge:
 
 @struct.dataclass
 class Draft:
-    """The draft's answer per row, on the device: tokens [B, D] and how many of them count [B]."""
+    """The draft's answer per row, on the device: tokens [B, D] and how many of them count [B]; `probs` [B, D]: the
+    draft's probability of each token (kept for confidence-chosen prefixes, else None)."""
 
     tokens: jax.Array
     length: jax.Array
+    probs: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,16 +81,27 @@ class PassShape:
 
 
 def draft_answers(draft_forward, cache: KVCache, first_logits: jax.Array, *, budget: jax.Array, eos_ids: jax.Array,
-                  sampler: Sampler, args: SamplingArgs, num_new: int) -> Draft:
+                  sampler: Sampler, args: SamplingArgs, num_new: int, keep_probs: bool = False) -> Draft:
     """The draft's whole answer to each prompt (its `cache` holds the prompt, `first_logits` follow it), without a
     closing EOS (the judge was never shown one: the target decides to stop, from its next-token logits at the
-    accepted boundary)."""
+    accepted boundary); with `keep_probs`, each token's probability too."""
     state = decode_loop(draft_forward, cache, first_logits, max_new=budget, eos_ids=eos_ids, sampler=sampler,
-                        args=args, num_new=num_new)
+                        args=args, num_new=num_new, keep_probs=keep_probs)
     n = state.num_new
     last = jnp.take_along_axis(state.tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
     n = jnp.where((n > 1) & is_eos(last, eos_ids), n - 1, n)
-    return Draft(tokens=state.tokens, length=n)
+    return Draft(tokens=state.tokens, length=n, probs=state.probs)
+
+
+def segment_draft(draft: Draft, table: jax.Array, spec: RoundSpec) -> tuple[jax.Array, jax.Array]:
+    """(boundaries [B, K], count [B]): where `spec` cuts each row's draft, capped at K spread evenly, or (prefix_choice
+    "confidence") the step ends before the steps the draft is least sure of."""
+    marks = segment_marks(draft.tokens, draft.length, spec.segmenter, table, spec.stride, spec.min_segment,
+                          spec.max_segment)
+    if spec.prefix_choice == "confidence":
+        confidence = next_step_confidence(marks, draft.probs, draft.length)
+        return select_by_confidence(marks, confidence, draft.length, spec.max_prefixes, spec.prefix_confidence)
+    return select_boundaries(marks, spec.max_prefixes)
 
 
 def join(a: jax.Array, a_len: jax.Array, b: jax.Array, width: int) -> jax.Array:
@@ -120,10 +146,9 @@ def verify_round(target_forward, cache: KVCache, judge: Judge, *, head: jax.Arra
     that the target has not seen yet (the whole prompt over an empty cache, or the target's last emitted token).
     The block is padded to the shortest of `shape.lengths` that holds every row's block."""
     ctx_len, lengths, taps = cache.lengths, shape.lengths, shape.taps
-    draft, draft_len = draft.tokens, draft.length
+    draft, draft_len, draft_probs = draft.tokens, draft.length, draft.probs
     b = draft.shape[0]
-    bounds, count = segment(draft, draft_len, spec.segmenter, spec.max_prefixes, judge.table, spec.stride,
-                            spec.min_segment, spec.max_segment)
+    bounds, count = segment_draft(Draft(draft, draft_len, draft_probs), judge.table, spec)
     seq = join(head, head_len, draft, head.shape[1] + draft.shape[1])
     valid = jnp.arange(spec.max_prefixes)[None, :] < count[:, None]
     seq_bounds = jnp.where(valid, head_len[:, None] + bounds, 0)

@@ -223,10 +223,44 @@ def select_boundaries(marks: jax.Array, max_prefixes: int) -> tuple[jax.Array, j
     return bounds, count
 
 
-def segment(draft: jax.Array, draft_len: jax.Array, segmenter: Segmenter, max_prefixes: int,
-            table: jax.Array | None = None, stride: int = 8, min_segment: int = 4,
-            max_segment: int = 32) -> tuple[jax.Array, jax.Array]:
-    """(boundaries [B, K], count [B]) of each row's draft[:draft_len] by `segmenter` (draft_len >= 1)."""
+def next_step_confidence(marks: jax.Array, probs: jax.Array, draft_len: jax.Array) -> jax.Array:
+    """Float [B, D + 1]: at each marked value v, the lowest probability the draft gave a token of the step that
+    follows (tokens v up to the next mark); +inf where nothing follows (the full draft) or v is not marked."""
+    b, width = marks.shape
+    d = width - 1
+    t = jnp.arange(d)[None, :]
+    seg = jnp.cumsum(marks[:, :d], axis=1)  # the step of token t: how many marks lie at values <= t
+    p = jnp.where(t < draft_len[:, None], probs[:, :d].astype(jnp.float32), jnp.inf)
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, d))
+    lowest = jnp.full((b, width + 1), jnp.inf, jnp.float32).at[rows, seg].min(p)
+    rank = jnp.cumsum(marks, axis=1)  # at a mark v: the step that starts there
+    return jnp.where(marks, jnp.take_along_axis(lowest, rank, axis=1), jnp.inf)
+
+
+def select_by_confidence(marks: jax.Array, confidence: jax.Array, draft_len: jax.Array, max_prefixes: int,
+                         cutoff: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """(boundaries [B, K] ascending, count [B]) as `host_segment.confidence_boundaries` picks them: the full draft,
+    and of the other marked values whose following step's least likely token is at most `cutoff` likely, the K - 1
+    least confident (the earliest first on ties); entries past `count` are 0."""
+    b, width = marks.shape
+    k = max_prefixes
+    if k == 1:
+        return draft_len[:, None], jnp.ones((b,), jnp.int32)
+    v = jnp.arange(width)[None, :]
+    eligible = marks & (v != draft_len[:, None]) & (confidence <= cutoff)
+    order = jnp.argsort(jnp.where(eligible, confidence, jnp.inf), axis=1, stable=True)[:, :k - 1]
+    picked = jnp.take_along_axis(eligible, order, axis=1)
+    chosen = jnp.sort(jnp.where(picked, order, width), axis=1)
+    chosen = jnp.pad(chosen, ((0, 0), (0, max(0, k - chosen.shape[1]))), constant_values=width)[:, :k]
+    n_head = picked.sum(axis=1).astype(jnp.int32)
+    idx = jnp.arange(k)[None, :]
+    bounds = jnp.where(idx < n_head[:, None], chosen, jnp.where(idx == n_head[:, None], draft_len[:, None], 0))
+    return bounds.astype(jnp.int32), n_head + 1
+
+
+def segment_marks(draft: jax.Array, draft_len: jax.Array, segmenter: Segmenter, table: jax.Array | None = None,
+                  stride: int = 8, min_segment: int = 4, max_segment: int = 32) -> jax.Array:
+    """Bool [B, D + 1]: every value `segmenter` would cut each row's draft[:draft_len] at, the full draft included."""
     d = draft.shape[1]
     if segmenter == "stride":
         marks = stride_marks(draft_len, d, stride)
@@ -236,4 +270,13 @@ def segment(draft: jax.Array, draft_len: jax.Array, segmenter: Segmenter, max_pr
         marks = hybrid_marks(delimiter_marks(draft, draft_len, table), draft_len, min_segment, max_segment)
     else:
         raise ConfigError(f"unknown segmenter {segmenter!r}; available: {', '.join(SEGMENTERS)}")
-    return select_boundaries(with_full_draft(marks, draft_len), max_prefixes)
+    return with_full_draft(marks, draft_len)
+
+
+def segment(draft: jax.Array, draft_len: jax.Array, segmenter: Segmenter, max_prefixes: int,
+            table: jax.Array | None = None, stride: int = 8, min_segment: int = 4,
+            max_segment: int = 32) -> tuple[jax.Array, jax.Array]:
+    """(boundaries [B, K], count [B]) of each row's draft[:draft_len] by `segmenter` (draft_len >= 1), capped at K
+    spread evenly."""
+    marks = segment_marks(draft, draft_len, segmenter, table, stride, min_segment, max_segment)
+    return select_boundaries(marks, max_prefixes)

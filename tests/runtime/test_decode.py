@@ -101,3 +101,39 @@ def test_bad_requests_are_clear_errors():
         generate(model, ["text prompt"])
     with pytest.raises(InputError, match="single string"):
         generate(model, "text prompt")
+
+
+def test_kept_probabilities_are_the_models_softmax_at_each_emitted_token():
+    """`decode_loop(keep_probs=True)` (what PARSE's confidence-chosen prefixes read from the draft): each emitted
+    token's probability under the model's softmax, as a full causal forward over prompt + tokens gives it; 1 past
+    the end of a row."""
+    import jax
+    import jax.numpy as jnp
+
+    from parse_jax.models.decoder import Decoder
+    from parse_jax.runtime.decode import decode_loop, prefill
+    from parse_jax.runtime.programs import forward_fn
+    from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+
+    model = random_model("qwen3", 8)
+    prompts = np.random.default_rng(8).integers(0, model.config.vocab_size, (2, 6)).astype(np.int32)
+    max_new = np.array([7, 3], np.int32)
+
+    @jax.jit
+    def run(params, prompt):
+        forward = forward_fn(Decoder(model.config, model.attention_impl), params)
+        cache, first = prefill(forward, model.config, prompt, jnp.full((2,), 6, jnp.int32), 32)
+        args = SamplingArgs(temperature=jnp.float32(1e-6), top_p=jnp.float32(1.0), key=prng_key(0))
+        s = decode_loop(forward, cache, first, max_new=max_new, eos_ids=jnp.full((1,), -1, jnp.int32),
+                        sampler=Sampler(greedy=True), args=args, num_new=8, keep_probs=True)
+        return s.tokens, s.num_new, s.probs
+
+    tokens, num, probs = (np.asarray(x) for x in run(model.params, prompts))
+    for i in range(2):
+        n = int(num[i])
+        logits = model.logits(np.concatenate([prompts[i], tokens[i, :n]])[None])[0, 5:5 + n]
+        soft = np.exp(logits - logits.max(-1, keepdims=True))
+        soft /= soft.sum(-1, keepdims=True)
+        np.testing.assert_allclose(probs[i, :n], soft[np.arange(n), tokens[i, :n]], rtol=2e-5, atol=1e-6)
+        assert (probs[i, n:] == 1.0).all()
+    assert num.tolist() == [7, 3]

@@ -12,12 +12,60 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parse_jax.verify.block import pack_block
-from parse_jax.verify.host_segment import cap_boundaries, delimiter_boundaries, hybrid_boundaries, stride_boundaries
+from parse_jax.verify.host_segment import (
+    cap_boundaries,
+    confidence_boundaries,
+    delimiter_boundaries,
+    hybrid_boundaries,
+    stride_boundaries,
+)
+from parse_jax.verify.round import Draft, RoundSpec, segment_draft
 from parse_jax.verify.scoring import accept, accept_on_device
 from parse_jax.verify.segment import DelimiterTable, segment
 from tests.verify.layout_reference import pack, verify_arrays
 
 V, D, ROWS = 7, 24, 6  # a small vocabulary makes delimiter occurrences (and overlaps) common
+
+
+@functools.cache
+def _confidence_fn(segmenter: str, k: int, cutoff: float):
+    spec = RoundSpec(segmenter, k, 3, 2, 5, "earliest_error", "confidence", cutoff)
+    return jax.jit(lambda draft, draft_len, probs, table: segment_draft(Draft(draft, draft_len, probs), table, spec))
+
+
+@settings(max_examples=40, deadline=None)
+@pytest.mark.parametrize("segmenter", ["delimiter", "stride", "hybrid"])
+@pytest.mark.parametrize("k,cutoff", [(1, 1.0), (2, 1.0), (3, 0.5), (4, 1.0), (8, 0.3)])
+@given(rows=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=24), min_size=6, max_size=6),
+       seed=st.integers(0, 2**16), ties=st.booleans())
+def test_confidence_chosen_prefixes_equal_the_numpy_reference(segmenter, k, cutoff, rows, seed, ties):
+    """The step ends before the draft's least sure steps (prefix_choice="confidence"), on the device, equal
+    `host_segment.confidence_boundaries` over the uncapped boundaries; probabilities with ties (a coarse grid) pick
+    the earliest."""
+    rng = np.random.default_rng(seed)
+    probs = rng.random((6, 24)).astype(np.float32)
+    if ties:
+        probs = (np.round(probs * 4) / 4).astype(np.float32)
+    draft = rng.integers(0, 7, (6, 24)).astype(np.int32)
+    for i, r in enumerate(rows):
+        draft[i, : len(r)] = r
+    lens = np.array([len(r) for r in rows], np.int32)
+    table = DelimiterTable.from_ids([1, 2], 7).table
+    bounds, count = (np.asarray(x) for x in _confidence_fn(segmenter, k, cutoff)(draft, lens, probs, table))
+    for i, r in enumerate(rows):
+        full = _reference(r, segmenter, [1, 2], 10**6, 3, 2, 5)
+        expect = confidence_boundaries(full, probs[i, : len(r)].tolist(), k, cutoff)
+        assert bounds[i, : count[i]].tolist() == expect, (r, probs[i, : len(r)])
+        assert expect[-1] == len(r) and len(expect) <= k
+
+
+def test_confidence_picks_the_ends_before_the_doubtful_steps():
+    # steps end after 2, 4, 6, 8 tokens; the draft doubts the step after 4 (token 5) most, then the one after 6
+    probs = [0.9, 0.9, 0.95, 0.9, 0.9, 0.2, 0.99, 0.4, 0.9, 0.9]
+    assert confidence_boundaries([2, 4, 6, 8, 10], probs, 3) == [4, 6, 10]
+    assert confidence_boundaries([2, 4, 6, 8, 10], probs, 3, cutoff=0.3) == [4, 10]
+    assert confidence_boundaries([2, 4, 6, 8, 10], probs, 1) == [10]
+    assert confidence_boundaries([2, 4, 6, 8, 10], probs, 8) == [2, 4, 6, 8, 10]
 
 
 @functools.cache
