@@ -25,7 +25,7 @@ from parse_jax.lowering.memory import MemoryGuard
 from parse_jax.models.vocab import align_vocab
 from parse_jax.modes.context import ModeContext
 from parse_jax.modes.table import MODE_TABLE
-from parse_jax.runtime.programs import FETCHES, bucket, compiled_programs, length_bucket
+from parse_jax.runtime.programs import FETCHES, bucket, compiled_programs, length_bucket, setup_events
 from parse_jax.runtime.requests import (
     GenerateResult,
     Request,
@@ -279,7 +279,7 @@ class ParseEngine:
                 explorations += choice.explored
             run = mode if choice is None else choice.run
             ctx = self.context if choice is None else self._context(choice.rounds)
-            compiled = compiled_programs() if choice is not None else None
+            compiled = (compiled_programs(), setup_events()) if choice is not None else None
             spec, res = MODE_TABLE[run], None
             explored = choice is not None and choice.explored
             t0 = time.perf_counter()
@@ -294,7 +294,7 @@ class ParseEngine:
             seconds = time.perf_counter() - t0
             if choice is not None:  # what the decision ran: its prompts, and its slots (None: a fixed batch)
                 choices[-1].update(rows=len(res.tokens), slots=res.stats.get("slots"))
-            if choice is not None and compiled_programs() == compiled:  # a batch that compiled is no measurement
+            if choice is not None and (compiled_programs(), setup_events()) == compiled:  # set up nothing: measured
                 served = "admissions" in res.stats and not explored  # an explored batch: rows idle once done
                 longest = None if served else max(1, max(len(t) for t in res.tokens))
                 self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,

@@ -84,3 +84,21 @@ def compiled_programs() -> int:
     """Executables this process has compiled for generation, verification and speculation: every jitted program
     counts once per input-shape bucket it has run with (padding buckets keep this bounded)."""
     return sum(p._cache_size() for p in _PROGRAMS)
+
+
+_SETUP_EVENTS = [0]
+
+
+def _count_setup(event: str, *args, **kwargs) -> None:
+    if event.startswith("/jax/core/compile/"):
+        _SETUP_EVENTS[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_setup)
+
+
+def setup_events() -> int:
+    """Tracings, lowerings and compilations this process has run, as jax reports them: every jitted function and
+    eager operation meeting a new shape, registered or not (what `compiled_programs` cannot see: a helper program
+    of a serving loop, an eager slice). A stretch of work in which this does not move ran only ready programs."""
+    return _SETUP_EVENTS[0]

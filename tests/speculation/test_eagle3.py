@@ -276,3 +276,9 @@ def test_continuous_batching_equals_each_prompt_alone(tree):
     assert served.tokens == [r.tokens[0] for r in alone]
     assert served.stats["accepted_per_request"] == [r.stats["accepted_per_request"][0] for r in alone]
     assert served.stats["slots"] == 2 and served.stats["admissions"] > 1
+    if tree == 0:  # a second served call runs ready programs only: nothing traced, lowered or compiled again
+        from parse_jax.runtime.programs import setup_events
+
+        before = setup_events()
+        again = serve_eagle3(target, head, req, gamma=3, tree=tree, tree_top_k=4, max_batch=2, budgets=budgets)
+        assert again.tokens == served.tokens and setup_events() == before

@@ -87,13 +87,20 @@ def serve_programs(shape: EagleServeShape):
             register_program(jax.jit(advance, donate_argnums=(2,))))
 
 
+_SLOT_SHAPES: dict[tuple, EagleSlots] = {}
+
+
 def empty_slots(shape: EagleServeShape, target_params, head_params, slots: int, prompt_len: int, eos, args):
-    """Every slot empty (done), each leaf its own buffer (the state is donated), shaped as admitted rows are."""
-    ids = jnp.zeros((slots, prompt_len), jnp.int32)
-    ones = jnp.ones((slots,), jnp.int32)
-    shapes = jax.eval_shape(functools.partial(_start_rows, shape), target_params, head_params, ids, ones, ones, eos,
-                            args)
-    empty = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    """Every slot empty (done), each leaf its own buffer (the state is donated), shaped as admitted rows are. The
+    shapes are traced once per (shape, slots, prompt length, stop ids): tracing the prefill for them cost every
+    served call 0.2-0.4 s at batch 1 on the embedded pair."""
+    key = (shape, slots, prompt_len, tuple(eos.shape), str(eos.dtype))
+    if key not in _SLOT_SHAPES:
+        ids = jax.ShapeDtypeStruct((slots, prompt_len), jnp.int32)
+        ones = jax.ShapeDtypeStruct((slots,), jnp.int32)
+        _SLOT_SHAPES[key] = jax.eval_shape(functools.partial(_start_rows, shape), target_params, head_params, ids,
+                                           ones, ones, eos, args)
+    empty = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), _SLOT_SHAPES[key])
     return empty.replace(state=empty.state.replace(done=jnp.ones((slots,), bool)))
 
 
