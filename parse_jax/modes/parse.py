@@ -94,8 +94,8 @@ def single_round_program(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sa
         budget = jnp.where(max_new > 0, jnp.minimum(shape.draft_cap, max_new), 0)
         d_fwd = forward_fn(draft, draft_params)
         d_cache, d_first = prefill(d_fwd, pair.draft, prompts.tokens, prompts.lens, shape.draft_cache)
-        answer = draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids, sampler=sampler, args=args,
-                               num_new=shape.draft_new, keep_probs=spec.keep_probs)
+        answer = draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids,
+                               sampler=spec.draft_sampler(sampler), args=args, num_new=shape.draft_new)
         taps = eagle.config.taps if eagle is not None else ()
         t_forward = forward_fn(target, target_params, return_hidden=True)
         cache = KVCache.init(pair.target, b, shape.cache_len)

@@ -229,8 +229,8 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         live = ~s.done
         seq_len = s.prompt_len + s.num_new
         budget = jnp.where(live, jnp.minimum(shape.draft_cap, s.max_new - s.num_new), 0)
-        dstate = decode_loop(d_fwd, draft_cache, draft_first, max_new=budget, eos_ids=x.eos_ids, sampler=sampler,
-                             args=a_draft, num_new=d, keep_probs=spec.keep_probs)
+        dstate = decode_loop(d_fwd, draft_cache, draft_first, max_new=budget, eos_ids=x.eos_ids,
+                             sampler=spec.draft_sampler(sampler), args=a_draft, num_new=d)
         draft_tokens, n = dstate.tokens, dstate.num_new
         closing = jnp.take_along_axis(draft_tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
         # a closing EOS is not verified (the judge never saw one): the target's next token decides to stop

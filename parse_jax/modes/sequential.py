@@ -64,8 +64,8 @@ def sequential_verify(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, s
         budget = jnp.where(max_new > 0, jnp.minimum(shape.draft_cap, max_new), 0)
         d_fwd = forward_fn(draft, draft_params)
         d_cache, d_first = prefill(d_fwd, pair.draft, prompt, prompt_lens, shape.draft_cache)
-        answer = draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids, sampler=sampler, args=args,
-                               num_new=shape.draft_new, keep_probs=spec.keep_probs)
+        answer = draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids,
+                               sampler=spec.draft_sampler(sampler), args=args, num_new=shape.draft_new)
         d_tokens, d_len = answer.tokens, answer.length
         bounds, count = segment_draft(answer, judge.table, spec)
         t_fwd = forward_fn(target, target_params, return_hidden=True)

@@ -51,15 +51,16 @@ def is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
 
 
 def decode_loop(forward, cache: KVCache, first_logits: jax.Array, *, max_new: jax.Array, eos_ids: jax.Array,
-                sampler: Sampler, args: SamplingArgs, num_new: int, keep_probs: bool = False) -> DecodeState:
+                sampler: Sampler, args: SamplingArgs, num_new: int) -> DecodeState:
     """Sample from `first_logits`, then one-token steps through `cache` until every row is done (step i draws with
-    `args.fold(i)`). `keep_probs`: also keep each token's probability under the model's softmax (PARSE's
+    `args.fold(i)`). `sampler.keep_probs`: also keep each token's probability under the model's softmax (PARSE's
     confidence-chosen prefixes read the draft's).
 
     `forward(tokens, positions, cache, limit, group) -> (logits, cache)`. Traced inside the callers' jit:
     target-only generation after a prefill, the draft's answer, and the target's continuation after a PARSE boundary.
     """
     b = first_logits.shape[0]
+    keep_probs = sampler.keep_probs
 
     def emit(state: DecodeState, step_logits: jax.Array) -> DecodeState:
         tok = sampler.sample(step_logits, args.fold(state.step))

@@ -53,6 +53,7 @@ class Sampler:
 
     greedy: bool
     top_k: int = 0
+    keep_probs: bool = False  # also keep each sampled token's probability (`decode_loop`; a PARSE draft's confidence)
 
     def sample(self, logits: jax.Array, args: SamplingArgs) -> jax.Array:
         """int32 token per row of logits [B, V], drawn with `args.key`."""

@@ -43,10 +43,9 @@ class RoundSpec:
     prefix_choice: PrefixChoice = "spread"  # confidence: the step ends before the draft's least sure steps
     prefix_confidence: float = 1.0
 
-    @property
-    def keep_probs(self) -> bool:
-        """Whether the draft's token probabilities are kept (what confidence-chosen prefixes read)."""
-        return self.prefix_choice == "confidence"
+    def draft_sampler(self, sampler: Sampler) -> Sampler:
+        """The draft's sampler: keeping its token probabilities where confidence-chosen prefixes read them."""
+        return dataclasses.replace(sampler, keep_probs=self.prefix_choice == "confidence")
 
 
 @struct.dataclass
@@ -81,12 +80,12 @@ class PassShape:
 
 
 def draft_answers(draft_forward, cache: KVCache, first_logits: jax.Array, *, budget: jax.Array, eos_ids: jax.Array,
-                  sampler: Sampler, args: SamplingArgs, num_new: int, keep_probs: bool = False) -> Draft:
+                  sampler: Sampler, args: SamplingArgs, num_new: int) -> Draft:
     """The draft's whole answer to each prompt (its `cache` holds the prompt, `first_logits` follow it), without a
     closing EOS (the judge was never shown one: the target decides to stop, from its next-token logits at the
-    accepted boundary); with `keep_probs`, each token's probability too."""
+    accepted boundary); with `sampler.keep_probs`, each token's probability too (`RoundSpec.draft_sampler`)."""
     state = decode_loop(draft_forward, cache, first_logits, max_new=budget, eos_ids=eos_ids, sampler=sampler,
-                        args=args, num_new=num_new, keep_probs=keep_probs)
+                        args=args, num_new=num_new)
     n = state.num_new
     last = jnp.take_along_axis(state.tokens, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
     n = jnp.where((n > 1) & is_eos(last, eos_ids), n - 1, n)

@@ -104,9 +104,9 @@ def test_bad_requests_are_clear_errors():
 
 
 def test_kept_probabilities_are_the_models_softmax_at_each_emitted_token():
-    """`decode_loop(keep_probs=True)` (what PARSE's confidence-chosen prefixes read from the draft): each emitted
-    token's probability under the model's softmax, as a full causal forward over prompt + tokens gives it; 1 past
-    the end of a row."""
+    """`decode_loop` with `Sampler(keep_probs=True)` (what PARSE's confidence-chosen prefixes read from the draft):
+    each emitted token's probability under the model's softmax, as a full causal forward over prompt + tokens gives
+    it; 1 past the end of a row."""
     import jax
     import jax.numpy as jnp
 
@@ -125,7 +125,7 @@ def test_kept_probabilities_are_the_models_softmax_at_each_emitted_token():
         cache, first = prefill(forward, model.config, prompt, jnp.full((2,), 6, jnp.int32), 32)
         args = SamplingArgs(temperature=jnp.float32(1e-6), top_p=jnp.float32(1.0), key=prng_key(0))
         s = decode_loop(forward, cache, first, max_new=max_new, eos_ids=jnp.full((1,), -1, jnp.int32),
-                        sampler=Sampler(greedy=True), args=args, num_new=8, keep_probs=True)
+                        sampler=Sampler(greedy=True, keep_probs=True), args=args, num_new=8)
         return s.tokens, s.num_new, s.probs
 
     tokens, num, probs = (np.asarray(x) for x in run(model.params, prompts))
