@@ -2,7 +2,7 @@
 target at one batch size, through `harness.runs.measure` (same protocol as bench_schedule.py), reporting the
 programs compiled inside the timed calls.
 
-    python benchmarks/check_warmup_b64.py --batch 64 --n 48 --repeats 3 --out DIR
+    python benchmarks/check_warmup_b64.py --batch 64 --n 48 --repeats 3 [--modes parse,parse+eagle3] --out DIR
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--modes", default="parse,parse+eagle3", help="default-config modes run against the target")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     target, draft = pj.load_pair()
     task = pj.load_task()
     problems = task.problems(args.n, seed=args.seed, split="test")
-    engines = {m: pj.ParseEngine(target, draft, pj.ParseConfig()) for m in ("target", "parse", "parse+eagle3")}
+    modes = ["target", *[m for m in args.modes.split(",") if m and m != "target"]]
+    engines = {m: pj.ParseEngine(target, draft, pj.ParseConfig()) for m in modes}
     runners = {m: runner(e, m) for m, e in engines.items()}
     settings = RunSettings(n=args.n, max_new_tokens=args.max_new_tokens, batch_size=args.batch, repeats=args.repeats,
                            seed=args.seed, progress=False)
