@@ -279,7 +279,7 @@ class ParseEngine:
                 explorations += choice.explored
             run = mode if choice is None else choice.run
             ctx = self.context if choice is None else self._context(choice.rounds)
-            compiled = (compiled_programs(), setup_events()) if choice is not None else None
+            setup_before = setup_events() if choice is not None else None
             spec, res = MODE_TABLE[run], None
             explored = choice is not None and choice.explored
             t0 = time.perf_counter()
@@ -294,7 +294,7 @@ class ParseEngine:
             seconds = time.perf_counter() - t0
             if choice is not None:  # what the decision ran: its prompts, and its slots (None: a fixed batch)
                 choices[-1].update(rows=len(res.tokens), slots=res.stats.get("slots"))
-            if choice is not None and (compiled_programs(), setup_events()) == compiled:  # set up nothing: measured
+            if choice is not None and setup_events() == setup_before:  # jax set up nothing (no compile): measured
                 served = "admissions" in res.stats and not explored  # an explored batch: rows idle once done
                 longest = None if served else max(1, max(len(t) for t in res.tokens))
                 self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,
@@ -322,11 +322,10 @@ class ParseEngine:
         steps the job has left (its prompts x the tokens a row writes on average, else the budget, / the rows)."""
         if self._job_left is None:
             return None
-        if self._setup is None:
-            self._setup = load_setup_costs(self.target, self.draft, self.eagle3)
         b = bucket(size, 1)
         names = [PLAIN_CHOICE] + [choice_name(mode, r) for r in rounds]
-        seconds = {m: self._setup.get(m, b) for m in names if (m, b) not in self._ready}
+        setup = self._setup_costs()
+        seconds = {m: setup.get(m, b) for m in names if (m, b) not in self._ready}
         rows = max(self._job_left - start, size)
         steps = rows * (self._row_tokens or max_new) / size
         return SetupCharge({m: s for m, s in seconds.items() if s is not None}, steps)
@@ -334,12 +333,16 @@ class ParseEngine:
     def _record_setup(self, choice: ScheduleChoice, res: GenerateResult, size: int, seconds: float) -> None:
         """A batch of `size` rows at once that set up programs took `seconds`: its setup is that less what its tokens
         cost at the choice's estimate (batch-wide steps x seconds per token)."""
-        if self._setup is None:
-            self._setup = load_setup_costs(self.target, self.draft, self.eagle3)
         rows = max(min(size, len(res.tokens)), 1)
         steps = sum(len(t) for t in res.tokens) / rows
         setup = max(seconds - steps * choice.estimate.get(choice.name, 0.0), 0.0)
-        self._setup = self._setup.with_figure(choice.name, bucket(size, 1), setup)
+        self._setup = self._setup_costs().with_figure(choice.name, bucket(size, 1), setup)
+
+    def _setup_costs(self) -> SetupCosts:
+        """The setup figures of this engine's models, read from disk the first time they are needed."""
+        if self._setup is None:
+            self._setup = load_setup_costs(self.target, self.draft, self.eagle3)
+        return self._setup
 
     def _choose(self, mode: str, req: Request, rounds: tuple[str | None, ...], explore: bool,
                 charge: SetupCharge | None = None) -> ScheduleChoice:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from parse_jax.schedule.profile import Grid, fingerprint, profiles_dir
@@ -34,14 +35,8 @@ def setup_key(target, draft=None, head=None) -> dict[str, Any]:
     if draft is not None:
         key["draft"] = fingerprint(draft, Grid())["params"]
     if head is not None:
-        key["head"] = [repr(head.config), sorted(str(np.shape(x)) for x in _leaves(head.params))]
+        key["head"] = [repr(head.config), sorted(str(np.shape(x)) for x in jax.tree_util.tree_leaves(head.params))]
     return json.loads(json.dumps(key))
-
-
-def _leaves(tree) -> list:
-    import jax
-
-    return jax.tree_util.tree_leaves(tree)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,9 +145,9 @@ def verify_round(target_forward, cache: KVCache, judge: Judge, *, head: jax.Arra
     that the target has not seen yet (the whole prompt over an empty cache, or the target's last emitted token).
     The block is padded to the shortest of `shape.lengths` that holds every row's block."""
     ctx_len, lengths, taps = cache.lengths, shape.lengths, shape.taps
-    draft, draft_len, draft_probs = draft.tokens, draft.length, draft.probs
+    bounds, count = segment_draft(draft, judge.table, spec)
+    draft, draft_len = draft.tokens, draft.length
     b = draft.shape[0]
-    bounds, count = segment_draft(Draft(draft, draft_len, draft_probs), judge.table, spec)
     seq = join(head, head_len, draft, head.shape[1] + draft.shape[1])
     valid = jnp.arange(spec.max_prefixes)[None, :] < count[:, None]
     seq_bounds = jnp.where(valid, head_len[:, None] + bounds, 0)
