@@ -19,7 +19,7 @@ from parse_jax.harness.eval.report import wilson
 from parse_jax.modes.table import MODE_TABLE
 from parse_jax.runtime.decode import generate, target_request
 from parse_jax.runtime.metrics import combine
-from parse_jax.runtime.programs import compiled_programs
+from parse_jax.runtime.programs import compiled_programs, setup_events
 from parse_jax.runtime.requests import GenerateResult, SamplingParams
 from parse_jax.runtime.slots import serve_request
 from parse_jax.schedule.auto import EXPLORING, option
@@ -209,14 +209,16 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     for name in names:  # warm-up: compile the programs the timed runs use
         for chunk in warm_ups:
             warm.set_postfix_str(f"{name} at batch {min(len(chunk), batch_size)}; {_programs_note()}")
-            # again while a call compiled or explored (at most WARM_UP_CALLS): a schedule="auto" engine measures
-            # only batches that compiled nothing, explores what it has not measured, and serves what it measured
-            # best, so its first calls meet new programs; what still compiles inside the timed calls is counted
+            # again while a call set anything up or explored (at most WARM_UP_CALLS): a schedule="auto" engine
+            # measures only batches that set up nothing, explores what it has not measured, and serves what it
+            # measured best, so its first calls meet new programs; `setup_events` sees every trace and compile
+            # (helper programs and eager operations too, which `compiled_programs` does not count); what still
+            # compiles inside the timed calls is counted
             for _ in range(WARM_UP_CALLS):
-                before = compiled_programs()
+                before = setup_events()
                 res = runners[name](chunk, max_new_tokens, seed, max_batch)
                 explored = any(c.get("why") == EXPLORING for c in res.stats.get("schedule", []))
-                if compiled_programs() == before and not explored:
+                if setup_events() == before and not explored:
                     break
             warm.update(1)
     warm.set_postfix_str(_programs_note())

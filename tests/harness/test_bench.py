@@ -166,20 +166,20 @@ def test_skipped_modes_are_diagnostics_on_stderr(capsys):
 
 def test_warm_up_repeats_while_an_auto_engine_still_compiles_or_explores():
     """A schedule="auto" engine explores, measures and then serves what it measured best, each its own programs:
-    the warm-up calls again while a call compiled or explored (so the timed calls meet compiled programs and
-    measured choices), and what still compiles inside the timing is counted. (Whether the timed call compiles depends
+    the warm-up calls again while a call set anything up (any trace or compile jax reports) or explored (so the
+    timed calls meet compiled programs and measured choices), and what still compiles inside the timing is counted. (Whether the timed call compiles depends
     on the times this machine measures, which decide what the engine runs: counted, not asserted.)"""
     from parse_jax.harness.runs import WARM_UP_CALLS, measure
-    from parse_jax.runtime.programs import compiled_programs
+    from parse_jax.runtime.programs import compiled_programs, setup_events
 
     eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=8, segmenter="stride", stride=3))
     calls = []
 
     def run(prompts, max_new, seed, max_batch=None):
-        before = compiled_programs()
+        before, events = compiled_programs(), setup_events()
         res = eng.generate(prompts, mode="parse", max_new_tokens=max_new, seed=seed, max_batch=max_batch)
         explored = any(c["why"].startswith("exploring") for c in res.stats["schedule"])
-        calls.append((compiled_programs() - before, explored))
+        calls.append((setup_events() - events, explored, compiled_programs() - before))
         return res
 
     task = load_task()
@@ -188,7 +188,7 @@ def test_warm_up_repeats_while_an_auto_engine_still_compiles_or_explores():
                     "parse": run}, task, task.problems(6, 3),
                    RunSettings(n=6, max_new_tokens=8, batch_size=2, repeats=1, seed=0, progress=False))
     warm_ups = calls[:-1]
-    assert warm_ups[0][0] > 0  # the first call compiled
-    assert all(compiled or explored for compiled, explored in warm_ups[:-1])  # each called again for a reason
-    assert len(warm_ups) == WARM_UP_CALLS or warm_ups[-1] == (0, False)  # until one compiled and explored nothing
-    assert rows["parse"]["compiles_in_timing"] == calls[-1][0]
+    assert warm_ups[0][0] > 0 and warm_ups[0][2] > 0  # the first call compiled
+    assert all(setup or explored for setup, explored, _ in warm_ups[:-1])  # each called again for a reason
+    assert len(warm_ups) == WARM_UP_CALLS or warm_ups[-1][:2] == (0, False)  # until one set up and explored nothing
+    assert rows["parse"]["compiles_in_timing"] == calls[-1][2]

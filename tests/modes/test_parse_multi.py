@@ -11,7 +11,7 @@ from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.modes.parse_multi import serve_multi
 from parse_jax.runtime.decode import generate
-from parse_jax.runtime.programs import compiled_programs
+from parse_jax.runtime.programs import compiled_programs, setup_events
 from parse_jax.tasks import TOKENIZER_DIR
 from tests.random_models import random_model
 
@@ -85,6 +85,9 @@ def test_generate_with_max_batch_serves_multi_round_parse(engine, eos, alone):
     before = compiled_programs()
     engine.generate((prompts + prompts)[::-1], mode="parse", max_new_tokens=14, eos_ids=[eos], max_batch=2)
     assert compiled_programs() - before <= 1
+    before = setup_events()  # the same call again runs ready programs only: nothing traced, lowered or compiled
+    engine.generate((prompts + prompts)[::-1], mode="parse", max_new_tokens=14, eos_ids=[eos], max_batch=2)
+    assert setup_events() == before
 
 
 def test_single_round_serves_through_slots_too(engine):

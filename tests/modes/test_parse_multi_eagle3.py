@@ -15,6 +15,7 @@ from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.modes.parse_multi import after_cache, serve_multi
 from parse_jax.runtime.decode import generate
+from parse_jax.runtime.programs import setup_events
 from parse_jax.runtime.requests import SamplingParams
 from parse_jax.runtime.sampling import Sampler
 from parse_jax.speculation.eagle3 import EagleContext, EagleLoop, eagle_loop, head_applies
@@ -120,6 +121,9 @@ def test_served_parse_eagle3_equals_each_prompt_alone(partial):
     # and through generate(max_batch=...): the engine serves parse+eagle3 in slots
     got = eng.generate(PROMPTS, mode="parse+eagle3", max_new_tokens=14, max_batch=2)
     assert got.stats["slots"] == 2
+    before = setup_events()  # the same call again runs ready programs only: nothing traced, lowered or compiled
+    assert eng.generate(PROMPTS, mode="parse+eagle3", max_new_tokens=14, max_batch=2).tokens == got.tokens
+    assert setup_events() == before
     assert got.tokens == [eng.generate([p], mode="parse+eagle3", max_new_tokens=14).tokens[0] for p in PROMPTS]
 
 

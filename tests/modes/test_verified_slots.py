@@ -8,7 +8,7 @@ import pytest
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.modes.table import MODE_TABLE
 from parse_jax.runtime.decode import generate
-from parse_jax.runtime.programs import compiled_programs
+from parse_jax.runtime.programs import compiled_programs, setup_events
 from tests.modes.test_parse_multi import BUDGETS, PROMPTS, SETTINGS, TARGET, V, partial_engine
 
 SINGLE = {**SETTINGS, "rounds": "single"}
@@ -50,6 +50,10 @@ def test_generate_with_max_batch_serves_and_compiles_nothing_per_prompt(engine, 
     again = engine.generate(prompts[::-1] * 2, mode="parse", max_new_tokens=14, eos_ids=[eos], max_batch=2)
     assert again.tokens == (alone[::-1] * 2)
     assert compiled_programs() - before <= 1  # at most an admission size not met before
+    before = setup_events()  # the same call again runs ready programs only: nothing traced, lowered or compiled
+    assert engine.generate(prompts[::-1] * 2, mode="parse", max_new_tokens=14, eos_ids=[eos],
+                           max_batch=2).tokens == again.tokens
+    assert setup_events() == before
 
 
 @pytest.mark.parametrize("tree", [0, 3])

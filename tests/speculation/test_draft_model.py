@@ -8,6 +8,7 @@ import pytest
 from parse_jax.errors import InputError
 from parse_jax.models.model import Model
 from parse_jax.runtime.decode import generate
+from parse_jax.runtime.programs import setup_events
 from parse_jax.speculation.draft_model import speculative_generate
 from tests.random_models import random_model
 
@@ -165,3 +166,6 @@ def test_continuous_batching_equals_each_prompt_alone():
     assert served.stats["accepted_per_request"] == [r.stats["accepted_per_request"][0] for r in alone]
     assert served.stats["drafts_per_request"] == [r.stats["drafts_per_request"][0] for r in alone]
     assert served.stats["slots"] == 3 and served.stats["admissions"] > 1
+    before = setup_events()  # a second served call runs ready programs only: nothing traced, lowered or compiled
+    assert serve_speculation(target, draft, req, gamma=3, max_batch=3, budgets=budgets).tokens == served.tokens
+    assert setup_events() == before
