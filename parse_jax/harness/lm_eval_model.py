@@ -142,12 +142,16 @@ class ParseJaxLM(LM):
             _, kwargs = req.args
             key = (int(kwargs.get("max_gen_toks", self.max_gen_toks)), stop_strings(kwargs.get("until")))
             groups.setdefault(key, []).append(i)
+        tok = self.target.tokenizer
         for (max_new, until), idx in groups.items():
-            for start in range(0, len(idx), self.batch_size):
-                batch = idx[start: start + self.batch_size]
-                texts = self._generate([requests[i].args[0] for i in batch], max_new, until)
-                for i, text in zip(batch, texts):
-                    out[i] = postprocess_generated_text(text, list(until), None)  # lm-eval's own cut
+            # one job per group, as `parse-jax eval` declares its records: under schedule="auto" a choice's program
+            # setup is charged to the group's rows (docs/design.md §7)
+            with self._runner(single_token_stops(tok, until)).job(len(idx)):
+                for start in range(0, len(idx), self.batch_size):
+                    batch = idx[start: start + self.batch_size]
+                    texts = self._generate([requests[i].args[0] for i in batch], max_new, until)
+                    for i, text in zip(batch, texts):
+                        out[i] = postprocess_generated_text(text, list(until), None)  # lm-eval's own cut
         self._write_stats()
         return [str(x) for x in out]
 

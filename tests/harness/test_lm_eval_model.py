@@ -164,3 +164,21 @@ def test_stop_strings_of_one_token_special_ones_included(tmp_path):
     assert lm_eval_model.stop_strings(["", "Q:"]) == ("Q:",)
     with pytest.raises(lm_eval_model.ConfigError, match="until must be a string or a list of strings"):
         lm_eval_model.stop_strings([3])
+
+
+def test_each_generation_group_is_one_job(tmp_path, monkeypatch):
+    """lm-eval hands the model every request at once: each group (one budget and stop set) is declared a job, as
+    `parse-jax eval` declares its records, so under schedule="auto" a choice's program setup is charged to the
+    group's rows. With sd's setup on record as far more than those rows could pay back, the group decodes plainly."""
+    from parse_jax.schedule.setup import load_setup_costs
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the profiles folder (and the setup file) of this test
+    lm = lm_eval_model.ParseJaxLM(mode="sd", batch_size=2)
+    load_setup_costs(lm.target, lm.draft, lm.target.eagle3).with_figure("sd", 2, 1e6).with_figure(
+        "target", 2, 0.0).save()
+    prompts = [p for p, _ in load_task().problems(4, 5)]
+    lm.generate_until([Instance("generate_until", {}, (p, {"max_gen_toks": 16, "until": []}), i)
+                       for i, p in enumerate(prompts)])
+    decisions = [c for part in lm.stats_parts for c in part["schedule"]]
+    assert decisions and {c["ran"] for c in decisions} == {"target"}
+    assert all(c["setup_seconds_per_token"]["sd"] > 1e3 for c in decisions)  # charged: a job was declared
