@@ -8,10 +8,12 @@ The estimate of a choice's seconds per token, best first:
    seen so far) scaled by measured / predicted of plain decoding at this bucket where it was measured, else of the
    median measured choice (the same hardware runs them all);
 3. predicted: the cost model alone.
+Speculation runs where its estimate beats plain decoding's by more than `SPECULATION_MARGIN` (measurement noise).
 The choices are plain decoding and the mode, with each rounds setting the schedule may pick (`rounds="auto"`: multi
 and single). Where more batches follow (`explore=True`), a bucket where nothing is measured yet runs its predicted
 best as a batch of its own (measured, before it serves the rest), and a choice not measured yet whose estimate is
-within `EXPLORE_RATIO` of the best measured one runs once, so that it becomes measured; a single batch never explores.
+within `EXPLORE_RATIO` of the best measured one runs once, so that it becomes measured (plain decoding, the baseline,
+whatever its estimate, once a speculative choice is measured); a single batch never explores.
 Everything here is host-side bookkeeping between device programs; nothing runs under jit.
 """
 
@@ -27,6 +29,10 @@ from parse_jax.schedule.policy import AcceptanceStats, Knobs, Workload, decide
 
 EXPLORE_RATIO = 2.0  # explore the unmeasured choice when predicted within this factor of the measured one
 EMA = 0.5            # weight of the newest measurement
+# speculation runs only where its estimate beats plain decoding's by this fraction: one timed batch on a shared
+# machine varies by about as much (target against target, batch 4-16 on the 2-core CPU: 0.85-1.15x), and a gain
+# inside that noise is as likely a loss (docs/design.md §7)
+SPECULATION_MARGIN = 0.1
 PLAIN = "target"
 EXPLORING = "exploring (not measured at this batch yet)"  # the `why` of an explored batch
 
@@ -157,12 +163,17 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
         estimate = {m: measured.get(m, predicted[m] * scale) for m in predicted}
     setup = {m: charge.per_token(m) for m in estimate if charge.per_token(m) > 0} if charge is not None else {}
     cost = {m: estimate[m] + setup.get(m, 0.0) for m in estimate}
-    pick = min(cost, key=lambda m: (cost[m], m != PLAIN))  # a tie goes to plain decoding
+    fastest = min((m for m in cost if m != PLAIN), key=cost.get)
+    pick = fastest if cost[fastest] < (1.0 - SPECULATION_MARGIN) * cost[PLAIN] else PLAIN
     explored = False
     unmeasured = [m for m in sorted(cost, key=cost.get) if m not in measured]
     if explore and unmeasured:
         if not measured:  # nothing measured here yet: the predicted best runs as one batch of its own, measured
             explored = True
+        elif PLAIN in unmeasured and (PLAIN not in setup or cost[PLAIN] <= min(cost[m] for m in measured)):
+            # a speculative choice is measured but plain decoding is not: measure the baseline before trusting a
+            # win over it (its calibrated estimate borrows another choice's prediction error, which can be 2x)
+            pick, explored = PLAIN, True
         else:
             best = min(cost[m] for m in measured)
             near = [m for m in unmeasured if cost[m] <= (1.0 if m in setup else EXPLORE_RATIO) * best]

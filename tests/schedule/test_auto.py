@@ -3,9 +3,9 @@ the requested mode where it wins, calibration by the other choice's measurement,
 
 import pytest
 
-from parse_jax.schedule.auto import ScheduleState, SetupCharge, choose
+from parse_jax.schedule.auto import SPECULATION_MARGIN, ScheduleState, SetupCharge, choose
 from parse_jax.schedule.policy import Knobs, Workload
-from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
+from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, STEP, costs, table
 
 KNOBS = Knobs(draft_tokens=64, prefixes=8, rounds="multi", gamma=4, eagle3_gamma=5)
 
@@ -36,6 +36,34 @@ def test_a_measured_loss_overrides_the_prediction():
     assert after.run == "target" and after.as_dict()["why"] == "measured"
     assert after.estimate == {"parse": pytest.approx(0.012), "target": pytest.approx(0.004)}
     assert _choose(state, MEMORY_BOUND, 1).run == "parse"  # other batch sizes keep their own figures
+
+
+def test_speculation_runs_only_where_it_beats_plain_decoding_by_more_than_the_noise():
+    """Measured 5% faster than plain decoding is within one timed batch's noise: plain decoding. 20% faster: the
+    mode."""
+    plain = ScheduleState().record("target", 8, {"new_tokens": 100, "seconds": 0.1})
+    near = plain.record("parse", 8, {"new_tokens": 100, "seconds": (1 - SPECULATION_MARGIN / 2) * 0.1})
+    assert _choose(near, COMPUTE_BOUND, 8).run == "target"
+    ahead = plain.record("parse", 8, {"new_tokens": 100, "seconds": (1 - 2 * SPECULATION_MARGIN) * 0.1})
+    assert _choose(ahead, COMPUTE_BOUND, 8).run == "parse"
+
+
+def test_plain_decoding_is_measured_before_a_speculative_choice_is_trusted_over_it():
+    """Measured parse 4x over its prediction calibrates the target's estimate 4x up too, far beyond EXPLORE_RATIO of
+    parse's figure: the baseline is explored anyway, and then the two measured figures decide."""
+    flat = table(lambda b, t: STEP)  # a pass costs one step whatever its tokens: parse predicted far ahead
+    predicted = _choose(ScheduleState(), flat, 8).predicted
+    assert predicted["target"] > 2 * predicted["parse"]
+    per_token = 4 * predicted["parse"]  # measured (served over 8 slots) at 4x its prediction
+    state = ScheduleState().record("parse", 8, {"new_tokens": 800, "seconds": per_token * 100})
+    c = _choose(state, flat, 8)
+    assert c.estimate["parse"] == pytest.approx(per_token) and c.estimate["target"] > 2 * per_token
+    assert c.run == "parse"
+    explored = _choose(state, flat, 8, explore=True)
+    assert explored.explored and explored.run == "target"
+    measured = state.record("target", 8, {"new_tokens": 800, "seconds": per_token * 90})  # 10% faster than parse
+    after = _choose(measured, flat, 8, explore=True)
+    assert after.run == "target" and not after.explored
 
 
 def test_one_measurement_calibrates_the_other_and_exploration_measures_it():
