@@ -263,7 +263,9 @@ class ParseEngine:
         size = n if max_batch is None else min(max_batch, n)
         parts, choices, start = [], [], 0
         rounds = self._rounds_options(mode, req)
-        explorations = 0  # at most one per choice and call (a batch that compiled measures nothing)
+        # explored batches that measured: at most one per choice (plain decoding included) and call; explored
+        # batches in all at most twice that (one that set programs up measured nothing, and may be explored again)
+        explorations = attempts = 0
         setup_known = self._setup
         while start < n:
             sampling = req.sampling
@@ -273,10 +275,11 @@ class ParseEngine:
             choice = None
             if self.config.schedule == "auto" and mode != "target":
                 choice = self._choose(mode, batch, rounds,
-                                      explore=start + size < n and explorations < len(rounds) + 1,
+                                      explore=start + size < n and explorations < len(rounds) + 1
+                                      and attempts < 2 * (len(rounds) + 1),
                                       charge=self._charge(mode, rounds, len(batch.ids), req.max_new, start))
                 choices.append(choice.as_dict())
-                explorations += choice.explored
+                attempts += choice.explored
             run = mode if choice is None else choice.run
             ctx = self.context if choice is None else self._context(choice.rounds)
             setup_before = setup_events() if choice is not None else None
@@ -295,6 +298,7 @@ class ParseEngine:
             if choice is not None:  # what the decision ran: its prompts, and its slots (None: a fixed batch)
                 choices[-1].update(rows=len(res.tokens), slots=res.stats.get("slots"))
             if choice is not None and setup_events() == setup_before:  # jax set up nothing (no compile): measured
+                explorations += explored
                 served = "admissions" in res.stats and not explored  # an explored batch: rows idle once done
                 longest = None if served else max(1, max(len(t) for t in res.tokens))
                 self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,

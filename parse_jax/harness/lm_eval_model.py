@@ -27,6 +27,7 @@ else. lm-eval 0.4.13 reads no entry point (its registry holds `lm_eval.models.MO
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from typing import Any
@@ -145,8 +146,10 @@ class ParseJaxLM(LM):
         tok = self.target.tokenizer
         for (max_new, until), idx in groups.items():
             # one job per group, as `parse-jax eval` declares its records: under schedule="auto" a choice's program
-            # setup is charged to the group's rows (docs/design.md §7)
-            with self._runner(single_token_stops(tok, until)).job(len(idx)):
+            # setup is charged to the group's rows (docs/design.md §7). Not where rows go on in segments (several
+            # calls per prompt would spend the job's count before its first batch ends)
+            runner = self._runner(single_token_stops(tok, until))
+            with runner.job(len(idx)) if not self._segmented(until) else contextlib.nullcontext():
                 for start in range(0, len(idx), self.batch_size):
                     batch = idx[start: start + self.batch_size]
                     texts = self._generate([requests[i].args[0] for i in batch], max_new, until)
@@ -173,7 +176,7 @@ class ParseJaxLM(LM):
         own tokens); PARSE modes run each batch in one call and cut after it (docs/design.md §8)."""
         tok = self.target.tokenizer
         runner = self._runner(single_token_stops(tok, until))
-        if len(single_token_stops(tok, until)) == len(until) or self.mode not in RESUMABLE:
+        if not self._segmented(until):
             res = runner(prompts, max_new, self.seed)
             self.stats_parts.append(res.stats)
             return res.texts
@@ -195,6 +198,11 @@ class ParseJaxLM(LM):
                     still.append(i)
             live, segment = still, segment * 2
         return [tok.decode(g) for g in gen]
+
+    def _segmented(self, until: tuple[str, ...]) -> bool:
+        """Whether generation stopping at `until` runs in segments (`_generate`): a stop string longer than one token,
+        in a mode whose output does not depend on where a call starts."""
+        return len(single_token_stops(self.target.tokenizer, until)) < len(until) and self.mode in RESUMABLE
 
     def speculation_stats(self) -> dict:
         """The speculation stats of every generation so far: counts summed, the field's rates derived."""

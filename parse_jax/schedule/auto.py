@@ -163,7 +163,7 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
         estimate = {m: measured.get(m, predicted[m] * scale) for m in predicted}
     setup = {m: charge.per_token(m) for m in estimate if charge.per_token(m) > 0} if charge is not None else {}
     cost = {m: estimate[m] + setup.get(m, 0.0) for m in estimate}
-    fastest = min((m for m in cost if m != PLAIN), key=cost.get)
+    fastest = min((m for m in cost if m != PLAIN), key=cost.get, default=PLAIN)
     pick = fastest if cost[fastest] < (1.0 - SPECULATION_MARGIN) * cost[PLAIN] else PLAIN
     explored = False
     unmeasured = [m for m in sorted(cost, key=cost.get) if m not in measured]

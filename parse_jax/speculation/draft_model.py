@@ -260,8 +260,15 @@ def serve_speculation(target, draft, req: Request, *, gamma: int, max_batch: int
     out = tuple(np.int64(run["rounds"]) + admissions if key == "rounds" else np.stack([r[key] for r in rows])
                 for key in SPEC_OUTPUTS)
     res = spec_result(target, ids, out, time.perf_counter() - t0, gamma)
-    res.stats.update(slots=used, admissions=admissions)
+    res.stats.update(slots=used, admissions=admissions, **served_passes(res.stats, len(ids)))
     return res
+
+
+def served_passes(stats: dict, requests: int) -> dict[str, int]:
+    """A served token-level run's passes per request, summed: each request's prefill and the passes that verified
+    its drafts (what a batch of one counts), each a check of drafted tokens as in a fixed batch's count."""
+    passes = requests + int(stats["num_drafts"])
+    return {"request_passes": passes, "request_checks": passes}
 
 
 SPEC_OUTPUTS = ("tokens", "num_new", "rounds", "accepted", "proposed", "drafts", "per_pos")

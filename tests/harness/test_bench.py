@@ -167,8 +167,9 @@ def test_skipped_modes_are_diagnostics_on_stderr(capsys):
 def test_warm_up_repeats_while_an_auto_engine_still_compiles_or_explores():
     """A schedule="auto" engine explores, measures and then serves what it measured best, each its own programs:
     the warm-up calls again while a call set anything up (any trace or compile jax reports) or explored (so the
-    timed calls meet compiled programs and measured choices), and what still compiles inside the timing is counted. (Whether the timed call compiles depends
-    on the times this machine measures, which decide what the engine runs: counted, not asserted.)"""
+    timed calls meet compiled programs and measured choices), and what still compiles inside the timing is counted.
+    (Whether the timed call compiles depends on the times this machine measures, which decide what the engine runs:
+    counted, not asserted.)"""
     from parse_jax.harness.runs import WARM_UP_CALLS, measure
     from parse_jax.runtime.programs import compiled_programs, setup_events
 

@@ -61,6 +61,8 @@ def test_plain_decoding_is_measured_before_a_speculative_choice_is_trusted_over_
     assert c.run == "parse"
     explored = _choose(state, flat, 8, explore=True)
     assert explored.explored and explored.run == "target"
+    charged = _choose(state, flat, 8, explore=True, charge=SetupCharge({"target": 100.0}, 10.0))
+    assert charged.run == "parse" and not charged.explored  # in a job whose rows cannot pay its setup back
     measured = state.record("target", 8, {"new_tokens": 800, "seconds": per_token * 90})  # 10% faster than parse
     after = _choose(measured, flat, 8, explore=True)
     assert after.run == "target" and not after.explored

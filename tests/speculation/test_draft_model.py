@@ -166,6 +166,8 @@ def test_continuous_batching_equals_each_prompt_alone():
     assert served.stats["accepted_per_request"] == [r.stats["accepted_per_request"][0] for r in alone]
     assert served.stats["drafts_per_request"] == [r.stats["drafts_per_request"][0] for r in alone]
     assert served.stats["slots"] == 3 and served.stats["admissions"] > 1
+    # each request's passes (its prefill and verifications), as each alone counts them: what bench reports per token
+    assert served.stats["request_passes"] == sum(r.stats["target_passes"] for r in alone)
     before = setup_events()  # a second served call runs ready programs only: nothing traced, lowered or compiled
     assert serve_speculation(target, draft, req, gamma=3, max_batch=3, budgets=budgets).tokens == served.tokens
     assert setup_events() == before

@@ -276,6 +276,7 @@ def test_continuous_batching_equals_each_prompt_alone(tree):
     assert served.tokens == [r.tokens[0] for r in alone]
     assert served.stats["accepted_per_request"] == [r.stats["accepted_per_request"][0] for r in alone]
     assert served.stats["slots"] == 2 and served.stats["admissions"] > 1
+    assert served.stats["request_passes"] == sum(r.stats["target_passes"] for r in alone)  # as each alone counts
     if tree == 0:  # a second served call runs ready programs only: nothing traced, lowered or compiled again
         from parse_jax.runtime.programs import setup_events
 

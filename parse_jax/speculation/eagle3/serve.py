@@ -21,7 +21,7 @@ from parse_jax.runtime.programs import bucket, register_program
 from parse_jax.runtime.requests import GenerateResult, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, request_budgets, serve_loop
-from parse_jax.speculation.draft_model import spec_batch, spec_result
+from parse_jax.speculation.draft_model import served_passes, spec_batch, spec_result
 from parse_jax.speculation.eagle3.decode import (
     EagleLoop,
     EagleState,
@@ -131,7 +131,7 @@ def serve_eagle3(target, head: Eagle3, req: Request, *, gamma: int, tree: int, t
     out = tuple(np.int64(run["rounds"]) + admissions if key == "rounds" else np.stack([r[key] for r in rows])
                 for key in OUTPUTS)
     res = spec_result(target, ids, out, time.perf_counter() - t0, gamma)
-    res.stats.update(slots=used, admissions=admissions, tree=tree)
+    res.stats.update(slots=used, admissions=admissions, tree=tree, **served_passes(res.stats, len(ids)))
     if tree:
         res.stats["tree_top_k"] = tree_top_k
         res.stats["tree_side_paths"] = int(sum(r["side"] for r in rows))
