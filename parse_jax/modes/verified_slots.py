@@ -118,6 +118,12 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
                        continue_batch=used)
     # a decode step carries every slot: per request, at most `used` rows' worth (rows are not tracked per step)
     res.stats.update(slots=used, admissions=admissions, request_passes=verify_passes + steps * used)
+    if "rejected_at" not in out:  # sequential: a request's checks are its admission's verification passes
+        checks = [0] * len(ids)
+        for (batch, _), got in zip(counters, counted):
+            for r in batch:
+                checks[r] = int(got.get("verify_passes", 1))
+        res.stats.update(checks_per_request=checks, request_checks=sum(checks))
     return res
 
 

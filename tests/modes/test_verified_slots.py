@@ -38,6 +38,10 @@ def test_refilled_slots_equal_each_prompt_alone(engine, eos, mode):
     assert res.stats["accepted_per_request"] == accepted
     assert res.stats["prefixes_per_request"] == [r.stats["prefixes_per_request"][0] for r in alone]
     assert res.stats["slots"] == 3 and res.stats["admissions"] > 1  # prompts entered slots freed by others
+    # each request's verification passes: those of the admission it entered with (at least its own alone), not
+    # every admission's passes for every request
+    alone_checks = sum(r.stats["request_checks"] for r in alone)
+    assert alone_checks <= res.stats["request_checks"] < res.stats["verify_passes"] * len(PROMPTS)
 
 
 def test_generate_with_max_batch_serves_and_compiles_nothing_per_prompt(engine, eos):
