@@ -91,8 +91,10 @@ def parse_result(ctx: ModeContext, req: Request, rows: dict, seconds: float, *, 
         **step_metrics(rows, n))
     texts = [ctx.target.tokenizer.decode(t) for t in tokens]
     out = stats.as_dict()
-    # each request's verification passes: every pass it was live in (its first-rejected histogram counts one each)
+    # each request's verification passes: every pass it was live in (its first-rejected histogram counts one each),
+    # else its own count where the run kept one (a served run: its admission's), else every pass of the batch
     checks = ([int(x) for x in np.asarray(rows["rejected_at"][:n]).sum(-1)] if "rejected_at" in rows
+              else [int(x) for x in rows["own_verify_passes"][:n]] if "own_verify_passes" in rows
               else [verify_passes] * n)
     out.update(checks_per_request=checks, request_checks=sum(checks))
     return GenerateResult(texts=texts, tokens=tokens, stats=out)

@@ -113,17 +113,15 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     per = rows_by_request(counters, counted, len(ids), [k for k in ("continued", *ROW_STATS) if k in counted[0]])
     out.update({k: np.stack(v) for k, v in per.items()})
     verify_passes = sum(int(got.get("verify_passes", 1)) for got in counted)
+    if "rejected_at" not in out:  # sequential: a request's verification passes are its admission's
+        out["own_verify_passes"] = np.zeros(len(ids), np.int64)
+        for (batch, _), got in zip(counters, counted):
+            out["own_verify_passes"][batch] = int(got.get("verify_passes", 1))
     steps = int(run["steps"])
     res = parse_result(ctx, req, out, seconds, verify_passes=verify_passes, target_passes=verify_passes + steps,
                        continue_batch=used)
     # a decode step carries every slot: per request, at most `used` rows' worth (rows are not tracked per step)
     res.stats.update(slots=used, admissions=admissions, request_passes=verify_passes + steps * used)
-    if "rejected_at" not in out:  # sequential: a request's checks are its admission's verification passes
-        checks = [0] * len(ids)
-        for (batch, _), got in zip(counters, counted):
-            for r in batch:
-                checks[r] = int(got.get("verify_passes", 1))
-        res.stats.update(checks_per_request=checks, request_checks=sum(checks))
     return res
 
 

@@ -168,14 +168,14 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
     explored = False
     unmeasured = [m for m in sorted(cost, key=cost.get) if m not in measured]
     if explore and unmeasured:
-        if not measured:  # nothing measured here yet: the predicted best runs as one batch of its own, measured
+        best = min((cost[m] for m in measured), default=None)
+        if best is None:  # nothing measured here yet: the predicted best runs as one batch of its own, measured
             explored = True
-        elif PLAIN in unmeasured and (PLAIN not in setup or cost[PLAIN] <= min(cost[m] for m in measured)):
+        elif PLAIN in unmeasured and (PLAIN not in setup or cost[PLAIN] <= best):
             # a speculative choice is measured but plain decoding is not: measure the baseline before trusting a
             # win over it (its calibrated estimate borrows another choice's prediction error, which can be 2x)
             pick, explored = PLAIN, True
         else:
-            best = min(cost[m] for m in measured)
             near = [m for m in unmeasured if cost[m] <= (1.0 if m in setup else EXPLORE_RATIO) * best]
             if near:
                 pick, explored = near[0], True
