@@ -267,6 +267,7 @@ class ParseEngine:
         # batches in all at most twice that (one that set programs up measured nothing, and may be explored again)
         explorations = attempts = 0
         setup_known = self._setup
+        self.schedule_state = self.schedule_state.new_call()  # a contested choice is measured again once per call
         while start < n:
             sampling = req.sampling
             if start:  # each batch draws from its own keys (greedy runs are unaffected)

@@ -21,7 +21,7 @@ from parse_jax.runtime.decode import generate, target_request
 from parse_jax.runtime.metrics import combine
 from parse_jax.runtime.programs import compiled_programs, setup_events
 from parse_jax.runtime.requests import GenerateResult, SamplingParams
-from parse_jax.runtime.slots import serve_request
+from parse_jax.runtime.slots import admission_warm_up, serve_request
 from parse_jax.schedule.auto import EXPLORING, option
 from parse_jax.settings import BATCHING, DEFAULT_BATCHING, Batching
 from parse_jax.utils import atomic, compile_cache
@@ -188,7 +188,15 @@ def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]
     the max_new_tokens, batch_size, repeats, seed and progress of `settings` (its `n` is the caller's: every
     problem given runs).
 
-    Returns {name: row}; speed-ups are per-repeat tokens/s ratios against `baseline` (which must be a runner)."""
+    Returns {name: row}; speed-ups are per-repeat tokens/s ratios against `baseline` (which must be a runner). A
+    served run's first call sets up every admission size its slots can meet (`runtime/slots.admission_warm_up`)."""
+    with admission_warm_up():
+        return _measured(runners, task, problems, settings, baseline)
+
+
+def _measured(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]], settings: RunSettings,
+              baseline: str) -> dict:
+    """`measure`'s body."""
     if baseline not in runners:
         raise InputError(f"the baseline {baseline!r} is not among the runs")
     n = len(problems)

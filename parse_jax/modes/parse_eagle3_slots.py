@@ -82,7 +82,8 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     def admit_at(state, batch, where, i):
         state, got = admit(weights, state, admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i),
                            eos, ctx.judge, args)
-        counters.append((batch, got))
+        if batch:  # an empty one is a warm-up (runtime/slots.warm_admissions)
+            counters.append((batch, got))
         return state
 
     t0 = time.perf_counter()
@@ -92,7 +93,8 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
         advance=lambda st, free: advance(target.params, ctx.head.params, st, free, eos, args),
         rows=lambda st: {"done": st.state.done, "tokens": st.state.tokens[:, :shape.num_new],
                          "num_new": st.state.num_new, "accepted": st.state.accepted,
-                         "proposed": st.state.proposed, "rounds": st.state.rounds})
+                         "proposed": st.state.proposed, "rounds": st.state.rounds},
+        warm=(admit, p))
     counted = fetch([got for _, got in counters])
     seconds = time.perf_counter() - t0
     per = rows_by_request(counters, counted, len(ids), ("draft", "continued", *ROW_STATS))

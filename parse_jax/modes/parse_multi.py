@@ -33,7 +33,7 @@ from parse_jax.runtime.metrics import SCORE_BINS
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts, pad_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.runtime.slots import SlotBook
+from parse_jax.runtime.slots import SlotBook, warm_admissions
 from parse_jax.speculation.eagle3 import (
     Eagle3Config,
     EagleContext,
@@ -422,7 +422,8 @@ def _slot_programs(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: 
               args: SamplingArgs) -> MultiState:
         x = RoundInputs(weights, eos_ids, seg_stop, judge)
         new = first_round(x, adm.prompts, args)
-        return _put_rows(state, new, adm.slots).replace(passes=state.passes + new.passes)
+        real = jnp.any(adm.slots < state.done.shape[0])  # an empty admission (a warm-up) counts no passes
+        return _put_rows(state, new, adm.slots).replace(passes=state.passes + jnp.where(real, new.passes, 0))
 
     def advance(weights, state: MultiState, free_target, eos_ids, seg_stop, judge: Judge,
                 args: SamplingArgs) -> MultiState:
@@ -480,15 +481,19 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     book = SlotBook(len(ids), slots, capacity)
     rows: dict[str, list] = {k: [None] * len(ids) for k in ("tokens", *fields)}
     admissions = 0
+
+    def admit_at(state: MultiState, batch: list[int], where: np.ndarray, i: int) -> MultiState:
+        prompt, lens, max_new = pad_prompts([ids[r] for r in batch], len(where), p, 0)
+        max_new[:len(batch)] = [budgets[r] for r in batch]
+        adm = Admission(slots=where, prompts=Prompts(tokens=prompt, lens=lens, max_new=max_new))
+        return admit(weights, state, adm, req.eos, seg_stop, ctx.judge, first_args.fold(i))
+
     t0 = time.perf_counter()
+    state = warm_admissions(admit_at, state, slots=slots, key=(admit, p))
     while True:
         admitted = book.admit()
         if admitted is not None:
-            batch, where = admitted
-            prompt, lens, max_new = pad_prompts([ids[r] for r in batch], len(where), p, 0)
-            max_new[:len(batch)] = [budgets[r] for r in batch]
-            adm = Admission(slots=where, prompts=Prompts(tokens=prompt, lens=lens, max_new=max_new))
-            state = admit(weights, state, adm, req.eos, seg_stop, ctx.judge, first_args.fold(admissions))
+            state = admit_at(state, *admitted, admissions)
             admissions += 1
         state = advance(weights, state, book.free_target(), req.eos, seg_stop, ctx.judge, loop_args)
         got = fetch({"done": state.done, "num_new": state.num_new, "out": state.out, "rounds": state.rounds,

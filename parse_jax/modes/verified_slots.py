@@ -99,14 +99,16 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     def admit_at(state, batch, where, i):
         state, got = admit(*params, state, admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i),
                            req.eos, ctx.judge, args)
-        counters.append((batch, got))
+        if batch:  # an empty one is a warm-up (runtime/slots.warm_admissions)
+            counters.append((batch, got))
         return state
 
     t0 = time.perf_counter()
     rows, admissions, run = serve_loop(
         SlotBook(len(ids), slots, used), empty_state(pair.target, slots, width, cache_len), admit=admit_at,
         advance=lambda st, free: advance(target.params, st, free, req.eos, args),
-        rows=lambda st: {"done": st.done, "num_new": st.num_new, "tokens": st.tokens, "steps": st.steps})
+        rows=lambda st: {"done": st.done, "num_new": st.num_new, "tokens": st.tokens, "steps": st.steps},
+        warm=(admit, p))
     counted = fetch([got for _, got in counters])
     seconds = time.perf_counter() - t0
     out = {"tokens": np.stack([r["tokens"] for r in rows]), "num_new": np.array([r["num_new"] for r in rows])}

@@ -14,12 +14,17 @@ and single). Where more batches follow (`explore=True`), a bucket where nothing 
 best as a batch of its own (measured, before it serves the rest), and a choice not measured yet whose estimate is
 within `EXPLORE_RATIO` of the best measured one runs once, so that it becomes measured (plain decoding, the baseline,
 whatever its estimate, once a speculative choice is measured); a single batch never explores.
+One timed batch is not enough to tell choices 10-20% apart on a shared machine, so a figure is the median of its last
+`KEEP` measurements, and a choice that is contested (within `CONTESTED` of the pick, after the margin) is measured
+again, at most once per call, until it has `CONFIRM` of them: what decides a close call is several measurements of
+each side, taken at different moments.
 Everything here is host-side bookkeeping between device programs; nothing runs under jit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +33,9 @@ from parse_jax.schedule.costs import PassCosts
 from parse_jax.schedule.policy import AcceptanceStats, Knobs, Workload, decide
 
 EXPLORE_RATIO = 2.0  # explore the unmeasured choice when predicted within this factor of the measured one
-EMA = 0.5            # weight of the newest measurement
+KEEP = 5             # measurements kept per choice and batch bucket; its figure is their median
+CONFIRM = 3          # measurements of each contested choice before a close decision stands
+CONTESTED = 0.4      # a choice whose cost is within this fraction of the pick's (after the margin) is contested
 # speculation runs only where its estimate beats plain decoding's by this fraction: one timed batch on a shared
 # machine varies by about as much (target against target, batch 4-16 on the 2-core CPU: 0.85-1.15x), and a gain
 # inside that noise is as likely a loss (docs/design.md §7)
@@ -90,12 +97,23 @@ class ScheduleChoice:
 @dataclasses.dataclass(frozen=True)
 class ScheduleState:
     """What the engine has seen: acceptance counts (the policy's input) and measured seconds per token per
-    (choice, batch bucket); `served`: the keys whose figure comes from served runs. Replaced, never mutated."""
+    (choice, batch bucket): `samples`, the last `KEEP` measurements, and `measured`, their median; `served`: the keys
+    whose figure comes from served runs; `this_call`: the keys measured since `new_call`. Replaced, never mutated."""
 
     acceptance: AcceptanceStats = AcceptanceStats()
     measured: Mapping[tuple[str, int], float] = dataclasses.field(default_factory=dict)
     step_tokens: float = 12.0
     served: frozenset[tuple[str, int]] = frozenset()
+    samples: Mapping[tuple[str, int], tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    this_call: frozenset[tuple[str, int]] = frozenset()
+
+    def new_call(self) -> ScheduleState:
+        """This state at the start of a generate call (its choices may be measured again)."""
+        return dataclasses.replace(self, this_call=frozenset())
+
+    def count(self, choice: str, batch: int) -> int:
+        """How many measurements the figure of `choice` at `batch`'s bucket is the median of."""
+        return len(self.samples.get((choice, bucket(batch, 1)), ()))
 
     def record(self, run: str, batch: int, stats: Mapping[str, Any], *, longest: int | None = None) -> ScheduleState:
         """This state with a finished batch's result counted in (`stats`: its GenerationStats dict). `longest`: the
@@ -105,17 +123,19 @@ class ScheduleState:
         A served run's figure replaces one from fixed batches, and fixed batches never move a served figure: a fixed
         batch verifies (or prefills) all its rows in one pass, where a served run admits a few rows at a time while
         the others wait, so a fixed batch reads cheaper than the same choice served (parse+eagle3 at batch 8:
-        12.65 ms per token-row explored, 15.7 served). Figures of one kind are averaged (`EMA`)."""
+        12.65 ms per token-row explored, 15.7 served). A figure is the median of its kind's last `KEEP`."""
         tokens, seconds = stats.get("new_tokens", 0), stats.get("seconds", 0.0)
-        measured, served = dict(self.measured), self.served
+        measured, served, samples, this_call = dict(self.measured), self.served, dict(self.samples), self.this_call
         key, is_served = (run, bucket(batch, 1)), longest is None
         if tokens > 0 and seconds > 0 and (is_served or key not in served):
             # seconds per token of one row with every row of the batch busy: what a served run keeps. A fixed batch
             # took `seconds` to write its longest row; counted by its mean row instead, its finished rows' idle
             # time would be charged to the choice (and a served choice would always look cheaper than an explored one)
             per_token = seconds * batch / tokens if is_served else seconds / longest
-            old = measured.get(key) if is_served == (key in served) else None  # only figures of one kind average
-            measured[key] = per_token if old is None else EMA * per_token + (1 - EMA) * old
+            old = samples.get(key, ()) if is_served == (key in served) else ()  # only figures of one kind pool
+            samples[key] = (*old, per_token)[-KEEP:]
+            measured[key] = statistics.median(samples[key])
+            this_call = this_call | {key}
             if is_served:
                 served = served | {key}
         acceptance, step_tokens = self.acceptance, self.step_tokens
@@ -130,7 +150,7 @@ class ScheduleState:
         elif run != PLAIN and drafted and accepted is not None:
             acceptance = acceptance.update(drafted=int(drafted), accepted=min(int(accepted), int(drafted)))
         return dataclasses.replace(self, acceptance=acceptance, measured=measured, step_tokens=step_tokens,
-                                   served=served)
+                                   served=served, samples=samples, this_call=this_call)
 
 
 def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, workload: Workload,
@@ -163,8 +183,9 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
         estimate = {m: measured.get(m, predicted[m] * scale) for m in predicted}
     setup = {m: charge.per_token(m) for m in estimate if charge.per_token(m) > 0} if charge is not None else {}
     cost = {m: estimate[m] + setup.get(m, 0.0) for m in estimate}
-    fastest = min((m for m in cost if m != PLAIN), key=cost.get, default=PLAIN)
-    pick = fastest if cost[fastest] < (1.0 - SPECULATION_MARGIN) * cost[PLAIN] else PLAIN
+    # plain decoding's cost less the margin: speculation must beat it by more than the noise
+    judged = {m: cost[m] * (1.0 - SPECULATION_MARGIN if m == PLAIN else 1.0) for m in cost}
+    pick = min(judged, key=lambda m: (judged[m], m != PLAIN))
     explored = False
     unmeasured = [m for m in sorted(cost, key=cost.get) if m not in measured]
     if explore and unmeasured:
@@ -179,5 +200,11 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
             near = [m for m in unmeasured if cost[m] <= (1.0 if m in setup else EXPLORE_RATIO) * best]
             if near:
                 pick, explored = near[0], True
+    if explore and not explored:  # a close call: measure the other side again until each has CONFIRM measurements
+        contested = [m for m in sorted(cost, key=cost.get) if m != pick and m in measured and m not in setup
+                     and judged[m] <= (1.0 + CONTESTED) * judged[pick] and state.count(m, batch) < CONFIRM
+                     and (m, b) not in state.this_call]
+        if contested:
+            pick, explored = min(contested, key=lambda m: state.count(m, batch)), True
     run, chosen = (PLAIN, None) if pick == PLAIN else (mode, by_name[pick])
     return ScheduleChoice(run, mode, batch, estimate, predicted, measured, explored, chosen, setup)

@@ -256,7 +256,8 @@ def serve_speculation(target, draft, req: Request, *, gamma: int, max_batch: int
                                                 admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i),
                                                 eos, args),
         advance=lambda st, free: advance(target.params, draft.params, st, free, eos, args),
-        rows=lambda st: {"done": st.done, **dict(zip(SPEC_OUTPUTS, spec_outputs(st, shape.num_new)))})
+        rows=lambda st: {"done": st.done, **dict(zip(SPEC_OUTPUTS, spec_outputs(st, shape.num_new)))},
+        warm=(admit, p))
     out = tuple(np.int64(run["rounds"]) + admissions if key == "rounds" else np.stack([r[key] for r in rows])
                 for key in SPEC_OUTPUTS)
     res = spec_result(target, ids, out, time.perf_counter() - t0, gamma)

@@ -3,7 +3,7 @@ the requested mode where it wins, calibration by the other choice's measurement,
 
 import pytest
 
-from parse_jax.schedule.auto import SPECULATION_MARGIN, ScheduleState, SetupCharge, choose
+from parse_jax.schedule.auto import CONFIRM, CONTESTED, KEEP, SPECULATION_MARGIN, ScheduleState, SetupCharge, choose
 from parse_jax.schedule.policy import Knobs, Workload
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, STEP, costs, table
 
@@ -161,3 +161,49 @@ def test_a_job_pays_setup_only_where_its_remaining_steps_pay_it_back():
     assert _choose(state, MEMORY_BOUND, 1, charge=SetupCharge({"parse": 60.0}, short), explore=True).run == "target"
     c = _choose(state, MEMORY_BOUND, 1, charge=SetupCharge({"parse": 60.0}, 100 * short), explore=True)
     assert c.run == "parse" and c.explored
+
+
+def _ran(state, name, batch, per_token):
+    """`state` with a served run of `name` at `per_token` seconds per token-row counted in."""
+    return state.record(name, batch, {"new_tokens": 100 * batch, "seconds": 100 * per_token})
+
+
+def test_a_close_call_measures_the_other_side_again_once_per_call_until_it_has_several_measurements():
+    """Plain decoding is truly 6% faster than parse here, but its first measurement was unlucky (50% slow), so parse
+    serves. One measurement of each side cannot tell such costs apart on a shared machine: the side not serving is
+    measured again, one batch per call, until each side has CONFIRM measurements; then the medians decide (plain
+    decoding) and nothing more is explored."""
+    true = {"target": 0.008, "parse": 0.0085}
+    state = _ran(_ran(ScheduleState(), "target", 8, 1.5 * true["target"]), "parse", 8, true["parse"])
+    assert _choose(state, COMPUTE_BOUND, 8).run == "parse"
+    explored = []
+    for _ in range(4 * CONFIRM):  # calls: each explores (at most one batch) and serves the pick
+        state = state.new_call()
+        c = _choose(state, COMPUTE_BOUND, 8, explore=True)
+        if c.explored:
+            explored.append(c.run)
+            state = _ran(state, c.run, 8, true[c.run])
+            again = _choose(state, COMPUTE_BOUND, 8, explore=True)
+            assert not (again.explored and again.run == c.run)  # not twice in one call
+            c = again
+        if not c.explored:
+            state = _ran(state, c.run, 8, true[c.run])
+    assert explored and len(explored) <= 2 * CONFIRM
+    assert min(state.count("target", 8), state.count("parse", 8)) >= CONFIRM - 1
+    final = _choose(state.new_call(), COMPUTE_BOUND, 8, explore=True)
+    assert (final.run, final.explored) == ("target", False)
+    assert not _choose(ScheduleState(), COMPUTE_BOUND, 8).explored  # a single batch never explores
+
+
+def test_a_clear_decision_does_not_measure_again_and_one_outlier_does_not_move_a_median():
+    far = 1.0 + 2 * CONTESTED
+    state = _ran(_ran(ScheduleState(), "target", 8, 0.010 * far), "parse", 8, 0.005).new_call()
+    assert not _choose(state, COMPUTE_BOUND, 8, explore=True).explored  # parse far ahead: no close call
+    for _ in range(KEEP - 1):
+        state = _ran(state, "parse", 8, 0.005)
+    noisy = _ran(state, "parse", 8, 0.05)  # one batch 10x slow (the machine was busy)
+    assert noisy.measured[("parse", 8)] == pytest.approx(0.005)
+    assert _choose(noisy, COMPUTE_BOUND, 8).run == "parse"
+    for _ in range(KEEP):  # a lasting change does move it
+        noisy = _ran(noisy, "parse", 8, 0.05)
+    assert noisy.count("parse", 8) == KEEP and _choose(noisy, COMPUTE_BOUND, 8).run == "target"

@@ -127,7 +127,8 @@ def serve_eagle3(target, head: Eagle3, req: Request, *, gamma: int, tree: int, t
                                                                        max_new=budgets, index=i), eos, args),
         advance=lambda st, free: advance(*params, st, free, eos, args),
         rows=lambda st: {"done": st.state.done, "tokens": st.state.tokens[:, :sb.num_new],
-                         **{k: getattr(st.state, k) for k in OUTPUTS[1:]}, "side": st.state.side})
+                         **{k: getattr(st.state, k) for k in OUTPUTS[1:]}, "side": st.state.side},
+        warm=(admit, p))
     out = tuple(np.int64(run["rounds"]) + admissions if key == "rounds" else np.stack([r[key] for r in rows])
                 for key in OUTPUTS)
     res = spec_result(target, ids, out, time.perf_counter() - t0, gamma)
