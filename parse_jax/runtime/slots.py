@@ -197,8 +197,8 @@ def serve_loop(book: SlotBook, state, *, admit: Callable[[Any, list[int], np.nda
     (the i-th admission, `where` from `SlotBook.admit`; `requests` empty: a warm-up, counted nowhere);
     `advance(state, free_target)` -> state; `rows(state)` -> the arrays to read, per slot (leading axis: slots;
     "done" among them) or run-wide (scalars); `warm`: the key of `warm_admissions` (None: none; it runs inside
-    `admission_warm_up` only). Returns (each
-    request's row as a dict, in request order; the admissions made; the run-wide entries of the last read)."""
+    `admission_warm_up` only). Returns (each request's row as a dict, in request order; the admissions made; the
+    run-wide entries of the last read)."""
     out: list[dict | None] = [None] * len(book.waiting)
     admissions, read = 0, {}
     if warm is not None:

@@ -24,6 +24,7 @@ Everything here is host-side bookkeeping between device programs; nothing runs u
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -97,15 +98,19 @@ class ScheduleChoice:
 @dataclasses.dataclass(frozen=True)
 class ScheduleState:
     """What the engine has seen: acceptance counts (the policy's input) and measured seconds per token per
-    (choice, batch bucket): `samples`, the last `KEEP` measurements, and `measured`, their median; `served`: the keys
+    (choice, batch bucket): `samples`, the last `KEEP` measurements (`measured`: their median); `served`: the keys
     whose figure comes from served runs; `this_call`: the keys measured since `new_call`. Replaced, never mutated."""
 
     acceptance: AcceptanceStats = AcceptanceStats()
-    measured: Mapping[tuple[str, int], float] = dataclasses.field(default_factory=dict)
     step_tokens: float = 12.0
     served: frozenset[tuple[str, int]] = frozenset()
     samples: Mapping[tuple[str, int], tuple[float, ...]] = dataclasses.field(default_factory=dict)
     this_call: frozenset[tuple[str, int]] = frozenset()
+
+    @functools.cached_property
+    def measured(self) -> Mapping[tuple[str, int], float]:
+        """Each (choice, batch bucket)'s figure: the median of its samples."""
+        return {key: statistics.median(values) for key, values in self.samples.items()}
 
     def new_call(self) -> ScheduleState:
         """This state at the start of a generate call (its choices may be measured again)."""
@@ -125,7 +130,7 @@ class ScheduleState:
         the others wait, so a fixed batch reads cheaper than the same choice served (parse+eagle3 at batch 8:
         12.65 ms per token-row explored, 15.7 served). A figure is the median of its kind's last `KEEP`."""
         tokens, seconds = stats.get("new_tokens", 0), stats.get("seconds", 0.0)
-        measured, served, samples, this_call = dict(self.measured), self.served, dict(self.samples), self.this_call
+        served, samples, this_call = self.served, dict(self.samples), self.this_call
         key, is_served = (run, bucket(batch, 1)), longest is None
         if tokens > 0 and seconds > 0 and (is_served or key not in served):
             # seconds per token of one row with every row of the batch busy: what a served run keeps. A fixed batch
@@ -134,7 +139,6 @@ class ScheduleState:
             per_token = seconds * batch / tokens if is_served else seconds / longest
             old = samples.get(key, ()) if is_served == (key in served) else ()  # only figures of one kind pool
             samples[key] = (*old, per_token)[-KEEP:]
-            measured[key] = statistics.median(samples[key])
             this_call = this_call | {key}
             if is_served:
                 served = served | {key}
@@ -149,8 +153,8 @@ class ScheduleState:
             acceptance = acceptance.update(steps_verified=max(judged, done), steps_accepted=done)
         elif run != PLAIN and drafted and accepted is not None:
             acceptance = acceptance.update(drafted=int(drafted), accepted=min(int(accepted), int(drafted)))
-        return dataclasses.replace(self, acceptance=acceptance, measured=measured, step_tokens=step_tokens,
-                                   served=served, samples=samples, this_call=this_call)
+        return dataclasses.replace(self, acceptance=acceptance, step_tokens=step_tokens, served=served,
+                                   samples=samples, this_call=this_call)
 
 
 def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, workload: Workload,
