@@ -1,9 +1,10 @@
 """Which step ends a PARSE pass verifies, at batch 1 on the embedded pair: spread evenly (the default) against the
 ends before the steps the draft is least sure of (`prefix_choice="confidence"`), where K caps the prefixes below
-the step ends a draft has.
+the step ends a draft has, and against the ends whose expected saving pays for their suffix copy at the cost
+model's price (`prefix_choice="auto"`).
 
     python benchmarks/bench_prefix_choice.py [--n 100] [--repeats 3] [--prefixes 2,3] [--rounds multi]
-        [--out benchmarks/results/prefix_choice_b1]
+        [--choices spread,confidence,auto] [--out benchmarks/results/prefix_choice_b1]
 
 Every setting is `generate(mode="parse")` with `schedule="fixed"`, one held-out problem at a time, greedy; the
 settings (and the target alone, the baseline) run interleaved, each repeat in turn, in one process, after an untimed
@@ -25,10 +26,10 @@ from parse_jax.tasks.arith import PRESETS
 from parse_jax.utils import atomic
 
 
-def settings(prefixes: list[int], rounds: str) -> dict[str, pj.ParseConfig]:
+def settings(prefixes: list[int], rounds: str, choices: list[str]) -> dict[str, pj.ParseConfig]:
     out = {}
     for k in prefixes:
-        for choice in ("spread", "confidence"):
+        for choice in choices:
             out[f"K={k} {choice}"] = pj.ParseConfig(max_prefixes=k, prefix_choice=choice, rounds=rounds,
                                                     schedule="fixed")
     return out
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prefixes", default="2,3")
     ap.add_argument("--rounds", choices=["multi", "single"], default="multi")
+    ap.add_argument("--choices", default="spread,confidence,auto", help="prefix_choice values, comma-separated")
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--seed", type=int, default=23)
     ap.add_argument("--task", default="default", choices=sorted(PRESETS),
@@ -68,7 +70,7 @@ def main() -> None:
     task = pj.load_task(args.task)
     problems = task.problems(args.n, seed=args.seed, split="test")
     prompts = [p for p, _ in problems]
-    table = settings([int(x) for x in args.prefixes.split(",")], args.rounds)
+    table = settings([int(x) for x in args.prefixes.split(",")], args.rounds, args.choices.split(","))
     engines = {"target": pj.ParseEngine(target, draft, pj.ParseConfig(schedule="fixed"))}
     engines.update({name: pj.ParseEngine(target, draft, cfg) for name, cfg in table.items()})
     for name, eng in engines.items():  # warm-up: every prompt once (multi-round programs vary with the budget left)
@@ -93,12 +95,13 @@ def main() -> None:
                      "verify_tokens_per_verification": r0["verify_tokens"] / max(r0["verifications"], 1),
                      "accuracy": r0["correct"] / len(prompts)})
     cmd = (f"python benchmarks/bench_prefix_choice.py --n {args.n} --repeats {args.repeats} --prefixes "
-           f"{args.prefixes} --rounds {args.rounds} --max-new {args.max_new} --seed {args.seed} --task {args.task} "
-           f"--out {args.out}")
+           f"{args.prefixes} --rounds {args.rounds} --choices {args.choices} --max-new {args.max_new} "
+           f"--seed {args.seed} --task {args.task} --out {args.out}")
     out = Path(args.out)
     atomic.write_json(out / "prefix_choice.json", {"command": cmd, "rows": rows, "runs": runs,
                                                    "provenance": provenance(None, args.seed)})
-    lines = [f"# Which step ends a pass verifies: spread vs confidence (embedded pair, task {args.task}, batch 1, "
+    versus = " vs ".join(args.choices.split(","))
+    lines = [f"# Which step ends a pass verifies: {versus} (embedded pair, task {args.task}, batch 1, "
              f"{args.rounds} round)",
              "", f"Command: `{cmd}`", "",
              f"{args.n} held-out problems one at a time, greedy, schedule fixed; settings interleaved in one process, "

@@ -39,6 +39,7 @@ from parse_jax.schedule.auto import ScheduleChoice, ScheduleState, SetupCharge, 
 from parse_jax.schedule.auto import option as choice_name
 from parse_jax.schedule.costs import PassCosts
 from parse_jax.schedule.policy import Knobs, Workload
+from parse_jax.schedule.prefix_price import prefix_price
 from parse_jax.schedule.profile import pass_costs
 from parse_jax.schedule.setup import SetupCosts, load_setup_costs
 from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings  # noqa: F401  (re-exported)
@@ -52,6 +53,7 @@ from parse_jax.verify.host_segment import (
     hybrid_from_boundaries,
     stride_boundaries,
     text_delimiter_boundaries,
+    value_boundaries,
 )
 from parse_jax.verify.round import Judge, RoundSpec
 from parse_jax.verify.scoring import judge_ids, score_prefixes
@@ -127,7 +129,7 @@ class ParseEngine:
             self.delimiters, table, self.step_end_ids = None, np.zeros((1, v), np.int32), np.zeros(0, np.int32)
         self.judge = Judge(suffix=jnp.asarray(self.suffix_ids, jnp.int32), yes_id=jnp.int32(self.yes_id),
                            no_id=jnp.int32(self.no_id), threshold=jnp.float32(cfg.threshold),
-                           table=jnp.asarray(table))
+                           table=jnp.asarray(table), prefix_price=jnp.float32(0.0))
         self.round_spec = RoundSpec(cfg.segmenter, cfg.max_prefixes, cfg.stride, cfg.min_segment, cfg.max_segment,
                                     cfg.policy, cfg.prefix_choice, cfg.prefix_confidence)
         self.context = ModeContext(target=target, draft=draft, head=eagle3, config=cfg.resolved(), judge=self.judge,
@@ -182,7 +184,8 @@ class ParseEngine:
     def boundaries(self, draft_ids: Sequence[int], probs: Sequence[float] | None = None) -> list[int]:
         """Candidate prefix ends of a draft by the configured segmenter, capped at max_prefixes (the numpy
         reference of the device segmenter: delimiters are found in the decoded text of the draft's tokens).
-        `probs`: the draft's probability of each of its tokens, which `prefix_choice="confidence"` chooses by."""
+        `probs`: the draft's probability of each of its tokens, which `prefix_choice` "confidence" and "auto" choose
+        by."""
         cfg = self.config
         draft = self._ids("draft_ids", draft_ids)
         if cfg.segmenter == "stride":
@@ -195,10 +198,16 @@ class ParseEngine:
         if cfg.prefix_choice == "spread":
             return cap_boundaries(b, cfg.max_prefixes)
         if probs is None or len(probs) != len(draft):
-            raise InputError(f"prefix_choice 'confidence' chooses by the draft's token probabilities: pass probs, one "
-                             f"per draft token ({len(draft)}), got {None if probs is None else len(probs)}")
-        return confidence_boundaries(b, [check_float(f"probs[{i}]", p, 0.0, 1.0, error=InputError)
-                                         for i, p in enumerate(probs)], cfg.max_prefixes, cfg.prefix_confidence)
+            raise InputError(f"prefix_choice {cfg.prefix_choice!r} chooses by the draft's token probabilities: pass "
+                             f"probs, one per draft token ({len(draft)}), got {None if probs is None else len(probs)}")
+        probs = [check_float(f"probs[{i}]", p, 0.0, 1.0, error=InputError) for i, p in enumerate(probs)]
+        if cfg.prefix_choice == "auto":  # priced as for one request alone, a draft this long
+            if self._costs is None:
+                self._costs = pass_costs(self.target, self.draft, head=self.eagle3)
+            price = prefix_price(self._costs, batch=1, draft_tokens=len(draft), suffix_tokens=len(self.suffix_ids),
+                                 cache_len=length_bucket(len(draft) + 2 * len(self.suffix_ids)))
+            return value_boundaries(b, probs, cfg.max_prefixes, cfg.prefix_confidence, price)
+        return confidence_boundaries(b, probs, cfg.max_prefixes, cfg.prefix_confidence)
 
     def prefix_scores(self, context_ids: Sequence[int], draft_ids: Sequence[int],
                       boundaries: Sequence[int]) -> np.ndarray:
@@ -283,6 +292,7 @@ class ParseEngine:
                 attempts += choice.explored
             run = mode if choice is None else choice.run
             ctx = self.context if choice is None else self._context(choice.rounds)
+            ctx, price = self._priced(ctx, len(batch.ids), req)
             setup_before = setup_events() if choice is not None else None
             spec, res = MODE_TABLE[run], None
             explored = choice is not None and choice.explored
@@ -296,6 +306,8 @@ class ParseEngine:
             if res is None:
                 res = spec.runner(ctx, batch)
             seconds = time.perf_counter() - t0
+            if price is not None:
+                res.stats["prefix_price"] = price
             if choice is not None:  # what the decision ran: its prompts, and its slots (None: a fixed batch)
                 choices[-1].update(rows=len(res.tokens), slots=res.stats.get("slots"))
             if choice is not None and setup_events() == setup_before:  # jax set up nothing (no compile): measured
@@ -363,6 +375,19 @@ class ParseEngine:
                             suffix_tokens=len(self.suffix_ids), remaining_tokens=req.max_new)
         return choose(self.schedule_state, self._costs, mode=mode, knobs=knobs, workload=workload, rounds=rounds,
                       explore=explore, charge=charge)
+
+    def _priced(self, ctx: ModeContext, rows: int, req: Request) -> tuple[ModeContext, float | None]:
+        """`ctx` with the price of a verified prefix at `rows` rows (prefix_choice "auto", `schedule.prefix_price`:
+        a traced input, so no program compiles again), and that price; `ctx` itself and None for the other
+        choices."""
+        if ctx.round_spec.prefix_choice != "auto":
+            return ctx, None
+        if self._costs is None:
+            self._costs = pass_costs(self.target, self.draft, head=self.eagle3)  # a cached profile, else the roofline
+        longest = max(len(p) for p in req.ids)
+        price = prefix_price(self._costs, batch=rows, draft_tokens=min(ctx.config.max_draft_tokens, req.max_new),
+                             suffix_tokens=len(self.suffix_ids), cache_len=length_bucket(longest + req.max_new))
+        return dataclasses.replace(ctx, judge=ctx.judge.replace(prefix_price=jnp.float32(price))), price
 
     def _rounds_options(self, mode: str, req: Request) -> tuple[str | None, ...]:
         """The rounds `schedule="auto"` may run `mode` with: multi and single where the user left `rounds="auto"`

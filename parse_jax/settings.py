@@ -32,7 +32,7 @@ Rounds = Literal["single", "multi"]
 RoundsSetting = Literal["auto", "single", "multi"]  # "auto": the schedule chooses per batch (docs/design.md §7)
 SuffixFormat = Literal["plain", "chat"]
 Segmenter = Literal["delimiter", "stride", "hybrid"]
-PrefixChoice = Literal["spread", "confidence"]  # which step ends a pass verifies (docs/design.md §2)
+PrefixChoice = Literal["spread", "confidence", "auto"]  # which step ends a pass verifies (docs/design.md §2)
 Mode = Literal["target", "sd", "sequential", "parse", "eagle3", "parse+eagle3"]
 Schedule = Literal["fixed", "auto"]
 Batching = Literal["continuous", "fixed"]  # how bench, sweep, calibrate and eval batch their prompts
@@ -174,10 +174,13 @@ class ParseConfig:
                                    "this many tokens a round", lo=1, hi=4096)
     max_prefixes: int = setting(8, "prefixes verified per pass (K; the full draft always among them)", lo=1, hi=256)
     prefix_choice: PrefixChoice = setting("spread", "which step ends are verified: spread evenly over the draft "
-                                                    "when it has more than K, or those before the steps the draft "
-                                                    "is least sure of (its lowest token probability), up to K - 1")
-    prefix_confidence: float = setting(1.0, "prefix_choice=confidence: a step end is verified only where the next "
-                                            "step's least likely draft token is at most this likely (1: any; "
+                                                    "when it has more than K; confidence: those before the steps the "
+                                                    "draft is least sure of (its lowest token probability), up to "
+                                                    "K - 1; auto: per row, those whose expected saving (from the "
+                                                    "draft's probabilities) pays for their suffix copy at this "
+                                                    "batch's pass costs, up to K - 1 (docs/design.md §2)")
+    prefix_confidence: float = setting(1.0, "prefix_choice confidence / auto: a step end is verified only where the "
+                                            "next step's least likely draft token is at most this likely (1: any; "
                                             "lower: fewer prefixes, a shorter verification block)", lo=0.0, hi=1.0)
     rounds: RoundsSetting = setting("auto", "multi: the target writes one step, then the draft drafts again; single: "
                                             "it writes the rest (modes parse and parse+eagle3); auto: schedule=auto "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -150,7 +151,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from parse_jax.engine import ParseEngine
-    from parse_jax.harness.sweep import calibrate, write_sweep
+    from parse_jax.harness.sweep import CALIBRATED_CONFIG, calibrate, write_sweep
     from parse_jax.utils.atomic import check_writable
 
     no_rounds(args)
@@ -186,6 +187,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if chosen["threshold"] is None:
         return 1
     print(f"threshold: {chosen['threshold']:g}")
+    # the calibrated settings, for every command (--parse-config) and ParseConfig.load
+    path = dataclasses.replace(cfg, threshold=chosen["threshold"]).save(Path(args.out) / CALIBRATED_CONFIG)
+    print(f"wrote {path}: run with --parse-config {path}")
     return 0
 
 

@@ -155,6 +155,9 @@ def write_sweep(result: dict, folder: str | Path, stem: str | None = None, title
     return paths + sweep_plots(result, folder, stem)
 
 
+CALIBRATED_CONFIG = "parse_config.yaml"  # calibrate's settings with the threshold it chose (`ParseConfig.load`)
+
+
 def pick_threshold(result: dict, tolerance: float) -> dict:
     """From a threshold sweep: among thresholds whose accuracy is within `tolerance` of the target's, the one that
     accepts the most draft tokens; among equals, the highest (strictest) threshold.

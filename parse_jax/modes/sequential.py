@@ -67,7 +67,7 @@ def sequential_verify(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, s
         answer = draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids,
                                sampler=spec.draft_sampler(sampler), args=args, num_new=shape.draft_new)
         d_tokens, d_len = answer.tokens, answer.length
-        bounds, count = segment_draft(answer, judge.table, spec)
+        bounds, count = segment_draft(answer, judge.table, spec, price=judge.prefix_price)
         t_fwd = forward_fn(target, target_params, return_hidden=True)
         cache, first_logits = prefill(forward_fn(target, target_params), target_cfg, prompt, prompt_lens,
                                       shape.cache_len)

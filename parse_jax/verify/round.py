@@ -27,6 +27,7 @@ from parse_jax.verify.segment import (
     segment_marks,
     select_boundaries,
     select_by_confidence,
+    select_by_value,
 )
 
 
@@ -40,24 +41,26 @@ class RoundSpec:
     min_segment: int
     max_segment: int
     policy: Policy
-    prefix_choice: PrefixChoice = "spread"  # confidence: the step ends before the draft's least sure steps
+    prefix_choice: PrefixChoice = "spread"  # confidence / auto: chosen per row from the draft's probabilities
     prefix_confidence: float = 1.0
 
     def draft_sampler(self, sampler: Sampler) -> Sampler:
         """The draft's sampler: keeping its token probabilities where confidence-chosen prefixes read them."""
-        return dataclasses.replace(sampler, keep_probs=self.prefix_choice == "confidence")
+        return dataclasses.replace(sampler, keep_probs=self.prefix_choice != "spread")
 
 
 @struct.dataclass
 class Judge:
-    """The traced inputs every PARSE program takes: the verification suffix, the judge words' ids, the threshold
-    and the delimiter automaton (changing any of them never compiles again)."""
+    """The traced inputs every PARSE program takes: the verification suffix, the judge words' ids, the threshold,
+    the delimiter automaton and the price of a prefix (prefix_choice "auto": the draft tokens one more suffix copy
+    costs at this batch, `schedule.prefix_price`); changing any of them never compiles again."""
 
     suffix: jax.Array       # int32 [S]
     yes_id: jax.Array       # int32 scalar
     no_id: jax.Array
     threshold: jax.Array    # float32 scalar
     table: jax.Array        # int32 [states, V]: segment.DelimiterTable
+    prefix_price: jax.Array = 0.0  # float32 scalar
 
 
 @struct.dataclass
@@ -92,11 +95,16 @@ def draft_answers(draft_forward, cache: KVCache, first_logits: jax.Array, *, bud
     return Draft(tokens=state.tokens, length=n, probs=state.probs)
 
 
-def segment_draft(draft: Draft, table: jax.Array, spec: RoundSpec) -> tuple[jax.Array, jax.Array]:
+def segment_draft(draft: Draft, table: jax.Array, spec: RoundSpec, *,
+                  price: jax.Array | float = 0.0) -> tuple[jax.Array, jax.Array]:
     """(boundaries [B, K], count [B]): where `spec` cuts each row's draft, capped at K spread evenly, or (prefix_choice
-    "confidence") the step ends before the steps the draft is least sure of."""
+    "confidence") the step ends before the steps the draft is least sure of, or ("auto") those whose expected saving
+    pays for their suffix copy (`price`: `Judge.prefix_price`)."""
     marks = segment_marks(draft.tokens, draft.length, spec.segmenter, table, spec.stride, spec.min_segment,
                           spec.max_segment)
+    if spec.prefix_choice == "auto":
+        return select_by_value(marks, draft.probs, draft.length, spec.max_prefixes, cutoff=spec.prefix_confidence,
+                               price=price)
     if spec.prefix_choice == "confidence":
         confidence = next_step_confidence(marks, draft.probs, draft.length)
         return select_by_confidence(marks, confidence, draft.length, spec.max_prefixes, spec.prefix_confidence)
@@ -145,7 +153,7 @@ def verify_round(target_forward, cache: KVCache, judge: Judge, *, head: jax.Arra
     that the target has not seen yet (the whole prompt over an empty cache, or the target's last emitted token).
     The block is padded to the shortest of `shape.lengths` that holds every row's block."""
     ctx_len, lengths, taps = cache.lengths, shape.lengths, shape.taps
-    bounds, count = segment_draft(draft, judge.table, spec)
+    bounds, count = segment_draft(draft, judge.table, spec, price=judge.prefix_price)
     draft, draft_len = draft.tokens, draft.length
     b = draft.shape[0]
     seq = join(head, head_len, draft, head.shape[1] + draft.shape[1])

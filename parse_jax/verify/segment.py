@@ -223,32 +223,48 @@ def select_boundaries(marks: jax.Array, max_prefixes: int) -> tuple[jax.Array, j
     return bounds, count
 
 
-def next_step_confidence(marks: jax.Array, probs: jax.Array, draft_len: jax.Array) -> jax.Array:
-    """Float [B, D + 1]: at each marked value v, the lowest probability the draft gave a token of the step that
-    follows (tokens v up to the next mark); +inf where nothing follows (the full draft) or v is not marked."""
+def _step_lowest(marks: jax.Array, probs: jax.Array, draft_len: jax.Array) -> jax.Array:
+    """Float [B, D + 2]: per step s (the tokens after s marks), the lowest probability the draft gave one of its
+    tokens; +inf for a step with no token."""
     b, width = marks.shape
     d = width - 1
     t = jnp.arange(d)[None, :]
     seg = jnp.cumsum(marks[:, :d], axis=1)  # the step of token t: how many marks lie at values <= t
     p = jnp.where(t < draft_len[:, None], probs[:, :d].astype(jnp.float32), jnp.inf)
     rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, d))
-    lowest = jnp.full((b, width + 1), jnp.inf, jnp.float32).at[rows, seg].min(p)
+    return jnp.full((b, width + 1), jnp.inf, jnp.float32).at[rows, seg].min(p)
+
+
+def next_step_confidence(marks: jax.Array, probs: jax.Array, draft_len: jax.Array) -> jax.Array:
+    """Float [B, D + 1]: at each marked value v, the lowest probability the draft gave a token of the step that
+    follows (tokens v up to the next mark); +inf where nothing follows (the full draft) or v is not marked."""
+    lowest = _step_lowest(marks, probs, draft_len)
     rank = jnp.cumsum(marks, axis=1)  # at a mark v: the step that starts there
     return jnp.where(marks, jnp.take_along_axis(lowest, rank, axis=1), jnp.inf)
 
 
-def select_by_confidence(marks: jax.Array, confidence: jax.Array, draft_len: jax.Array, max_prefixes: int,
-                         cutoff: float = 1.0) -> tuple[jax.Array, jax.Array]:
-    """(boundaries [B, K] ascending, count [B]) as `host_segment.confidence_boundaries` picks them: the full draft,
-    and of the other marked values whose following step's least likely token is at most `cutoff` likely, the K - 1
-    least confident (the earliest first on ties); entries past `count` are 0."""
-    b, width = marks.shape
+def prefix_values(marks: jax.Array, probs: jax.Array, draft_len: jax.Array) -> jax.Array:
+    """Float [B, D + 1]: at each marked value v, the draft tokens that verifying draft[:v] is expected to keep
+    against verifying the full draft alone: v x P(every step up to v holds) x P(a later step fails), a step held
+    with the probability of its least likely token (the draft's own confidence); 0 where v is not marked."""
+    q = _step_lowest(marks, probs, draft_len)
+    log_q = jnp.log(jnp.clip(jnp.where(jnp.isinf(q), 1.0, q), 1e-30, 1.0))
+    upto = jnp.cumsum(log_q, axis=1)  # log P(steps 0..s hold)
+    total = upto[:, -1:]
+    rank = jnp.cumsum(marks, axis=1) - 1  # at a mark v: the last step inside draft[:v]
+    held = jnp.take_along_axis(upto, jnp.maximum(rank, 0), axis=1)
+    v = jnp.arange(marks.shape[1], dtype=jnp.float32)[None, :]
+    value = v * jnp.exp(held) * (1.0 - jnp.exp(total - held))
+    return jnp.where(marks, value, 0.0)
+
+
+def _pick_ends(eligible: jax.Array, key: jax.Array, draft_len: jax.Array,
+               max_prefixes: int) -> tuple[jax.Array, jax.Array]:
+    """(boundaries [B, K] ascending, count [B]): the full draft and the K - 1 eligible values of lowest `key` (the
+    earliest first on ties); entries past `count` are 0."""
+    b, width = eligible.shape
     k = max_prefixes
-    if k == 1:
-        return draft_len[:, None], jnp.ones((b,), jnp.int32)
-    v = jnp.arange(width)[None, :]
-    eligible = marks & (v != draft_len[:, None]) & (confidence <= cutoff)
-    order = jnp.argsort(jnp.where(eligible, confidence, jnp.inf), axis=1, stable=True)[:, :k - 1]
+    order = jnp.argsort(jnp.where(eligible, key, jnp.inf), axis=1, stable=True)[:, :k - 1]
     picked = jnp.take_along_axis(eligible, order, axis=1)
     chosen = jnp.sort(jnp.where(picked, order, width), axis=1)
     chosen = jnp.pad(chosen, ((0, 0), (0, max(0, k - chosen.shape[1]))), constant_values=width)[:, :k]
@@ -256,6 +272,33 @@ def select_by_confidence(marks: jax.Array, confidence: jax.Array, draft_len: jax
     idx = jnp.arange(k)[None, :]
     bounds = jnp.where(idx < n_head[:, None], chosen, jnp.where(idx == n_head[:, None], draft_len[:, None], 0))
     return bounds.astype(jnp.int32), n_head + 1
+
+
+def select_by_confidence(marks: jax.Array, confidence: jax.Array, draft_len: jax.Array, max_prefixes: int,
+                         cutoff: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """(boundaries [B, K] ascending, count [B]) as `host_segment.confidence_boundaries` picks them: the full draft,
+    and of the other marked values whose following step's least likely token is at most `cutoff` likely, the K - 1
+    least confident (the earliest first on ties); entries past `count` are 0."""
+    if max_prefixes == 1:
+        return draft_len[:, None], jnp.ones((marks.shape[0],), jnp.int32)
+    v = jnp.arange(marks.shape[1])[None, :]
+    eligible = marks & (v != draft_len[:, None]) & (confidence <= cutoff)
+    return _pick_ends(eligible, confidence, draft_len, max_prefixes)
+
+
+def select_by_value(marks: jax.Array, probs: jax.Array, draft_len: jax.Array, max_prefixes: int, *,
+                    cutoff: float = 1.0, price: jax.Array | float = 0.0) -> tuple[jax.Array, jax.Array]:
+    """(boundaries [B, K] ascending, count [B]) as `host_segment.value_boundaries` picks them (prefix_choice
+    "auto"): the full draft, and of the other marked values whose following step passes `cutoff` and whose
+    `prefix_values` reach `price` (the draft tokens a suffix copy costs, traced), the K - 1 of highest value (the
+    earliest first on ties); entries past `count` are 0."""
+    if max_prefixes == 1:
+        return draft_len[:, None], jnp.ones((marks.shape[0],), jnp.int32)
+    v = jnp.arange(marks.shape[1])[None, :]
+    value = prefix_values(marks, probs, draft_len)
+    eligible = (marks & (v != draft_len[:, None]) & (next_step_confidence(marks, probs, draft_len) <= cutoff)
+                & (value >= price))
+    return _pick_ends(eligible, -value, draft_len, max_prefixes)
 
 
 def segment_marks(draft: jax.Array, draft_len: jax.Array, segmenter: Segmenter, table: jax.Array | None = None,

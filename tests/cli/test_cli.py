@@ -118,6 +118,21 @@ def test_bench_out_writes_every_file(pair_dir, tmp_path, capsys):
     assert "| target |" in (out / "bench.md").read_text() and "| target |" in stdout
 
 
+def test_calibrate_writes_its_settings_with_the_threshold_it_chose(pair_dir, tmp_path, capsys):
+    """The calibrated settings are a --parse-config file: the chosen threshold, and the other settings as given."""
+    from parse_jax.settings import ParseConfig
+
+    out = tmp_path / "cal"
+    rc, stdout, err = _main(capsys, "calibrate", "--pair", str(pair_dir), "--n", "4", "--thresholds", "0.3,0.99",
+                            "--max-new-tokens", "10", "--batch-size", "4", "--repeats", "1", "--set",
+                            "prefix_choice=auto", "--out", str(out), "--no-progress")
+    assert rc == 0, err
+    chosen = float(stdout.split("threshold: ")[1].split()[0])
+    cfg = ParseConfig.load(out / "parse_config.yaml")
+    assert cfg.threshold == chosen and cfg.prefix_choice == "auto"
+    assert f"--parse-config {out / 'parse_config.yaml'}" in stdout
+
+
 def test_new_commands_fail_early_with_one_line(pair_dir, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")

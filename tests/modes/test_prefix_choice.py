@@ -1,7 +1,8 @@
 """`prefix_choice="confidence"` through the engine's programs (the selection itself: tests/verify/test_segment.py;
 the draft's probabilities: tests/runtime/test_decode.py): where K holds every step end and any confidence qualifies
 it verifies what "spread" verifies; with a cutoff no step clears it verifies the full draft alone, in single- and
-multi-round parse and sequential; everything rejected, it is the target alone."""
+multi-round parse and sequential; everything rejected, it is the target alone. `prefix_choice="auto"` likewise, with
+the price of a prefix (the cost model's) set: free, it keeps every end; priced out, the full draft alone."""
 
 import pytest
 
@@ -55,3 +56,48 @@ def test_host_boundaries_need_the_draft_probabilities():
         eng.boundaries(draft)
     with pytest.raises(InputError, match=r"probs\[1\]"):
         eng.boundaries(draft, [0.5, 1.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+
+
+@pytest.fixture
+def priced(monkeypatch):
+    """Set the price of a verified prefix the engine hands its programs (the cost model's figure, replaced)."""
+    def set_price(price: float):
+        monkeypatch.setattr("parse_jax.engine.prefix_price", lambda costs, **kw: price)
+    return set_price
+
+
+def test_auto_at_no_price_verifies_what_spread_verifies(priced):
+    """prefix_choice="auto" with every end free and room for all of them keeps every step end, as spread does."""
+    priced(0.0)
+    spread = _run("parse", "multi", max_prefixes=8)
+    auto = _run("parse", "multi", max_prefixes=8, prefix_choice="auto")
+    _same(auto, spread)
+    assert auto.stats["prefix_price"] == 0.0 and "prefix_price" not in spread.stats
+
+
+@pytest.mark.parametrize("mode,rounds", [("parse", "single"), ("parse", "multi"), ("sequential", "multi")])
+def test_auto_where_no_end_pays_verifies_the_full_draft_alone(priced, mode, rounds):
+    priced(1e9)
+    res = _run(mode, rounds, max_prefixes=8, prefix_choice="auto")
+    one_each = res.stats["checks_per_request"] if mode == "parse" else [1] * len(PROMPTS)
+    assert res.stats["prefixes_per_request"] == one_each, res.stats
+    assert res.stats["prefix_price"] == 1e9
+
+
+def test_auto_at_the_cost_models_price_with_everything_rejected_is_the_target_alone():
+    res = _run("parse", "multi", threshold=1.0, max_prefixes=4, prefix_choice="auto")
+    assert res.tokens == generate(TARGET, PROMPTS, max_new_tokens=16).tokens
+    assert res.stats["prefix_price"] >= 0.0
+
+
+def test_host_boundaries_under_auto(priced):
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**BASE, max_prefixes=8, prefix_choice="auto"))
+    draft = [5, 6, 7, 5, 6, 7, 5, 6]  # stride 3: ends at 3, 6 and the full draft (8)
+    priced(1.0)
+    assert eng.boundaries(draft, [0.999] * 8) == [8]  # a sure draft pays for no other prefix
+    priced(3.0)  # the doubt after 6: end 6 keeps 6 x 0.98 x 0.8 = 4.7 tokens, end 3 only 3 x 0.99 x 0.8 = 2.4
+    assert eng.boundaries(draft, [0.99, 0.99, 0.99, 0.99, 0.99, 0.99, 0.2, 0.99]) == [6, 8]
+    priced(0.0)
+    assert eng.boundaries(draft, [0.999] * 8) == [3, 6, 8]
+    with pytest.raises(InputError, match="prefix_choice 'auto' chooses by the draft's token probabilities"):
+        eng.boundaries(draft)

@@ -18,6 +18,7 @@ from parse_jax.verify.host_segment import (
     delimiter_boundaries,
     hybrid_boundaries,
     stride_boundaries,
+    value_boundaries,
 )
 from parse_jax.verify.round import Draft, RoundSpec, segment_draft
 from parse_jax.verify.scoring import accept, accept_on_device
@@ -66,6 +67,54 @@ def test_confidence_picks_the_ends_before_the_doubtful_steps():
     assert confidence_boundaries([2, 4, 6, 8, 10], probs, 3, cutoff=0.3) == [4, 10]
     assert confidence_boundaries([2, 4, 6, 8, 10], probs, 1) == [10]
     assert confidence_boundaries([2, 4, 6, 8, 10], probs, 8) == [2, 4, 6, 8, 10]
+
+
+@functools.cache
+def _value_fn(segmenter: str, k: int, cutoff: float):
+    spec = RoundSpec(segmenter, k, 3, 2, 5, "earliest_error", "auto", cutoff)
+    return jax.jit(lambda draft, draft_len, probs, table, price: segment_draft(Draft(draft, draft_len, probs), table,
+                                                                              spec, price=price))
+
+
+@settings(max_examples=25, deadline=None)
+@pytest.mark.parametrize("segmenter", ["delimiter", "stride", "hybrid"])
+@pytest.mark.parametrize("k,cutoff", [(2, 1.0), (3, 0.5), (8, 1.0)])
+@given(rows=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=24), min_size=6, max_size=6),
+       seed=st.integers(0, 2**16), price=st.sampled_from([0.0, 0.05, 0.5, 2.0, 1e9]))
+def test_value_chosen_prefixes_equal_the_numpy_reference(segmenter, k, cutoff, rows, seed, price):
+    """prefix_choice="auto" on the device (the ends whose expected saving reaches the price, the most valuable
+    first) equals `host_segment.value_boundaries` over the uncapped boundaries; price 0 keeps every eligible end up
+    to K - 1, a huge price keeps the full draft alone."""
+    rng = np.random.default_rng(seed)
+    probs = (0.05 + 0.95 * rng.random((6, 24))).astype(np.float32)  # confident drafts and doubtful ones
+    draft = rng.integers(0, 7, (6, 24)).astype(np.int32)
+    for i, r in enumerate(rows):
+        draft[i, : len(r)] = r
+    lens = np.array([len(r) for r in rows], np.int32)
+    table = DelimiterTable.from_ids([1, 2], 7).table
+    fn = _value_fn(segmenter, k, cutoff)
+    bounds, count = (np.asarray(x) for x in fn(draft, lens, probs, table, np.float32(price)))
+    for i, r in enumerate(rows):
+        full = _reference(r, segmenter, [1, 2], 10**6, 3, 2, 5)
+        expect = value_boundaries(full, probs[i, : len(r)].tolist(), k, cutoff, price)
+        assert bounds[i, : count[i]].tolist() == expect, (r, probs[i, : len(r)])
+        assert expect[-1] == len(r) and len(expect) <= k
+        if price >= 1e9:
+            assert expect == [len(r)]
+
+
+def test_value_keeps_the_end_before_a_doubtful_step_and_prices_the_rest_out():
+    # steps end after 4, 8, 12 tokens; the draft doubts the step after 8 (token 10 at 0.3), is sure of the others
+    probs = [0.99] * 10 + [0.3] + [0.99] * 5
+    bounds = [4, 8, 12, 16]
+    # end 8 keeps 8 tokens when the doubtful step fails: 8 x 0.99^2 x (1 - 0.3 x 0.99) ~ 5.5; end 4: 4 x 0.99 x
+    # (1 - 0.99^2 x 0.3) ~ 2.8; end 12 lies past the doubt: 12 x 0.99^2 x 0.3 x (1 - 0.99) ~ 0.035
+    assert value_boundaries(bounds, probs, 8) == [4, 8, 12, 16]           # free: every end
+    assert value_boundaries(bounds, probs, 2) == [8, 16]                  # one slot: the most valuable end
+    assert value_boundaries(bounds, probs, 8, price=1.0) == [4, 8, 16]    # the end after the doubt does not pay
+    assert value_boundaries(bounds, probs, 8, price=3.0) == [8, 16]
+    assert value_boundaries(bounds, [0.999] * 16, 8, price=1.0) == [16]  # a sure draft: the full draft alone
+    assert value_boundaries(bounds, probs, 8, cutoff=0.2) == [16]         # no step doubted below the cutoff
 
 
 @functools.cache
