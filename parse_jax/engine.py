@@ -185,7 +185,8 @@ class ParseEngine:
         """Candidate prefix ends of a draft by the configured segmenter, capped at max_prefixes (the numpy
         reference of the device segmenter: delimiters are found in the decoded text of the draft's tokens).
         `probs`: the draft's probability of each of its tokens, which `prefix_choice` "confidence" and "auto" choose
-        by."""
+        by. Under "auto" the price is one request's alone with no context before the draft; `generate` prices at
+        its batch and its prompts' length, so its choice can differ."""
         cfg = self.config
         draft = self._ids("draft_ids", draft_ids)
         if cfg.segmenter == "stride":
@@ -201,7 +202,7 @@ class ParseEngine:
             raise InputError(f"prefix_choice {cfg.prefix_choice!r} chooses by the draft's token probabilities: pass "
                              f"probs, one per draft token ({len(draft)}), got {None if probs is None else len(probs)}")
         probs = [check_float(f"probs[{i}]", p, 0.0, 1.0, error=InputError) for i, p in enumerate(probs)]
-        if cfg.prefix_choice == "auto":  # priced as for one request alone, a draft this long
+        if cfg.prefix_choice == "auto":  # priced as for one request alone whose cache holds just this draft
             if self._costs is None:
                 self._costs = pass_costs(self.target, self.draft, head=self.eagle3)
             price = prefix_price(self._costs, batch=1, draft_tokens=len(draft), suffix_tokens=len(self.suffix_ids),
@@ -292,7 +293,7 @@ class ParseEngine:
                 attempts += choice.explored
             run = mode if choice is None else choice.run
             ctx = self.context if choice is None else self._context(choice.rounds)
-            ctx, price = self._priced(ctx, len(batch.ids), req)
+            ctx, price = self._priced(ctx, run, batch)
             setup_before = setup_events() if choice is not None else None
             spec, res = MODE_TABLE[run], None
             explored = choice is not None and choice.explored
@@ -376,17 +377,19 @@ class ParseEngine:
         return choose(self.schedule_state, self._costs, mode=mode, knobs=knobs, workload=workload, rounds=rounds,
                       explore=explore, charge=charge)
 
-    def _priced(self, ctx: ModeContext, rows: int, req: Request) -> tuple[ModeContext, float | None]:
-        """`ctx` with the price of a verified prefix at `rows` rows (prefix_choice "auto", `schedule.prefix_price`:
-        a traced input, so no program compiles again), and that price; `ctx` itself and None for the other
-        choices."""
-        if ctx.round_spec.prefix_choice != "auto":
+    def _priced(self, ctx: ModeContext, run: str, batch: Request) -> tuple[ModeContext, float | None]:
+        """`ctx` with the price of a verified prefix for `batch` run as mode `run` (prefix_choice "auto",
+        `schedule.prefix_price`, at the rows its programs run: a traced input, so no program compiles again), and
+        that price; `ctx` itself and None for the other choices, and for plain decoding."""
+        if ctx.round_spec.prefix_choice != "auto" or run == "target":
             return ctx, None
         if self._costs is None:
             self._costs = pass_costs(self.target, self.draft, head=self.eagle3)  # a cached profile, else the roofline
-        longest = max(len(p) for p in req.ids)
-        price = prefix_price(self._costs, batch=rows, draft_tokens=min(ctx.config.max_draft_tokens, req.max_new),
-                             suffix_tokens=len(self.suffix_ids), cache_len=length_bucket(longest + req.max_new))
+        longest = max(len(p) for p in batch.ids)
+        price = prefix_price(self._costs, batch=bucket(len(batch.ids), 1),
+                             draft_tokens=min(ctx.config.max_draft_tokens, batch.max_new),
+                             suffix_tokens=len(self.suffix_ids), cache_len=length_bucket(longest + batch.max_new),
+                             separate_passes=run == "sequential")
         return dataclasses.replace(ctx, judge=ctx.judge.replace(prefix_price=jnp.float32(price))), price
 
     def _rounds_options(self, mode: str, req: Request) -> tuple[str | None, ...]:

@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_args(k, 200)
     k.add_argument("--tolerance", type=float, default=0.01, help="allowed accuracy loss (0.01 = 1 point)")
     k.add_argument("--thresholds", default="0.05,0.1,0.2,0.3,0.5,0.7,0.8,0.9,0.95,0.99")
-    k.add_argument("--out", required=True, help="folder for calibrate.json/.md/.png")
+    k.add_argument("--out", required=True, help="folder for calibrate.json/.md/.png and parse_config.yaml")
     k.set_defaults(func=cmd_calibrate)
 
     e = sub.add_parser("eval", help="accuracy on a JSONL file (GSM8K-style or embedded-task records), resumable")

@@ -8,6 +8,9 @@ token the verification keeps saves a target step, about t(B, 1) seconds (the tar
 re-verifying it in the next round). The price is their ratio: small at batch 1 on an accelerator (a pass costs its
 weights' bytes, whatever its tokens), large where a pass is compute-bound (a CPU, a large batch), where only a step
 the draft doubts is worth a suffix copy.
+
+Mode `sequential` verifies each prefix in a pass of its own, so there one more prefix costs a whole pass (priced as
+one over the full draft and its suffix, the longest such pass), not S more tokens in a packed block.
 """
 
 from __future__ import annotations
@@ -16,13 +19,18 @@ from parse_jax.schedule.costs import PassCosts
 from parse_jax.utils.validation import check_int
 
 
-def prefix_price(costs: PassCosts, *, batch: int, draft_tokens: int, suffix_tokens: int, cache_len: int) -> float:
-    """Draft tokens one more verified prefix must be expected to keep, at `batch` rows (>= 0)."""
+def prefix_price(costs: PassCosts, *, batch: int, draft_tokens: int, suffix_tokens: int, cache_len: int,
+                 separate_passes: bool = False) -> float:
+    """Draft tokens one more verified prefix must be expected to keep, at `batch` rows; returns >= 0.
+    `separate_passes`: each prefix is verified in its own pass (mode `sequential`)."""
     for name, value in (("batch", batch), ("draft_tokens", draft_tokens), ("suffix_tokens", suffix_tokens),
                         ("cache_len", cache_len)):
         check_int(name, value, 1)
     block = draft_tokens + suffix_tokens
-    extra = (costs.seconds("target", batch, block + suffix_tokens, cache_len)
-             - costs.seconds("target", batch, block, cache_len))
+    if separate_passes:
+        extra = costs.seconds("target", batch, block, cache_len)
+    else:
+        extra = (costs.seconds("target", batch, block + suffix_tokens, cache_len)
+                 - costs.seconds("target", batch, block, cache_len))
     step = costs.seconds("target", batch, 1, cache_len)
     return max(extra, 0.0) / step

@@ -9,6 +9,7 @@ import pytest
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import InputError
 from parse_jax.runtime.decode import generate
+from parse_jax.runtime.programs import compiled_programs
 from tests.test_engine import DRAFT, TARGET
 
 PROMPTS = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :", "( 5 - 5 ) + ( 6 * 2 ) :"]
@@ -60,9 +61,16 @@ def test_host_boundaries_need_the_draft_probabilities():
 
 @pytest.fixture
 def priced(monkeypatch):
-    """Set the price of a verified prefix the engine hands its programs (the cost model's figure, replaced)."""
+    """Set the price of a verified prefix the engine hands its programs (the cost model's figure, replaced); the
+    returned list holds the keyword arguments of each pricing."""
+    asked = []
+
     def set_price(price: float):
-        monkeypatch.setattr("parse_jax.engine.prefix_price", lambda costs, **kw: price)
+        def fixed(costs, **kw):
+            asked.append(kw)
+            return price
+        monkeypatch.setattr("parse_jax.engine.prefix_price", fixed)
+        return asked
     return set_price
 
 
@@ -77,11 +85,25 @@ def test_auto_at_no_price_verifies_what_spread_verifies(priced):
 
 @pytest.mark.parametrize("mode,rounds", [("parse", "single"), ("parse", "multi"), ("sequential", "multi")])
 def test_auto_where_no_end_pays_verifies_the_full_draft_alone(priced, mode, rounds):
-    priced(1e9)
+    asked = priced(1e9)
     res = _run(mode, rounds, max_prefixes=8, prefix_choice="auto")
     one_each = res.stats["checks_per_request"] if mode == "parse" else [1] * len(PROMPTS)
     assert res.stats["prefixes_per_request"] == one_each, res.stats
     assert res.stats["prefix_price"] == 1e9
+    # priced at the rows the programs run (3 prompts: a bucket of 4); sequential pays a pass per prefix
+    assert asked == [dict(batch=4, draft_tokens=16, suffix_tokens=asked[0]["suffix_tokens"],
+                          cache_len=asked[0]["cache_len"], separate_passes=mode == "sequential")]
+
+
+def test_a_new_price_compiles_nothing(priced):
+    """The price is a traced input: a batch priced differently runs the programs the first one compiled."""
+    priced(0.0)
+    free = _run("parse", "multi", max_prefixes=8, prefix_choice="auto")
+    before = compiled_programs()
+    priced(1e9)
+    dear = _run("parse", "multi", max_prefixes=8, prefix_choice="auto")
+    assert compiled_programs() == before
+    assert sum(dear.stats["prefixes_per_request"]) < sum(free.stats["prefixes_per_request"])
 
 
 def test_auto_at_the_cost_models_price_with_everything_rejected_is_the_target_alone():
