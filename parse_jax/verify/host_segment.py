@@ -127,24 +127,33 @@ def confidence_boundaries(boundaries: Sequence[int], probs: Sequence[float], max
 
 def value_boundaries(boundaries: Sequence[int], probs: Sequence[float], max_prefixes: int, cutoff: float = 1.0,
                      price: float = 0.0) -> list[int]:
-    """The full draft (the last boundary) and at most `max_prefixes - 1` of the others (prefix_choice "auto"): those
-    whose following step's least likely token is at most `cutoff` likely and whose value reaches `price`, the highest
-    values first (the earliest on ties). The value of draft[:v] is the draft tokens it is expected to keep against
-    verifying the full draft alone, v x P(every step up to v holds) x P(a later step fails), a step held with the
-    probability of its least likely token. `price`: the draft tokens one more suffix copy costs at this batch."""
+    """The full draft (the last boundary) and at most `max_prefixes - 1` of the others (prefix_choice "auto"),
+    greedily: each time the end of highest marginal value (the earliest on ties) among those whose following step's
+    least likely token is at most `cutoff` likely, while that value reaches `price` (the draft tokens one more suffix
+    copy costs at this batch). The marginal value of draft[:v], with u the nearest kept end below v (0 if none) and w
+    the nearest above, is the draft tokens it is expected to keep beyond them: (v - u) x P(every step up to v holds)
+    x P(a step in (v, w] fails), a step held with the probability of its least likely token."""
     if max_prefixes < 1:
         raise InputError(f"max_prefixes must be >= 1, got {max_prefixes}")
     b = list(boundaries)
     starts = [0, *b[:-1]]
     held = [np.float32(min((float(p) for p in probs[s:e]), default=1.0)) for s, e in zip(starts, b)]
     log_q = np.log(np.clip(np.asarray(held, np.float32), np.float32(1e-30), np.float32(1.0)))
-    upto = np.cumsum(log_q, dtype=np.float32)
-    total = upto[-1]
+    upto = np.cumsum(log_q, dtype=np.float32)  # upto[i]: log P(steps 0..i hold), the steps inside draft[:b[i]]
     cut, price = float(np.float32(cutoff)), float(np.float32(price))  # as the device compares them
-    scored = []
-    for i, v in enumerate(b[:-1]):
-        value = float(np.float32(v) * np.exp(upto[i]) * (np.float32(1.0) - np.exp(total - upto[i])))
-        if held[i + 1] <= cut and value >= price:
-            scored.append((-value, v))
-    picked = sorted(scored)[:max_prefixes - 1]
-    return sorted(v for _, v in picked) + [b[-1]]
+    eligible = [i for i in range(len(b) - 1) if held[i + 1] <= cut]
+    kept = {len(b) - 1}
+    for _ in range(max_prefixes - 1):
+        best, best_value = None, -np.inf
+        for i in eligible:
+            if i in kept:
+                continue
+            u = max((b[j] for j in kept if j < i), default=0)
+            w = min(j for j in kept if j > i)
+            value = float(np.float32(b[i] - u) * np.exp(upto[i]) * (np.float32(1.0) - np.exp(upto[w] - upto[i])))
+            if value >= price and value > best_value:
+                best, best_value = i, value
+        if best is None:
+            break
+        kept.add(best)
+    return sorted(b[i] for i in kept)

@@ -243,19 +243,28 @@ def next_step_confidence(marks: jax.Array, probs: jax.Array, draft_len: jax.Arra
     return jnp.where(marks, jnp.take_along_axis(lowest, rank, axis=1), jnp.inf)
 
 
-def prefix_values(marks: jax.Array, probs: jax.Array, draft_len: jax.Array) -> jax.Array:
-    """Float [B, D + 1]: at each marked value v, the draft tokens that verifying draft[:v] is expected to keep
-    against verifying the full draft alone: v x P(every step up to v holds) x P(a later step fails), a step held
-    with the probability of its least likely token (the draft's own confidence); 0 where v is not marked."""
+def _held_log(marks: jax.Array, probs: jax.Array, draft_len: jax.Array) -> jax.Array:
+    """Float [B, D + 1]: at each marked value v, log P(every step inside draft[:v] holds), a step held with the
+    probability of its least likely token (the draft's own confidence)."""
     q = _step_lowest(marks, probs, draft_len)
     log_q = jnp.log(jnp.clip(jnp.where(jnp.isinf(q), 1.0, q), 1e-30, 1.0))
     upto = jnp.cumsum(log_q, axis=1)  # log P(steps 0..s hold)
-    total = upto[:, -1:]
     rank = jnp.cumsum(marks, axis=1) - 1  # at a mark v: the last step inside draft[:v]
-    held = jnp.take_along_axis(upto, jnp.maximum(rank, 0), axis=1)
-    v = jnp.arange(marks.shape[1], dtype=jnp.float32)[None, :]
-    value = v * jnp.exp(held) * (1.0 - jnp.exp(total - held))
-    return jnp.where(marks, value, 0.0)
+    return jnp.take_along_axis(upto, jnp.maximum(rank, 0), axis=1)
+
+
+def prefix_values(marks: jax.Array, held: jax.Array, chosen: jax.Array) -> jax.Array:
+    """Float [B, D + 1]: at each marked value v, the draft tokens that verifying draft[:v] too is expected to keep
+    beyond the ends already `chosen` (the full draft always among them): with u the nearest chosen end below v (0 if
+    none) and w the nearest above, (v - u) x P(every step up to v holds) x P(a step in (v, w] fails); `held` from
+    `_held_log`. Against the full draft alone that is v x P(steps up to v hold) x P(a later step fails)."""
+    width = marks.shape[1]
+    pos = jnp.arange(width, dtype=jnp.int32)[None, :]
+    u = jax.lax.cummax(jnp.where(chosen, pos, 0), axis=1)
+    w = jax.lax.cummin(jnp.where(chosen, pos, width - 1), axis=1, reverse=True)
+    held_w = jnp.take_along_axis(held, w, axis=1)
+    value = (pos - u).astype(jnp.float32) * jnp.exp(held) * (1.0 - jnp.exp(held_w - held))
+    return jnp.where(marks & ~chosen, value, 0.0)
 
 
 def _pick_ends(eligible: jax.Array, key: jax.Array, draft_len: jax.Array,
@@ -289,16 +298,23 @@ def select_by_confidence(marks: jax.Array, confidence: jax.Array, draft_len: jax
 def select_by_value(marks: jax.Array, probs: jax.Array, draft_len: jax.Array, max_prefixes: int, *,
                     cutoff: float = 1.0, price: jax.Array | float = 0.0) -> tuple[jax.Array, jax.Array]:
     """(boundaries [B, K] ascending, count [B]) as `host_segment.value_boundaries` picks them (prefix_choice
-    "auto"): the full draft, and of the other marked values whose following step passes `cutoff` and whose
-    `prefix_values` reach `price` (the draft tokens a suffix copy costs, traced), the K - 1 of highest value (the
-    earliest first on ties); entries past `count` are 0."""
+    "auto"): the full draft, then up to K - 1 times the marked value of highest `prefix_values` given the ends
+    already kept (the earliest on ties), among those whose following step passes `cutoff`, while that value reaches
+    `price` (the draft tokens a suffix copy costs, traced); entries past `count` are 0."""
     if max_prefixes == 1:
         return draft_len[:, None], jnp.ones((marks.shape[0],), jnp.int32)
-    v = jnp.arange(marks.shape[1])[None, :]
-    value = prefix_values(marks, probs, draft_len)
-    eligible = (marks & (v != draft_len[:, None]) & (next_step_confidence(marks, probs, draft_len) <= cutoff)
-                & (value >= price))
-    return _pick_ends(eligible, -value, draft_len, max_prefixes)
+    b, width = marks.shape
+    pos = jnp.arange(width)[None, :]
+    held = _held_log(marks, probs, draft_len)
+    full = pos == draft_len[:, None]
+    eligible = marks & ~full & (next_step_confidence(marks, probs, draft_len) <= cutoff)
+    chosen = full
+    for _ in range(max_prefixes - 1):  # greedy on the marginal value: K - 1 static steps
+        value = prefix_values(marks, held, chosen)
+        pays = eligible & ~chosen & (value >= price)
+        best = jnp.argmax(jnp.where(pays, value, -jnp.inf), axis=1)
+        chosen = chosen | ((pos == best[:, None]) & pays.any(axis=1)[:, None])
+    return _pick_ends(chosen & ~full, jnp.zeros((b, width), jnp.float32), draft_len, max_prefixes)
 
 
 def segment_marks(draft: jax.Array, draft_len: jax.Array, segmenter: Segmenter, table: jax.Array | None = None,

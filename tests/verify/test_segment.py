@@ -111,10 +111,24 @@ def test_value_keeps_the_end_before_a_doubtful_step_and_prices_the_rest_out():
     # (1 - 0.99^2 x 0.3) ~ 2.8; end 12 lies past the doubt: 12 x 0.99^2 x 0.3 x (1 - 0.99) ~ 0.035
     assert value_boundaries(bounds, probs, 8) == [4, 8, 12, 16]           # free: every end
     assert value_boundaries(bounds, probs, 2) == [8, 16]                  # one slot: the most valuable end
-    assert value_boundaries(bounds, probs, 8, price=1.0) == [4, 8, 16]    # the end after the doubt does not pay
+    # once 8 is kept, end 4 adds only 4 x 0.99 x (1 - 0.99) ~ 0.04 tokens (a failure after 4 is one after 8 too,
+    # unless it falls in the sure step 4..8), and end 12 4 x 0.29 x 0.01: at price 0.03 end 4 pays, at 1.0 neither
+    assert value_boundaries(bounds, probs, 8, price=0.03) == [4, 8, 16]
+    assert value_boundaries(bounds, probs, 8, price=1.0) == [8, 16]
     assert value_boundaries(bounds, probs, 8, price=3.0) == [8, 16]
     assert value_boundaries(bounds, [0.999] * 16, 8, price=1.0) == [16]  # a sure draft: the full draft alone
     assert value_boundaries(bounds, probs, 8, cutoff=0.2) == [16]         # no step doubted below the cutoff
+
+
+def test_value_is_marginal_to_the_ends_already_kept():
+    # two doubtful steps, (4, 8] and (12, 16] (a token at 0.5 in each): end 4 first (4 x 0.99 x (1 - 0.99 x 0.25) ~
+    # 2.98), then end 12 (8 more tokens x 0.49 x 0.5 ~ 1.96); end 8 alone would keep 8 x 0.495 x 0.505 ~ 2.0, but
+    # between 4 and 12 it adds 4 x 0.495 x 0.01 ~ 0.02, so at price 1 it is not verified
+    probs = [0.99] * 5 + [0.5] + [0.99] * 7 + [0.5] + [0.99] * 2
+    bounds = [4, 8, 12, 16]
+    assert value_boundaries(bounds, probs, 8, price=1.0) == [4, 12, 16]
+    assert value_boundaries(bounds, probs, 8, price=2.0) == [4, 16]
+    assert value_boundaries(bounds, probs, 8) == [4, 8, 12, 16]
 
 
 @functools.cache
