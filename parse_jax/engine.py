@@ -203,9 +203,8 @@ class ParseEngine:
                              f"probs, one per draft token ({len(draft)}), got {None if probs is None else len(probs)}")
         probs = [check_float(f"probs[{i}]", p, 0.0, 1.0, error=InputError) for i, p in enumerate(probs)]
         if cfg.prefix_choice == "auto":  # priced as for one request alone whose cache holds just this draft
-            if self._costs is None:
-                self._costs = pass_costs(self.target, self.draft, head=self.eagle3)
-            price = prefix_price(self._costs, batch=1, draft_tokens=len(draft), suffix_tokens=len(self.suffix_ids),
+            price = prefix_price(self._cost_model(), batch=1, draft_tokens=len(draft),
+                                 suffix_tokens=len(self.suffix_ids),
                                  cache_len=length_bucket(len(draft) + 2 * len(self.suffix_ids)))
             return value_boundaries(b, probs, cfg.max_prefixes, cfg.prefix_confidence, price)
         return confidence_boundaries(b, probs, cfg.max_prefixes, cfg.prefix_confidence)
@@ -362,19 +361,23 @@ class ParseEngine:
             self._setup = load_setup_costs(self.target, self.draft, self.eagle3)
         return self._setup
 
+    def _cost_model(self) -> PassCosts:
+        """The pass costs of this engine's models, loaded once: a cached profile, else the roofline."""
+        if self._costs is None:
+            self._costs = pass_costs(self.target, self.draft, head=self.eagle3)
+        return self._costs
+
     def _choose(self, mode: str, req: Request, rounds: tuple[str | None, ...], explore: bool,
                 charge: SetupCharge | None = None) -> ScheduleChoice:
         """Plain decoding or `mode` (with each of `rounds`) for this batch, from the cost model and what earlier
         batches measured."""
-        if self._costs is None:
-            self._costs = pass_costs(self.target, self.draft, head=self.eagle3)  # a cached profile, else the roofline
         cfg = self.context.config
         knobs = Knobs(draft_tokens=cfg.max_draft_tokens, prefixes=cfg.max_prefixes, rounds=cfg.rounds,
                       gamma=cfg.speculation.gamma, eagle3_gamma=cfg.eagle3.gamma)  # settings are kept as given
         longest = max(len(p) for p in req.ids)
         workload = Workload(batch=len(req.ids), cache_len=length_bucket(longest + req.max_new),
                             suffix_tokens=len(self.suffix_ids), remaining_tokens=req.max_new)
-        return choose(self.schedule_state, self._costs, mode=mode, knobs=knobs, workload=workload, rounds=rounds,
+        return choose(self.schedule_state, self._cost_model(), mode=mode, knobs=knobs, workload=workload, rounds=rounds,
                       explore=explore, charge=charge)
 
     def _priced(self, ctx: ModeContext, run: str, batch: Request) -> tuple[ModeContext, float | None]:
@@ -383,13 +386,11 @@ class ParseEngine:
         that price; `ctx` itself and None for the other choices, and for plain decoding."""
         if ctx.round_spec.prefix_choice != "auto" or run == "target":
             return ctx, None
-        if self._costs is None:
-            self._costs = pass_costs(self.target, self.draft, head=self.eagle3)  # a cached profile, else the roofline
         longest = max(len(p) for p in batch.ids)
-        price = prefix_price(self._costs, batch=bucket(len(batch.ids), 1),
+        price = prefix_price(self._cost_model(), batch=bucket(len(batch.ids), 1),
                              draft_tokens=min(ctx.config.max_draft_tokens, batch.max_new),
                              suffix_tokens=len(self.suffix_ids), cache_len=length_bucket(longest + batch.max_new),
-                             separate_passes=run == "sequential")
+                             separate_passes=MODE_TABLE[run].separate_prefix_passes)
         return dataclasses.replace(ctx, judge=ctx.judge.replace(prefix_price=jnp.float32(price))), price
 
     def _rounds_options(self, mode: str, req: Request) -> tuple[str | None, ...]:

@@ -20,7 +20,8 @@ class ModeSpec:
     needs in the target / the draft past its prompt (what the mode's passes write beyond the last token they may
     emit; None: the mode runs no draft). `multi_label`: the mode honours `ParseConfig.rounds`, and bench names its
     multi-round run so (its plain name runs single round); None: it ignores `rounds`. `serve(ctx, request, max_batch)`:
-    the mode by continuous batching through `max_batch` slots (None, or a None result: in fixed batches)."""
+    the mode by continuous batching through `max_batch` slots (None, or a None result: in fixed batches).
+    `separate_prefix_passes`: the mode verifies each prefix in a target pass of its own (what a prefix costs)."""
 
     name: str
     runner: Callable[[ModeContext, Request], GenerateResult]
@@ -30,6 +31,7 @@ class ModeSpec:
     draft_positions: Positions | None = None
     multi_label: str | None = None
     serve: Serve | None = None
+    separate_prefix_passes: bool = False
 
     @property
     def honours_rounds(self) -> bool:
@@ -82,7 +84,7 @@ MODE_TABLE: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("sd", sd.run, needs_draft=True, needs_head=False, target_positions=sd_positions,
              draft_positions=sd_positions, serve=sd.serve),
     ModeSpec("sequential", sequential.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
-             draft_positions=draft_answer_positions, serve=sequential.serve),
+             draft_positions=draft_answer_positions, serve=sequential.serve, separate_prefix_passes=True),
     ModeSpec("parse", parse.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
              draft_positions=parse_draft_positions, multi_label="parse-multi", serve=parse.serve),
     ModeSpec("eagle3", eagle3.run, needs_draft=False, needs_head=True, target_positions=eagle3_positions,

@@ -238,15 +238,18 @@ def _step_lowest(marks: jax.Array, probs: jax.Array, draft_len: jax.Array) -> ja
 def next_step_confidence(marks: jax.Array, probs: jax.Array, draft_len: jax.Array) -> jax.Array:
     """Float [B, D + 1]: at each marked value v, the lowest probability the draft gave a token of the step that
     follows (tokens v up to the next mark); +inf where nothing follows (the full draft) or v is not marked."""
-    lowest = _step_lowest(marks, probs, draft_len)
+    return _next_step(marks, _step_lowest(marks, probs, draft_len))
+
+
+def _next_step(marks: jax.Array, lowest: jax.Array) -> jax.Array:
+    """`next_step_confidence` from `_step_lowest`'s figures."""
     rank = jnp.cumsum(marks, axis=1)  # at a mark v: the step that starts there
     return jnp.where(marks, jnp.take_along_axis(lowest, rank, axis=1), jnp.inf)
 
 
-def _held_log(marks: jax.Array, probs: jax.Array, draft_len: jax.Array) -> jax.Array:
+def _held_log(marks: jax.Array, q: jax.Array) -> jax.Array:
     """Float [B, D + 1]: at each marked value v, log P(every step inside draft[:v] holds), a step held with the
-    probability of its least likely token (the draft's own confidence)."""
-    q = _step_lowest(marks, probs, draft_len)
+    probability of its least likely token (`q`: `_step_lowest`'s figures, the draft's own confidence)."""
     log_q = jnp.log(jnp.clip(jnp.where(jnp.isinf(q), 1.0, q), 1e-30, 1.0))
     upto = jnp.cumsum(log_q, axis=1)  # log P(steps 0..s hold)
     rank = jnp.cumsum(marks, axis=1) - 1  # at a mark v: the last step inside draft[:v]
@@ -305,9 +308,10 @@ def select_by_value(marks: jax.Array, probs: jax.Array, draft_len: jax.Array, ma
         return draft_len[:, None], jnp.ones((marks.shape[0],), jnp.int32)
     b, width = marks.shape
     pos = jnp.arange(width)[None, :]
-    held = _held_log(marks, probs, draft_len)
+    lowest = _step_lowest(marks, probs, draft_len)
+    held = _held_log(marks, lowest)
     full = pos == draft_len[:, None]
-    eligible = marks & ~full & (next_step_confidence(marks, probs, draft_len) <= cutoff)
+    eligible = marks & ~full & (_next_step(marks, lowest) <= cutoff)
     chosen = full
     for _ in range(max_prefixes - 1):  # greedy on the marginal value: K - 1 static steps
         value = prefix_values(marks, held, chosen)
