@@ -34,8 +34,8 @@ from parse_jax.runtime.requests import (
     merge_results,
     resolve_eos,
 )
+from parse_jax.schedule.auto import EXPLORE_FILLS, ScheduleChoice, ScheduleState, SetupCharge, choose
 from parse_jax.schedule.auto import PLAIN as PLAIN_CHOICE
-from parse_jax.schedule.auto import ScheduleChoice, ScheduleState, SetupCharge, choose
 from parse_jax.schedule.auto import option as choice_name
 from parse_jax.schedule.costs import PassCosts
 from parse_jax.schedule.policy import Knobs, Workload
@@ -267,7 +267,8 @@ class ParseEngine:
     def _run_batches(self, mode: str, req: Request, max_batch: int | None) -> GenerateResult:
         """The request in batches of `max_batch` rows, each run with `mode` or, under `schedule="auto"`, with plain
         decoding where that is predicted (or was measured) faster at this batch size (docs/design.md §7). A mode that
-        serves (continuous batching) takes the rest of the prompts at once, once the schedule has chosen it."""
+        serves (continuous batching) takes the rest of the prompts at once, once the schedule has chosen it, and a
+        choice the schedule explores a few fills of its slots (`EXPLORE_FILLS`)."""
         n = len(req.ids)
         size = n if max_batch is None else min(max_batch, n)
         parts, choices, start = [], [], 0
@@ -296,13 +297,17 @@ class ParseEngine:
             setup_before = setup_events() if choice is not None else None
             spec, res = MODE_TABLE[run], None
             explored = choice is not None and choice.explored
+            # the rest through `size` slots, a finished row's slot taking the next prompt; an explored choice through
+            # the same programs over `EXPLORE_FILLS` x `size` prompts, leaving a batch for the pick (its slots
+            # refilled, it is measured as the served rest would run it: a fixed batch waits for its slowest row);
+            # `served`: it ran so
+            explore = min(EXPLORE_FILLS * size, n - start - size)
+            rest = req.ids[start:start + explore] if explored else req.ids[start:]
+            served = spec.serve is not None and len(rest) > size
             t0 = time.perf_counter()
-            if spec.serve is not None and start + size < n:
-                # the rest through `size` slots, a finished row's slot taking the next prompt; an explored batch
-                # through the same programs, its `size` rows admitted at once (what the served rest then reuses
-                # where its prompts fall in the same length bucket)
-                rest = batch.ids if explored else req.ids[start:]
+            if served:
                 res = spec.serve(ctx, dataclasses.replace(batch, ids=rest), size)
+                served = res is not None
             if res is None:
                 res = spec.runner(ctx, batch)
             seconds = time.perf_counter() - t0
@@ -312,8 +317,7 @@ class ParseEngine:
                 choices[-1].update(rows=len(res.tokens), slots=res.stats.get("slots"))
             if choice is not None and setup_events() == setup_before:  # jax set up nothing (no compile): measured
                 explorations += explored
-                served = "admissions" in res.stats and not explored  # an explored batch: rows idle once done
-                longest = None if served else max(1, max(len(t) for t in res.tokens))
+                longest = None if served else max(1, max(len(t) for t in res.tokens))  # a fixed batch's rows idle
                 self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,
                                                                  longest=longest)
             elif choice is not None:  # it set up programs: what that cost, beyond the tokens it wrote
@@ -348,8 +352,8 @@ class ParseEngine:
         return SetupCharge({m: s for m, s in seconds.items() if s is not None}, steps)
 
     def _record_setup(self, choice: ScheduleChoice, res: GenerateResult, size: int, seconds: float) -> None:
-        """A batch of `size` rows at once that set up programs took `seconds`: its setup is that less what its tokens
-        cost at the choice's estimate (batch-wide steps x seconds per token)."""
+        """A run over `size` rows (a batch, or slots served) that set up programs took `seconds`: its setup is that
+        less what its tokens cost at the choice's estimate (batch-wide steps x seconds per token)."""
         rows = max(min(size, len(res.tokens)), 1)
         steps = sum(len(t) for t in res.tokens) / rows
         setup = max(seconds - steps * choice.estimate.get(choice.name, 0.0), 0.0)

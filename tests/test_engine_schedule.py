@@ -8,6 +8,7 @@ import pytest
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import InputError
 from parse_jax.runtime.decode import generate
+from parse_jax.schedule.auto import EXPLORE_FILLS
 from parse_jax.schedule.setup import load_setup_costs
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
 from tests.test_engine import DRAFT, TARGET
@@ -60,8 +61,9 @@ def test_auto_keeps_explicit_settings_and_records_what_it_measured():
     eng = _engine(schedule="auto", max_prefixes=3, rounds="single")
     eng._costs = costs(MEMORY_BOUND, eagle3=False)
     first = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=4)
-    # nothing measured at batch 4 yet: the predicted best runs one batch of its own before anything is served
-    assert first.stats["schedule"][0]["why"].startswith("exploring") and "admissions" not in first.stats["schedule"]
+    # nothing measured at batch 4 yet: the predicted best runs on prompts of its own before anything is served; with
+    # 7 prompts in 4 slots no fill is left over for a served exploration, so it is a fixed batch (no slots)
+    assert first.stats["schedule"][0]["why"].startswith("exploring") and first.stats["schedule"][0]["slots"] is None
     assert all(c["rounds"] is None for c in first.stats["schedule"])  # the user's rounds, never the schedule's
     second = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=4)  # (the first served run compiled)
     res = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=4)
@@ -101,23 +103,27 @@ def test_at_most_one_measuring_exploration_per_choice_and_call():
     assert {("parse", 1), ("target", 1)} <= set(eng.schedule_state.measured)
 
 
-def test_an_explored_batch_runs_through_the_serving_programs_and_is_measured_as_a_batch():
-    """The explored batch's rows are admitted at once into the slots the rest is then served through (the same
-    programs, so exploring compiles nothing the served run would not); each decision says how many prompts it ran
-    and in how many slots."""
+def test_an_explored_choice_is_served_over_a_few_fills_of_its_slots():
+    """An explored choice runs through the programs the rest is then served with (so exploring compiles nothing the
+    served run would not), over `EXPLORE_FILLS` x its slots of prompts, a finished row's slot taking the next one: it
+    is measured as served, not by a fixed batch's slowest row. Each decision says how many prompts it ran and in
+    how many slots; the rest is served."""
+    prompts = PROMPTS * 3
     for _ in range(2):  # the second engine explores programs the first set up (an explored batch that compiles
         eng = _engine(schedule="auto", rounds="single")  # measures nothing and is explored again, using up prompts)
         eng._costs = costs(MEMORY_BOUND, eagle3=False)
-        res = eng.generate(PROMPTS, mode="parse", max_new_tokens=10, max_batch=2)
-    first = res.stats["schedule"][0]
-    assert first["why"].startswith("exploring") and (first["rows"], first["slots"]) == (2, 2)
-    assert sum(c["rows"] for c in res.stats["schedule"]) == len(PROMPTS)
-    assert res.stats["schedule"][-1]["rows"] > 2  # the rest, served
+        res = eng.generate(prompts, mode="parse", max_new_tokens=10, max_batch=2)
+    first, last = res.stats["schedule"][0], res.stats["schedule"][-1]
+    assert first["why"].startswith("exploring") and (first["rows"], first["slots"]) == (EXPLORE_FILLS * 2, 2)
+    key = (first["ran"], 2)
+    assert key in eng.schedule_state.served and key not in eng.schedule_state.fixed_samples
+    assert sum(c["rows"] for c in res.stats["schedule"]) == len(prompts)
+    assert not last["why"].startswith("exploring") and last["rows"] > 2 and last["slots"] == 2  # the rest, served
     start = 0  # each decision's prompts equal each prompt alone in what it ran (PARSE is lossy; the target is not)
     for c in res.stats["schedule"]:
         for i in range(start, start + c["rows"]):
-            alone = (generate(TARGET, [PROMPTS[i]], max_new_tokens=10) if c["ran"] == "target" else
-                     _engine(rounds="single").generate([PROMPTS[i]], mode="parse", max_new_tokens=10))
+            alone = (generate(TARGET, [prompts[i]], max_new_tokens=10) if c["ran"] == "target" else
+                     _engine(rounds="single").generate([prompts[i]], mode="parse", max_new_tokens=10))
             assert res.tokens[i] == alone.tokens[0], (c, i)
         start += c["rows"]
 

@@ -11,9 +11,11 @@ The estimate of a choice's seconds per token, best first:
 Speculation runs where its estimate beats plain decoding's by more than `SPECULATION_MARGIN` (measurement noise).
 The choices are plain decoding and the mode, with each rounds setting the schedule may pick (`rounds="auto"`: multi
 and single). Where more batches follow (`explore=True`), a bucket where nothing is measured yet runs its predicted
-best as a batch of its own (measured, before it serves the rest), and a choice not measured yet whose estimate is
-within `EXPLORE_RATIO` of the best measured one runs once, so that it becomes measured (plain decoding, the baseline,
-whatever its estimate, once a speculative choice is measured); a single batch never explores.
+best on prompts of its own (measured, before it serves the rest: the engine serves an explored choice over
+`EXPLORE_FILLS` x its slots of prompts, so that it is measured as served), and a choice
+not measured yet whose estimate is within `EXPLORE_RATIO` of the best measured one runs once, so that it becomes
+measured (plain decoding, the baseline, whatever its estimate, once a speculative choice is measured); a single batch
+never explores.
 One timed batch is not enough to tell choices 10-20% apart on a shared machine, so a figure is the median of its last
 `KEEP` measurements, and a choice that is contested (within `CONTESTED` of the pick, after the margin) is measured
 again, at most once per call, until it has `CONFIRM` of them: what decides a close call is several measurements of
@@ -35,6 +37,7 @@ from parse_jax.schedule.policy import AcceptanceStats, Knobs, Workload, decide
 
 EXPLORE_RATIO = 2.0  # explore the unmeasured choice when predicted within this factor of the measured one
 KEEP = 5             # measurements kept per choice and batch bucket; its figure is their median
+EXPLORE_FILLS = 3    # an explored choice that serves runs this many times its slots of prompts (refilled)
 CONFIRM = 3          # measurements of each contested choice before a close decision stands
 CONTESTED = 0.4      # a choice whose cost is within this fraction of the pick's (after the margin) is contested
 # speculation runs only where its estimate beats plain decoding's by this fraction: one timed batch on a shared
@@ -98,50 +101,73 @@ class ScheduleChoice:
 @dataclasses.dataclass(frozen=True)
 class ScheduleState:
     """What the engine has seen: acceptance counts (the policy's input) and measured seconds per token per
-    (choice, batch bucket): `samples`, the last `KEEP` measurements (`measured`: their median); `served`: the keys
-    whose figure comes from served runs; `this_call`: the keys measured since `new_call`. Replaced, never mutated."""
+    (choice, batch bucket), of two kinds kept apart: `samples`, the last `KEEP` measurements of served runs, and
+    `fixed_samples`, those of fixed batches (a call's last or only batch, a mode that does not serve);
+    `measured` gives each key one figure in served terms.
+    `this_call`: the keys measured since `new_call`. Replaced, never mutated."""
 
     acceptance: AcceptanceStats = AcceptanceStats()
     step_tokens: float = 12.0
-    served: frozenset[tuple[str, int]] = frozenset()
     samples: Mapping[tuple[str, int], tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    fixed_samples: Mapping[tuple[str, int], tuple[float, ...]] = dataclasses.field(default_factory=dict)
     this_call: frozenset[tuple[str, int]] = frozenset()
+
+    @property
+    def served(self) -> frozenset[tuple[str, int]]:
+        """The keys measured in served runs."""
+        return frozenset(self.samples)
 
     @functools.cached_property
     def measured(self) -> Mapping[tuple[str, int], float]:
-        """Each (choice, batch bucket)'s figure: the median of its samples."""
-        return {key: statistics.median(values) for key, values in self.samples.items()}
+        """Each (choice, batch bucket)'s figure in served terms: the median of its served samples; for a choice only
+        measured in fixed batches, the median of those times what serving costs against a fixed batch for the choices
+        of its bucket measured both ways (the median ratio), or as it stands where nothing at its bucket was served.
+        Where something was served but no choice both ways, it has no figure (so it is explored again, served).
+
+        The two kinds are not comparable as they stand: a short fixed batch carries its prefill, the call's overhead
+        and its slowest row (the embedded pair at batch 4: plain decoding 7.1 ms per token-row in a fixed batch, 3.4
+        served; single-round PARSE 4.0 and 2.5), so a choice once served would look cheaper than every choice only
+        measured in fixed batches, whatever they cost. Another choice's ratio is itself off (2.1 against 1.6 there),
+        but only until the choice is served and measured so."""
+        served_figures = {key: statistics.median(values) for key, values in self.samples.items()}
+        fixed_figures = {key: statistics.median(values) for key, values in self.fixed_samples.items()}
+        ratios: dict[int, list[float]] = {}
+        for (choice, b), figure in served_figures.items():
+            if (choice, b) in fixed_figures:
+                ratios.setdefault(b, []).append(figure / fixed_figures[(choice, b)])
+        scale = {b: statistics.median(r) for b, r in ratios.items()}
+        served_buckets = {b for _, b in served_figures}
+        out = dict(served_figures)
+        for (choice, b), figure in fixed_figures.items():
+            if (choice, b) not in out and (b in scale or b not in served_buckets):
+                out[(choice, b)] = figure * scale.get(b, 1.0)
+        return out
 
     def new_call(self) -> ScheduleState:
         """This state at the start of a generate call (its choices may be measured again)."""
         return dataclasses.replace(self, this_call=frozenset())
 
     def count(self, choice: str, batch: int) -> int:
-        """How many measurements the figure of `choice` at `batch`'s bucket is the median of."""
-        return len(self.samples.get((choice, bucket(batch, 1)), ()))
+        """How many measurements the figure of `choice` at `batch`'s bucket is the median of (its served ones where
+        it has any)."""
+        key = (choice, bucket(batch, 1))
+        return len(self.samples.get(key, ()) or self.fixed_samples.get(key, ()))
 
     def record(self, run: str, batch: int, stats: Mapping[str, Any], *, longest: int | None = None) -> ScheduleState:
         """This state with a finished batch's result counted in (`stats`: its GenerationStats dict). `longest`: the
         most tokens one row of a fixed batch wrote (rows that finish first idle until it ends); None for a served
-        run, whose slots stay full.
-
-        A served run's figure replaces one from fixed batches, and fixed batches never move a served figure: a fixed
-        batch verifies (or prefills) all its rows in one pass, where a served run admits a few rows at a time while
-        the others wait, so a fixed batch reads cheaper than the same choice served (parse+eagle3 at batch 8:
-        12.65 ms per token-row explored, 15.7 served). A figure is the median of its kind's last `KEEP`."""
+        run, whose slots stay full. Each kind keeps its own last `KEEP` (see `measured`)."""
         tokens, seconds = stats.get("new_tokens", 0), stats.get("seconds", 0.0)
-        served, samples, this_call = self.served, dict(self.samples), self.this_call
+        samples, fixed_samples, this_call = dict(self.samples), dict(self.fixed_samples), self.this_call
         key, is_served = (run, bucket(batch, 1)), longest is None
-        if tokens > 0 and seconds > 0 and (is_served or key not in served):
+        if tokens > 0 and seconds > 0:
             # seconds per token of one row with every row of the batch busy: what a served run keeps. A fixed batch
             # took `seconds` to write its longest row; counted by its mean row instead, its finished rows' idle
-            # time would be charged to the choice (and a served choice would always look cheaper than an explored one)
+            # time would be charged to the choice
             per_token = seconds * batch / tokens if is_served else seconds / longest
-            old = samples.get(key, ()) if is_served == (key in served) else ()  # only figures of one kind pool
-            samples[key] = (*old, per_token)[-KEEP:]
+            kind = samples if is_served else fixed_samples
+            kind[key] = (*kind.get(key, ()), per_token)[-KEEP:]
             this_call = this_call | {key}
-            if is_served:
-                served = served | {key}
         acceptance, step_tokens = self.acceptance, self.step_tokens
         drafted, accepted = stats.get("draft_tokens"), stats.get("accepted_tokens")
         prefixes = stats.get("prefixes_per_request")
@@ -153,8 +179,8 @@ class ScheduleState:
             acceptance = acceptance.update(steps_verified=max(judged, done), steps_accepted=done)
         elif run != PLAIN and drafted and accepted is not None:
             acceptance = acceptance.update(drafted=int(drafted), accepted=min(int(accepted), int(drafted)))
-        return dataclasses.replace(self, acceptance=acceptance, step_tokens=step_tokens, served=served,
-                                   samples=samples, this_call=this_call)
+        return dataclasses.replace(self, acceptance=acceptance, step_tokens=step_tokens, samples=samples,
+                                   fixed_samples=fixed_samples, this_call=this_call)
 
 
 def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, workload: Workload,
@@ -194,7 +220,7 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
     unmeasured = [m for m in sorted(cost, key=cost.get) if m not in measured]
     if explore and unmeasured:
         best = min((cost[m] for m in measured), default=None)
-        if best is None:  # nothing measured here yet: the predicted best runs as one batch of its own, measured
+        if best is None:  # nothing measured here yet: the predicted best runs on prompts of its own, measured
             explored = True
         elif PLAIN in unmeasured and (PLAIN not in setup or cost[PLAIN] <= best):
             # a speculative choice is measured but plain decoding is not: measure the baseline before trusting a

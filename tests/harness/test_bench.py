@@ -189,7 +189,9 @@ def test_warm_up_repeats_while_an_auto_engine_still_compiles_or_explores():
                     "parse": run}, task, task.problems(6, 3),
                    RunSettings(n=6, max_new_tokens=8, batch_size=2, repeats=1, seed=0, progress=False))
     warm_ups = calls[:-1]
-    assert warm_ups[0][0] > 0 and warm_ups[0][2] > 0  # the first call compiled
+    # a warm-up call compiled (not always the first: it explores plain decoding, whose served programs the target's
+    # runs, or earlier tests in this process, may have set up already)
+    assert any(setup > 0 and compiled > 0 for setup, _, compiled in warm_ups)
     assert all(setup or explored for setup, explored, _ in warm_ups[:-1])  # each called again for a reason
     assert len(warm_ups) == WARM_UP_CALLS or warm_ups[-1][:2] == (0, False)  # until one set up and explored nothing
     assert rows["parse"]["compiles_in_timing"] == calls[-1][2]
