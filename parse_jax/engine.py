@@ -303,11 +303,10 @@ class ParseEngine:
             # `served`: it ran so
             explore = min(EXPLORE_FILLS * size, n - start - size)
             rest = req.ids[start:start + explore] if explored else req.ids[start:]
-            served = spec.serve is not None and len(rest) > size
             t0 = time.perf_counter()
-            if served:
+            if spec.serve is not None and len(rest) > size:
                 res = spec.serve(ctx, dataclasses.replace(batch, ids=rest), size)
-                served = res is not None
+            served = res is not None
             if res is None:
                 res = spec.runner(ctx, batch)
             seconds = time.perf_counter() - t0
@@ -371,6 +370,11 @@ class ParseEngine:
             self._costs = pass_costs(self.target, self.draft, head=self.eagle3)
         return self._costs
 
+    @staticmethod
+    def _cache_len(req: Request) -> int:
+        """The cache buffer a batch's passes read: its longest prompt and its budget, bucketed."""
+        return length_bucket(max(len(p) for p in req.ids) + req.max_new)
+
     def _choose(self, mode: str, req: Request, rounds: tuple[str | None, ...], explore: bool,
                 charge: SetupCharge | None = None) -> ScheduleChoice:
         """Plain decoding or `mode` (with each of `rounds`) for this batch, from the cost model and what earlier
@@ -378,8 +382,7 @@ class ParseEngine:
         cfg = self.context.config
         knobs = Knobs(draft_tokens=cfg.max_draft_tokens, prefixes=cfg.max_prefixes, rounds=cfg.rounds,
                       gamma=cfg.speculation.gamma, eagle3_gamma=cfg.eagle3.gamma)  # settings are kept as given
-        longest = max(len(p) for p in req.ids)
-        workload = Workload(batch=len(req.ids), cache_len=length_bucket(longest + req.max_new),
+        workload = Workload(batch=len(req.ids), cache_len=self._cache_len(req),
                             suffix_tokens=len(self.suffix_ids), remaining_tokens=req.max_new)
         return choose(self.schedule_state, self._cost_model(), mode=mode, knobs=knobs, workload=workload, rounds=rounds,
                       explore=explore, charge=charge)
@@ -390,10 +393,9 @@ class ParseEngine:
         that price; `ctx` itself and None for the other choices, and for plain decoding."""
         if ctx.round_spec.prefix_choice != "auto" or run == "target":
             return ctx, None
-        longest = max(len(p) for p in batch.ids)
         price = prefix_price(self._cost_model(), batch=bucket(len(batch.ids), 1),
                              draft_tokens=min(ctx.config.max_draft_tokens, batch.max_new),
-                             suffix_tokens=len(self.suffix_ids), cache_len=length_bucket(longest + batch.max_new),
+                             suffix_tokens=len(self.suffix_ids), cache_len=self._cache_len(batch),
                              separate_passes=MODE_TABLE[run].separate_prefix_passes)
         return dataclasses.replace(ctx, judge=ctx.judge.replace(prefix_price=jnp.float32(price))), price
 
