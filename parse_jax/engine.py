@@ -41,6 +41,7 @@ from parse_jax.schedule.costs import PassCosts
 from parse_jax.schedule.policy import Knobs, Workload
 from parse_jax.schedule.prefix_price import prefix_price
 from parse_jax.schedule.profile import pass_costs
+from parse_jax.schedule.setup import UNMEASURED_SECONDS as UNMEASURED_SETUP_SECONDS
 from parse_jax.schedule.setup import SetupCosts, load_setup_costs
 from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings  # noqa: F401  (re-exported)
 from parse_jax.speculation.draft_model import check_pair
@@ -143,7 +144,9 @@ class ParseEngine:
         self.memory_guard = MemoryGuard()  # generate's memory plan on the first device (docs/lowering.md)
         self._costs: PassCosts | None = None
         self._setup: SetupCosts | None = None  # program setup per choice, read from disk when first needed
-        self._ready: set[tuple[str, int]] = set()  # (choice, batch bucket) whose programs this engine has set up
+        self._ready: set[tuple[str, int]] = set()  # (choice, batch bucket) that ran a batch setting nothing up
+        self._setup_paid: dict[tuple[str, int], float] = {}  # setup seconds this engine paid per (choice, bucket)
+        self._setup_earlier: dict[tuple[str, int], float | None] = {}  # the figure on record before it paid any
         self._job_left: int | None = None  # prompts left in a one-off job (`job`); None: setup is not charged
         self._row_tokens: float | None = None  # tokens a row has written on average so far
 
@@ -319,10 +322,9 @@ class ParseEngine:
                 longest = None if served else max(1, max(len(t) for t in res.tokens))  # a fixed batch's rows idle
                 self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,
                                                                  longest=longest)
+                self._ready.add((choice.name, bucket(len(batch.ids), 1)))
             elif choice is not None:  # it set up programs: what that cost, beyond the tokens it wrote
                 self._record_setup(choice, res, len(batch.ids), seconds)
-            if choice is not None:
-                self._ready.add((choice.name, bucket(len(batch.ids), 1)))
             parts.append(res)
             start += len(res.tokens)
         res = parts[0] if len(parts) == 1 else merge_results(parts)
@@ -338,25 +340,41 @@ class ParseEngine:
 
     def _charge(self, mode: str, rounds: tuple[str | None, ...], size: int, max_new: int,
                 start: int) -> SetupCharge | None:
-        """Inside a `job`: the setup each choice not yet set up at this batch bucket would pay, over the decode
-        steps the job has left (its prompts x the tokens a row writes on average, else the budget, / the rows)."""
+        """Inside a `job`: the setup each choice that has not yet run a batch without setting something up at this
+        batch bucket would still pay (its figure, or `UNMEASURED_SETUP_SECONDS` for a speculative choice with none,
+        less what this engine paid for it), over the decode steps the job has left (its prompts x the tokens a row
+        writes on average, else the budget, / the rows)."""
         if self._job_left is None:
             return None
         b = bucket(size, 1)
         names = [PLAIN_CHOICE] + [choice_name(mode, r) for r in rounds]
         setup = self._setup_costs()
-        seconds = {m: setup.get(m, b) for m in names if (m, b) not in self._ready}
+        seconds = {}
+        for m in names:
+            if (m, b) in self._ready:
+                continue
+            # the figure this engine found on record (not the one its own partial payments have averaged in)
+            figure = self._setup_earlier[(m, b)] if (m, b) in self._setup_earlier else setup.get(m, b)
+            if figure is None and m != PLAIN_CHOICE:  # never set up here: expected to cost what such programs do
+                figure = UNMEASURED_SETUP_SECONDS
+            if figure is not None:  # what is left of it, beyond what this engine has paid already
+                seconds[m] = max(figure - self._setup_paid.get((m, b), 0.0), 0.0)
         rows = max(self._job_left - start, size)
         steps = rows * (self._row_tokens or max_new) / size
-        return SetupCharge({m: s for m, s in seconds.items() if s is not None}, steps)
+        return SetupCharge(seconds, steps)
 
     def _record_setup(self, choice: ScheduleChoice, res: GenerateResult, size: int, seconds: float) -> None:
         """A run over `size` rows (a batch, or slots served) that set up programs took `seconds`: its setup is that
-        less what its tokens cost at the choice's estimate (batch-wide steps x seconds per token)."""
+        less what its tokens cost at the choice's estimate (batch-wide steps x seconds per token), added to what this
+        engine paid for the choice at this bucket before; the figure on record becomes that total (averaged with the
+        figure before this engine paid any)."""
         rows = max(min(size, len(res.tokens)), 1)
         steps = sum(len(t) for t in res.tokens) / rows
         setup = max(seconds - steps * choice.estimate.get(choice.name, 0.0), 0.0)
-        self._setup = self._setup_costs().with_figure(choice.name, bucket(size, 1), setup)
+        key, costs = (choice.name, bucket(size, 1)), self._setup_costs()
+        self._setup_earlier.setdefault(key, costs.get(*key))
+        self._setup_paid[key] = self._setup_paid.get(key, 0.0) + setup
+        self._setup = costs.with_total(*key, self._setup_paid[key], self._setup_earlier[key])
 
     def _setup_costs(self) -> SetupCosts:
         """The setup figures of this engine's models, read from disk the first time they are needed."""

@@ -156,8 +156,8 @@ def test_max_batch_must_be_a_positive_integer(bad):
 def test_a_job_decodes_plainly_where_the_mode_s_setup_would_not_pay_back(tmp_path, monkeypatch):
     """`engine.job(n)`: each choice's program setup, as earlier runs measured it (a file beside the profiles), is
     charged to the job's rows. A job whose rows cannot pay back sd's setup runs plain decoding (the target's tokens)
-    and explores nothing; the same engine outside a job speculates where the costs say it wins. A batch that set up
-    programs inside a job leaves its figure in the file."""
+    and explores nothing; the same engine outside a job speculates where the costs say it wins. With no figure on
+    record, a short job does not pay an unmeasured setup and a long one does, and leaves its figure in the file."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the profiles folder (and the setup file) of this test
     eng = _engine(schedule="auto")
     eng._costs = costs(MEMORY_BOUND, eagle3=False)  # sd predicted to win
@@ -174,7 +174,13 @@ def test_a_job_decodes_plainly_where_the_mode_s_setup_would_not_pay_back(tmp_pat
     assert all(c["setup_seconds_per_token"] == {} for c in free.stats["schedule"])
     fresh = _engine(schedule="auto")
     fresh._costs = costs(MEMORY_BOUND, eagle3=False)
-    with fresh.job(6):  # no figure for sd at batch 4: it runs, and what its setup took is written down
+    with fresh.job(6):  # no figure for sd at batch 4: expected to cost UNMEASURED_SECONDS, more than 6 prompts pay
+        short = fresh.generate(PROMPTS[:6], mode="sd", max_new_tokens=10, max_batch=4)
+    assert {c["ran"] for c in short.stats["schedule"]} == {"target"}
+    charged = short.stats["schedule"][0]["setup_seconds_per_token"]
+    assert set(charged) == {"sd"} and charged["sd"] > 1e-2  # plain decoding is never charged an unmeasured setup
+    assert "sd@4" not in load_setup_costs(TARGET, DRAFT).seconds
+    with fresh.job(10**9):  # a job long enough to pay it back: sd runs, and what its setup took is written down
         ran = fresh.generate(PROMPTS[:6], mode="sd", max_new_tokens=10, max_batch=4)
     assert "sd" in {c["ran"] for c in ran.stats["schedule"]}
     assert "sd@4" in load_setup_costs(TARGET, DRAFT).seconds

@@ -6,7 +6,9 @@ it pays for it.
 rows cannot pay back is not run, nor explored (docs/design.md §7). On a CPU the setup of PARSE's programs is tens of
 seconds against a few seconds of generation for a 256-problem eval, so an eval would otherwise lose to the target
 on setup alone. Figures are keyed by choice name ("parse-single", "target") and batch bucket, in one JSON file per
-(target, draft, head) fingerprint, device and versions; a new measurement is averaged in (`EMA`).
+(target, draft, head) fingerprint, device and versions. A figure is what one process paid in all for the choice at
+that bucket (its runs meet new shapes one by one), averaged with earlier processes' (`EMA`); a speculative choice
+never measured is expected to cost `UNMEASURED_SECONDS`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from parse_jax.utils.progress import logger
 
 FORMAT = 1
 EMA = 0.5  # weight of the newest measurement
+# what a speculative choice never set up with these models on this device is expected to cost to set up: its
+# programs hold the draft, the verification and their loops (the embedded pair on the 2-core CPU, compile cache warm:
+# plain decoding 0.8 s at batch 8, single-round PARSE 29 s over a 256-problem eval's shapes; cold, multi-round 35-58 s
+# per run), so a short job never pays a setup it has not measured
+UNMEASURED_SECONDS = 10.0
 
 
 def setup_key(target, draft=None, head=None) -> dict[str, Any]:
@@ -56,9 +63,16 @@ class SetupCosts:
         return self.seconds.get(self.name(choice, batch_bucket))
 
     def with_figure(self, choice: str, batch_bucket: int, seconds: float) -> SetupCosts:
-        name, out = self.name(choice, batch_bucket), dict(self.seconds)
-        old = out.get(name)
-        out[name] = float(seconds) if old is None else EMA * float(seconds) + (1 - EMA) * old
+        """These figures with a new measurement of `choice` at `batch_bucket` averaged in."""
+        return self.with_total(choice, batch_bucket, seconds, self.get(choice, batch_bucket))
+
+    def with_total(self, choice: str, batch_bucket: int, seconds: float, earlier: float | None) -> SetupCosts:
+        """These figures with `seconds`, what one process has paid so far to set `choice` up at `batch_bucket` (its
+        runs meet new shapes one by one: admission sizes, prompt buckets), averaged with `earlier`, the figure on
+        record before that process paid any."""
+        out = dict(self.seconds)
+        out[self.name(choice, batch_bucket)] = (float(seconds) if earlier is None
+                                                else EMA * float(seconds) + (1 - EMA) * earlier)
         return dataclasses.replace(self, seconds=out)
 
     def save(self) -> None:
