@@ -1,7 +1,8 @@
 """`parse-jax eval` with parse against the same eval with target, at eval's defaults (batch 8, continuous batching,
 schedule auto): 256 held-out problems of the embedded task as a JSONL file, each eval run as a user runs it (a fresh
-process, the persistent compile cache warmed by one untimed run of each), alternating target and parse, wall time
-of each process. Accuracy must match.
+process, after one untimed run of each: it fills the persistent compile cache with the programs that run ran, and
+the setup figures with what it set up), alternating target and parse, wall time of each process. Accuracy must
+match.
 
     python benchmarks/bench_eval_speed.py --n 256 --repeats 2 --out benchmarks/results/eval_speed
 """

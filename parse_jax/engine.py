@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -25,7 +24,7 @@ from parse_jax.lowering.memory import MemoryGuard
 from parse_jax.models.vocab import align_vocab
 from parse_jax.modes.context import ModeContext
 from parse_jax.modes.table import MODE_TABLE
-from parse_jax.runtime.programs import FETCHES, bucket, compiled_programs, length_bucket, setup_events
+from parse_jax.runtime.programs import FETCHES, bucket, compiled_programs, length_bucket, setup_events, setup_seconds
 from parse_jax.runtime.requests import (
     GenerateResult,
     Request,
@@ -41,8 +40,7 @@ from parse_jax.schedule.costs import PassCosts
 from parse_jax.schedule.policy import Knobs, Workload
 from parse_jax.schedule.prefix_price import prefix_price
 from parse_jax.schedule.profile import pass_costs
-from parse_jax.schedule.setup import UNMEASURED_SECONDS as UNMEASURED_SETUP_SECONDS
-from parse_jax.schedule.setup import SetupCosts, load_setup_costs
+from parse_jax.schedule.setup import SetupCosts, ledger, load_setup_costs
 from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings  # noqa: F401  (re-exported)
 from parse_jax.speculation.draft_model import check_pair
 from parse_jax.speculation.eagle3 import Eagle3, check_tree
@@ -144,9 +142,6 @@ class ParseEngine:
         self.memory_guard = MemoryGuard()  # generate's memory plan on the first device (docs/lowering.md)
         self._costs: PassCosts | None = None
         self._setup: SetupCosts | None = None  # program setup per choice, read from disk when first needed
-        self._ready: set[tuple[str, int]] = set()  # (choice, batch bucket) that ran a batch setting nothing up
-        self._setup_paid: dict[tuple[str, int], float] = {}  # setup seconds this engine paid per (choice, bucket)
-        self._setup_earlier: dict[tuple[str, int], float | None] = {}  # the figure on record before it paid any
         self._job_left: int | None = None  # prompts left in a one-off job (`job`); None: setup is not charged
         self._row_tokens: float | None = None  # tokens a row has written on average so far
 
@@ -297,7 +292,7 @@ class ParseEngine:
             run = mode if choice is None else choice.run
             ctx = self.context if choice is None else self._context(choice.rounds)
             ctx, price = self._priced(ctx, run, batch)
-            setup_before = setup_events() if choice is not None else None
+            setup_before = (setup_events(), setup_seconds()) if choice is not None else None
             spec, res = MODE_TABLE[run], None
             explored = choice is not None and choice.explored
             # the rest through `size` slots, a finished row's slot taking the next prompt; an explored choice through
@@ -306,25 +301,25 @@ class ParseEngine:
             # `served`: it ran so
             explore = min(EXPLORE_FILLS * size, n - start - size)
             rest = req.ids[start:start + explore] if explored else req.ids[start:]
-            t0 = time.perf_counter()
             if spec.serve is not None and len(rest) > size:
                 res = spec.serve(ctx, dataclasses.replace(batch, ids=rest), size)
             served = res is not None
             if res is None:
                 res = spec.runner(ctx, batch)
-            seconds = time.perf_counter() - t0
             if price is not None:
                 res.stats["prefix_price"] = price
             if choice is not None:  # what the decision ran: its prompts, and its slots (None: a fixed batch)
                 choices[-1].update(rows=len(res.tokens), slots=res.stats.get("slots"))
-            if choice is not None and setup_events() == setup_before:  # jax set up nothing (no compile): measured
+            if choice is not None and setup_events() == setup_before[0]:  # jax set up nothing (no compile): measured
                 explorations += explored
                 longest = None if served else max(1, max(len(t) for t in res.tokens))  # a fixed batch's rows idle
                 self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,
                                                                  longest=longest)
-                self._ready.add((choice.name, bucket(len(batch.ids), 1)))
-            elif choice is not None:  # it set up programs: what that cost, beyond the tokens it wrote
-                self._record_setup(choice, res, len(batch.ids), seconds)
+                ledger(self._setup_costs()).ready.add((choice.name, bucket(len(batch.ids), 1)))
+            elif choice is not None:  # it set up programs: what jax reported that took
+                costs = self._setup_costs()
+                self._setup = ledger(costs).pay(costs, choice.name, bucket(len(batch.ids), 1),
+                                                setup_seconds() - setup_before[1], speculative=choice.speculate)
             parts.append(res)
             start += len(res.tokens)
         res = parts[0] if len(parts) == 1 else merge_results(parts)
@@ -340,41 +335,19 @@ class ParseEngine:
 
     def _charge(self, mode: str, rounds: tuple[str | None, ...], size: int, max_new: int,
                 start: int) -> SetupCharge | None:
-        """Inside a `job`: the setup each choice that has not yet run a batch without setting something up at this
-        batch bucket would still pay (its figure, or `UNMEASURED_SETUP_SECONDS` for a speculative choice with none,
-        less what this engine paid for it), over the decode steps the job has left (its prompts x the tokens a row
-        writes on average, else the budget, / the rows)."""
+        """Inside a `job`: what setting each choice up at this batch bucket is still expected to cost this process
+        (`SetupLedger.left`), over the decode steps the job has left (its prompts x the tokens a row writes on
+        average, else the budget, / the rows)."""
         if self._job_left is None:
             return None
         b = bucket(size, 1)
         names = [PLAIN_CHOICE] + [choice_name(mode, r) for r in rounds]
         setup = self._setup_costs()
-        seconds = {}
-        for m in names:
-            if (m, b) in self._ready:
-                continue
-            # the figure this engine found on record (not the one its own partial payments have averaged in)
-            figure = self._setup_earlier[(m, b)] if (m, b) in self._setup_earlier else setup.get(m, b)
-            if figure is None and m != PLAIN_CHOICE:  # never set up here: expected to cost what such programs do
-                figure = UNMEASURED_SETUP_SECONDS
-            if figure is not None:  # what is left of it, beyond what this engine has paid already
-                seconds[m] = max(figure - self._setup_paid.get((m, b), 0.0), 0.0)
+        led = ledger(setup)
+        left = {m: led.left(setup, m, b, speculative=m != PLAIN_CHOICE) for m in names}
         rows = max(self._job_left - start, size)
         steps = rows * (self._row_tokens or max_new) / size
-        return SetupCharge(seconds, steps)
-
-    def _record_setup(self, choice: ScheduleChoice, res: GenerateResult, size: int, seconds: float) -> None:
-        """A run over `size` rows (a batch, or slots served) that set up programs took `seconds`: its setup is that
-        less what its tokens cost at the choice's estimate (batch-wide steps x seconds per token), added to what this
-        engine paid for the choice at this bucket before; the figure on record becomes that total (averaged with the
-        figure before this engine paid any)."""
-        rows = max(min(size, len(res.tokens)), 1)
-        steps = sum(len(t) for t in res.tokens) / rows
-        setup = max(seconds - steps * choice.estimate.get(choice.name, 0.0), 0.0)
-        key, costs = (choice.name, bucket(size, 1)), self._setup_costs()
-        self._setup_earlier.setdefault(key, costs.get(*key))
-        self._setup_paid[key] = self._setup_paid.get(key, 0.0) + setup
-        self._setup = costs.with_total(*key, self._setup_paid[key], self._setup_earlier[key])
+        return SetupCharge({m: v for m, v in left.items() if v is not None}, steps)
 
     def _setup_costs(self) -> SetupCosts:
         """The setup figures of this engine's models, read from disk the first time they are needed."""

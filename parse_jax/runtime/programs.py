@@ -87,11 +87,13 @@ def compiled_programs() -> int:
 
 
 _SETUP_EVENTS = [0]
+_SETUP_SECONDS = [0.0]
 
 
-def _count_setup(event: str, *args, **kwargs) -> None:
+def _count_setup(event: str, duration: float, *args, **kwargs) -> None:
     if event.startswith("/jax/core/compile/"):
         _SETUP_EVENTS[0] += 1
+        _SETUP_SECONDS[0] += float(duration)
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_setup)
@@ -102,3 +104,9 @@ def setup_events() -> int:
     eager operation meeting a new shape, registered or not (what `compiled_programs` cannot see: a helper program
     of a serving loop, an eager slice). A stretch of work in which this does not move ran only ready programs."""
     return _SETUP_EVENTS[0]
+
+
+def setup_seconds() -> float:
+    """Seconds of those tracings, lowerings and compilations (loading from the persistent cache included), as jax
+    reports their durations: what a run spent setting programs up, apart from the tokens it wrote."""
+    return _SETUP_SECONDS[0]

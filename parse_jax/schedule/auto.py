@@ -56,8 +56,8 @@ def option(run: str, rounds: str | None = None) -> str:
 @dataclasses.dataclass(frozen=True)
 class SetupCharge:
     """Program setup charged to a one-off job (`ParseEngine.job`): `seconds` of setup (tracing, compiling, loading)
-    each choice not yet run at this batch bucket would pay first, spread over the `steps` (batch-wide decode steps)
-    the job has left. A choice then costs `estimate + seconds / steps` per token (schedule/setup.py)."""
+    each choice is still expected to cost at this batch bucket (`schedule.setup.SetupLedger.left`), spread over the
+    `steps` (batch-wide decode steps) the job has left. A choice then costs `estimate + seconds / steps` per token."""
 
     seconds: Mapping[str, float]
     steps: float

@@ -7,8 +7,8 @@ rows cannot pay back is not run, nor explored (docs/design.md §7). On a CPU the
 seconds against a few seconds of generation for a 256-problem eval, so an eval would otherwise lose to the target
 on setup alone. Figures are keyed by choice name ("parse-single", "target") and batch bucket, in one JSON file per
 (target, draft, head) fingerprint, device and versions. A figure is what one process paid in all for the choice at
-that bucket (its runs meet new shapes one by one), averaged with earlier processes' (`EMA`); a speculative choice
-never measured is expected to cost `UNMEASURED_SECONDS`.
+that bucket, as jax reports its setup durations (its runs meet new shapes one by one: `SetupLedger`), averaged with
+the figure it found (`EMA`); a speculative choice never measured is expected to cost `UNMEASURED_SECONDS`.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from parse_jax.utils.progress import logger
 
 FORMAT = 1
 EMA = 0.5  # weight of the newest measurement
-# what a speculative choice never set up with these models on this device is expected to cost to set up: its
-# programs hold the draft, the verification and their loops (the embedded pair on the 2-core CPU, compile cache warm:
-# plain decoding 0.8 s at batch 8, single-round PARSE 29 s over a 256-problem eval's shapes; cold, multi-round 35-58 s
-# per run), so a short job never pays a setup it has not measured
+# a deliberate prior: what a speculative choice never set up with these models on this device is expected to cost
+# to set up, until a process measures it. Its programs hold the draft, the verification and their loops (the embedded
+# pair on the 2-core CPU, compile cache warm: plain decoding 0.8 s at batch 8, single-round PARSE 29 s over a
+# 256-problem eval's shapes; cold, multi-round 35-58 s per run); set below those, so that a job of a few minutes
+# still explores, while one of seconds does not pay for programs it has never measured
 UNMEASURED_SECONDS = 10.0
 
 
@@ -83,6 +84,54 @@ class SetupCosts:
             atomic.write_json(self.path, {"fingerprint": dict(self.key or {}), "seconds": dict(self.seconds)})
         except OSError as e:
             logger.warning(f"setup costs not saved to {self.path}: {e}")
+
+
+def expected_setup(costs: SetupCosts, choice: str, batch_bucket: int, *, speculative: bool) -> float | None:
+    """The figure on record, else `UNMEASURED_SECONDS` for a speculative choice (None for plain decoding, the
+    baseline every mode's programs share)."""
+    figure = costs.get(choice, batch_bucket)
+    return UNMEASURED_SECONDS if figure is None and speculative else figure
+
+
+class SetupLedger:
+    """One process's setup per (choice, batch bucket) of one model set (one setup file): the figure it found on record
+    before it paid any (`expected_setup`), what it has paid (each run that set something up adds what jax reported),
+    and the choices that have run a batch setting nothing up (`ready`). A process, not an engine: programs are shared
+    by every engine in it (`ledger`). Host-side bookkeeping, mutated in place like `runtime.slots.SlotBook`."""
+
+    def __init__(self) -> None:
+        self.found: dict[tuple[str, int], float | None] = {}
+        self.paid: dict[tuple[str, int], float] = {}
+        self.ready: set[tuple[str, int]] = set()
+
+    def left(self, costs: SetupCosts, choice: str, batch_bucket: int, *, speculative: bool) -> float | None:
+        """What setting `choice` up at `batch_bucket` is still expected to cost: the figure found (not one its own
+        partial payments have averaged into) less what was paid; None once ready, or where nothing is expected.
+        A figure found from a slower process leaves more to pay than this one will: the charge can then put a
+        half-set-up choice above plain decoding for the rest of a job (the price of never charging twice)."""
+        key = (choice, batch_bucket)
+        if key in self.ready:
+            return None
+        figure = self.found[key] if key in self.found else expected_setup(costs, choice, batch_bucket,
+                                                                           speculative=speculative)
+        return None if figure is None else max(figure - self.paid.get(key, 0.0), 0.0)
+
+    def pay(self, costs: SetupCosts, choice: str, batch_bucket: int, seconds: float, *,
+            speculative: bool) -> SetupCosts:
+        """`costs` with this process's total for `choice` at `batch_bucket`, `seconds` more, averaged with the figure
+        it found (`UNMEASURED_SECONDS` for a speculative choice with none: one partial payment is no full figure)."""
+        key = (choice, batch_bucket)
+        self.found.setdefault(key, expected_setup(costs, choice, batch_bucket, speculative=speculative))
+        self.paid[key] = self.paid.get(key, 0.0) + max(float(seconds), 0.0)
+        return costs.with_total(choice, batch_bucket, self.paid[key], self.found[key])
+
+
+_LEDGERS: dict[str, SetupLedger] = {}
+
+
+def ledger(costs: SetupCosts) -> SetupLedger:
+    """This process's ledger of the model set whose figures `costs` holds (one per setup file)."""
+    return _LEDGERS.setdefault(str(costs.path), SetupLedger())
 
 
 def load_setup_costs(target, draft=None, head=None, folder: str | Path | None = None) -> SetupCosts:
