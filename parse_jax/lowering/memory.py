@@ -33,7 +33,7 @@ from parse_jax.lowering.chips import Chip
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.sharding import abstract_params, fitting_rules
 from parse_jax.runtime.programs import bucket, length_bucket
-from parse_jax.verify.round import block_lengths
+from parse_jax.verify.round import block_lengths, later_block_reach
 
 GB = 1e9
 
@@ -128,7 +128,9 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platfo
     elif rounds == "multi" and mode != "parse+eagle3":
         copies = ctx.round_spec.max_prefixes * suffix
         first, later = block_lengths(p + d + copies), block_lengths(1 + d + copies)
-        slots = length_bucket(max(first[-1], p + max_new + later[-1] + 1))
+        reach = (later_block_reach(p, max_new, min(cfg.max_draft_tokens, d), copies, later) if b == 1
+                 else p + max_new + later[-1] + 1)  # as modes/parse_multi.multi_shape sizes them
+        slots = length_bucket(max(first[-1], p + max_new + 1, reach))
         models.append(("target", t, slots, first[-1]))
         models.append(("draft", dcfg, slots, p))
     else:  # parse single, parse+eagle3

@@ -51,6 +51,7 @@ from parse_jax.verify.round import (
     Verified,
     block_lengths,
     ends_in_eos,
+    later_block_reach,
     verify_round,
 )
 from parse_jax.verify.segment import state_after
@@ -342,20 +343,25 @@ def multi_round_program(pair: PairSpec, spec: RoundSpec, shape: MultiShape, samp
     return register_program(jax.jit(run))
 
 
-def multi_shape(ctx: ModeContext, prompt_bucket: int, max_new: int, eagle: EagleSpec | None = None) -> MultiShape:
+def multi_shape(ctx: ModeContext, prompt_bucket: int, max_new: int, eagle: EagleSpec | None = None, *,
+                rows: int) -> MultiShape:
     """The static shapes of multi-round programs for prompts up to `prompt_bucket` tokens and a budget of `max_new`
-    (`eagle`: the target's steps written with EAGLE-3, whose rounds write past their last token)."""
+    over `rows` rows (`eagle`: the target's steps written with EAGLE-3, whose rounds write past their last token)."""
     cfg, p = ctx.config, prompt_bucket
     cap, seg_cap = cfg.max_draft_tokens, cfg.max_segment  # static; each row is cut to its budget
     d = bucket(min(cap, max_new), 16)
     seg = min(seg_cap, max_new)
     copies = ctx.round_spec.max_prefixes * len(ctx.suffix_ids)
     first_lengths, lengths = block_lengths(p + d + copies), block_lengths(1 + d + copies)
-    past = max(lengths[-1] + 1, eagle.margin if eagle is not None else 0)
+    written = p + max_new + (eagle.margin if eagle is not None else 1)  # the output, and what a step writes past it
+    if rows == 1:  # the block is padded for this row's own draft, which shrinks with the budget left
+        reach = later_block_reach(p, max_new, min(cap, d), copies, lengths)
+    else:  # a row near its budget's end may carry a block padded for another row's full draft
+        reach = p + max_new + lengths[-1] + 1
     return MultiShape(prompt=p, draft_cap=cap, draft_new=d, segment_cap=seg_cap, pending=bucket(seg + 2, 8),
                       first_lengths=first_lengths, lengths=lengths, segment=bucket(seg, 16),
                       num_new=bucket(max_new, 16),
-                      cache_len=length_bucket(max(first_lengths[-1], p + max_new + past)))
+                      cache_len=length_bucket(max(first_lengths[-1], written, reach)))
 
 
 def _seg_stop(ctx: ModeContext, req: Request) -> np.ndarray:
@@ -377,7 +383,7 @@ def multi_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Launch:
     ids, target = req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
     es = eagle_spec(ctx) if eagle else None
-    shape = multi_shape(ctx, p, req.max_new, es)
+    shape = multi_shape(ctx, p, req.max_new, es, rows=b)
     program = multi_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, es)
     return Launch(program, (_weights(ctx, eagle), device_prompts(target, ids, b, p, req.max_new), req.eos,
                             _seg_stop(ctx, req), ctx.judge, req.sampling.args()))
@@ -470,7 +476,7 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     slots = bucket(capacity, 1)
     p = bucket(max(len(x) for x in ids))
     es = eagle_spec(ctx) if eagle else None
-    shape = multi_shape(ctx, p, max(budgets), es)
+    shape = multi_shape(ctx, p, max(budgets), es, rows=slots)
     admit, advance = _slot_programs(pair, ctx.round_spec, shape, req.sampling.sampler, es)
     weights = _weights(ctx, eagle)
     fields = (*ROW_FIELDS, *(EAGLE_FIELDS if eagle else ()))

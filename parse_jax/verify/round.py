@@ -146,6 +146,20 @@ def block_lengths(longest: int, shortest: int = 8) -> tuple[int, ...]:
     return (*out, top)
 
 
+def later_block_reach(prompt: int, max_new: int, draft_cap: int, copies: int, lengths: tuple[int, ...]) -> int:
+    """The cache positions a later round's verification block can reach for one row (its end, exclusive): with `num`
+    tokens written, the block starts at the row's last token (position prompt + num - 1) and is padded to the
+    shortest of `lengths` that holds 1 + its draft (at most min(draft_cap, max_new - num) tokens) + its suffix copies.
+    Multi-round programs of one row size their caches so (modes/parse_multi.multi_shape): 192 positions instead of 256
+    at a 96-token budget, where a block reserved past the whole budget cost every pass its attention over 64 more."""
+    reach = 0
+    for num in range(1, max_new):  # a later round follows a first one that wrote at least one token
+        need = 1 + min(draft_cap, max_new - num) + copies
+        padded = next((n for n in lengths if n >= need), lengths[-1])
+        reach = max(reach, prompt + num - 1 + padded)
+    return reach
+
+
 def verify_round(target_forward, cache: KVCache, judge: Judge, *, head: jax.Array, head_len: jax.Array,
                  draft: Draft, spec: RoundSpec, shape: PassShape) -> Verified:
     """Score every prefix of `head[:head_len] ++ draft`'s draft part in ONE pass over `cache` (its rows' committed
