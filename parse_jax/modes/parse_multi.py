@@ -354,6 +354,9 @@ def multi_shape(ctx: ModeContext, prompt_bucket: int, max_new: int, eagle: Eagle
     copies = ctx.round_spec.max_prefixes * len(ctx.suffix_ids)
     first_lengths, lengths = block_lengths(p + d + copies), block_lengths(1 + d + copies)
     written = p + max_new + (eagle.margin if eagle is not None else 1)  # the output, and what a step writes past it
+    # Only real tokens must fit: a write's padding past the end is dropped (`models/cache.write_block`, mode="drop"),
+    # and one row's padding can fall there (the draft's catch-up of `pending` slots, the EAGLE-3 head's pass over the
+    # block padded to `lengths[-1]`); a clamping write would need those added here
     if rows == 1:  # the block is padded for this row's own draft, which shrinks with the budget left
         reach = later_block_reach(p, max_new, min(cap, d), copies, lengths)
     else:  # a row near its budget's end may carry a block padded for another row's full draft
