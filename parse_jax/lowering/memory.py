@@ -32,8 +32,9 @@ from parse_jax.errors import ConfigError
 from parse_jax.lowering.chips import Chip
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.sharding import abstract_params, fitting_rules
+from parse_jax.modes.parse_multi import multi_shape
 from parse_jax.runtime.programs import bucket, length_bucket
-from parse_jax.verify.round import block_lengths, later_block_reach
+from parse_jax.verify.round import block_lengths
 
 GB = 1e9
 
@@ -126,13 +127,9 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platfo
         slots = bucket(prompt_len + max_new + k * suffix)
         models.append(("target", t, slots, slots))
     elif rounds == "multi" and mode != "parse+eagle3":
-        copies = ctx.round_spec.max_prefixes * suffix
-        first, later = block_lengths(p + d + copies), block_lengths(1 + d + copies)
-        reach = (later_block_reach(p, max_new, min(cfg.max_draft_tokens, d), copies, later) if b == 1
-                 else p + max_new + later[-1] + 1)  # as modes/parse_multi.multi_shape sizes them
-        slots = length_bucket(max(first[-1], p + max_new + 1, reach))
-        models.append(("target", t, slots, first[-1]))
-        models.append(("draft", dcfg, slots, p))
+        shape = multi_shape(ctx, p, max_new, rows=b)  # the caches the program allocates
+        models.append(("target", t, shape.cache_len, shape.first_lengths[-1]))
+        models.append(("draft", dcfg, shape.cache_len, p))
     else:  # parse single, parse+eagle3
         eagle = mode == "parse+eagle3"
         lengths = block_lengths(p + d + ctx.round_spec.max_prefixes * suffix)

@@ -8,6 +8,7 @@ Nothing here returns to the host: the modes fetch their results once, at the end
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -146,6 +147,7 @@ def block_lengths(longest: int, shortest: int = 8) -> tuple[int, ...]:
     return (*out, top)
 
 
+@functools.cache
 def later_block_reach(prompt: int, max_new: int, draft_cap: int, copies: int, lengths: tuple[int, ...]) -> int:
     """The cache positions a later round's verification block can reach for one row (its end, exclusive): with `num`
     tokens written, the block starts at the row's last token (position prompt + num - 1) and is padded to the
