@@ -33,7 +33,7 @@ from parse_jax.runtime.requests import (
     merge_results,
     resolve_eos,
 )
-from parse_jax.schedule.auto import EXPLORE_FILLS, ScheduleChoice, ScheduleState, SetupCharge, choose
+from parse_jax.schedule.auto import EXPLORE_FILLS, Outlook, ScheduleChoice, ScheduleState, SetupCharge, choose
 from parse_jax.schedule.auto import PLAIN as PLAIN_CHOICE
 from parse_jax.schedule.auto import option as choice_name
 from parse_jax.schedule.costs import PassCosts
@@ -143,6 +143,7 @@ class ParseEngine:
         self._costs: PassCosts | None = None
         self._setup: SetupCosts | None = None  # program setup per choice, read from disk when first needed
         self._job_left: int | None = None  # prompts left in a one-off job (`job`); None: setup is not charged
+        self._prompts_run = 0  # prompts this engine has generated for (`_windows_after`)
         self._row_tokens: float | None = None  # tokens a row has written on average so far
 
     @contextlib.contextmanager
@@ -283,10 +284,10 @@ class ParseEngine:
             batch = dataclasses.replace(req, ids=req.ids[start:start + size], sampling=sampling)
             choice = None
             if self.config.schedule == "auto" and mode != "target":
-                choice = self._choose(mode, batch, rounds,
-                                      explore=start + size < n and explorations < len(rounds) + 1
-                                      and attempts < 2 * (len(rounds) + 1),
-                                      charge=self._charge(mode, rounds, len(batch.ids), req.max_new, start))
+                outlook = Outlook(charge=self._charge(mode, rounds, len(batch.ids), req.max_new, start),
+                                  windows_after=self._windows_after(n, start, size))
+                choice = self._choose(mode, batch, rounds, explore=start + size < n and explorations < len(rounds) + 1
+                                      and attempts < 2 * (len(rounds) + 1), outlook=outlook)
                 choices.append(choice.as_dict())
                 attempts += choice.explored
             run = mode if choice is None else choice.run
@@ -327,11 +328,23 @@ class ParseEngine:
             res.stats["schedule"] = choices
         written = sum(len(t) for t in res.tokens) / max(len(res.tokens), 1)
         self._row_tokens = written if self._row_tokens is None else 0.5 * written + 0.5 * self._row_tokens
+        self._prompts_run += n
         if self._job_left is not None:
             self._job_left = max(self._job_left - n, 0)
         if self._setup is not None and self._setup is not setup_known:
             self._setup.save()
         return res
+
+    def _windows_after(self, n: int, start: int, size: int) -> float:
+        """The prompts expected after an explored window starting at `start`, in windows: what measuring a close call
+        again must pay back (`schedule.auto.worth_measuring`). Expected: this call's, a job's where larger, or as many
+        as the engine has run so far (work done so far predicts work to come: an engine called many times measures
+        a close call again in time). The window: `EXPLORE_FILLS` x `size` served, or one fixed batch of `size` where
+        fewer prompts are left (`_run_batches`)."""
+        served = min(EXPLORE_FILLS * size, n - start - size)
+        window = served if served > size else size
+        left = max(n - start, (self._job_left or 0) - start, self._prompts_run) - window
+        return max(left, 0) / window
 
     def _charge(self, mode: str, rounds: tuple[str | None, ...], size: int, max_new: int,
                 start: int) -> SetupCharge | None:
@@ -366,8 +379,8 @@ class ParseEngine:
         """The cache buffer a batch's passes read: its longest prompt and its budget, bucketed."""
         return length_bucket(max(len(p) for p in req.ids) + req.max_new)
 
-    def _choose(self, mode: str, req: Request, rounds: tuple[str | None, ...], explore: bool,
-                charge: SetupCharge | None = None) -> ScheduleChoice:
+    def _choose(self, mode: str, req: Request, rounds: tuple[str | None, ...], *, explore: bool,
+                outlook: Outlook) -> ScheduleChoice:
         """Plain decoding or `mode` (with each of `rounds`) for this batch, from the cost model and what earlier
         batches measured."""
         cfg = self.context.config
@@ -376,7 +389,7 @@ class ParseEngine:
         workload = Workload(batch=len(req.ids), cache_len=self._cache_len(req),
                             suffix_tokens=len(self.suffix_ids), remaining_tokens=req.max_new)
         return choose(self.schedule_state, self._cost_model(), mode=mode, knobs=knobs, workload=workload, rounds=rounds,
-                      explore=explore, charge=charge)
+                      explore=explore, outlook=outlook)
 
     def _priced(self, ctx: ModeContext, run: str, batch: Request) -> tuple[ModeContext, float | None]:
         """`ctx` with the price of a verified prefix for `batch` run as mode `run` (prefix_choice "auto",

@@ -8,7 +8,7 @@ import pytest
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import InputError
 from parse_jax.runtime.decode import generate
-from parse_jax.schedule.auto import EXPLORE_FILLS
+from parse_jax.schedule.auto import EXPLORE_FILLS, SPECULATION_MARGIN, ScheduleState
 from parse_jax.schedule.setup import load_setup_costs
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
 from tests.test_engine import DRAFT, TARGET
@@ -126,6 +126,32 @@ def test_an_explored_choice_is_served_over_a_few_fills_of_its_slots():
                      _engine(rounds="single").generate([prompts[i]], mode="parse", max_new_tokens=10))
             assert res.tokens[i] == alone.tokens[0], (c, i)
         start += c["rows"]
+
+
+def test_a_close_call_is_measured_again_only_where_the_work_left_pays_for_its_window(tmp_path, monkeypatch):
+    """Plain decoding measured 30% behind parse (after the margin) is a close call, but measuring it again costs a
+    window at its price: a fresh engine's call of 7 prompts at batch 1 (a window of 3, then 4 prompts) serves parse;
+    in a long job, or in an engine that has already run many prompts (as many expected to come), it measures plain
+    decoding again first. Each engine starts from the same figures."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the setup file of this test (nothing charged here)
+    state = ScheduleState()
+    for name, seconds in (("parse", 0.1), ("target", 0.13 / (1 - SPECULATION_MARGIN))):
+        state = state.record(name, 1, {"new_tokens": 20, "seconds": seconds})
+
+    def engine(prompts_run=0):
+        eng = _engine(schedule="auto", rounds="single")
+        eng._costs, eng.schedule_state, eng._prompts_run = costs(MEMORY_BOUND, eagle3=False), state, prompts_run
+        return eng
+
+    short = engine().generate(PROMPTS, mode="parse", max_new_tokens=6, max_batch=1)
+    assert [(c["ran"], c["why"]) for c in short.stats["schedule"]] == [("parse", "measured")]
+    in_job = engine()
+    with in_job.job(10**6):
+        long = in_job.generate(PROMPTS, mode="parse", max_new_tokens=6, max_batch=1)
+    busy = engine(prompts_run=10**6).generate(PROMPTS, mode="parse", max_new_tokens=6, max_batch=1)
+    for res in (long, busy):
+        first = res.stats["schedule"][0]
+        assert first["ran"] == "target" and first["why"].startswith("exploring")
 
 
 @pytest.mark.parametrize("faster", ["multi", "single"])

@@ -19,7 +19,9 @@ never explores.
 One timed batch is not enough to tell choices 10-20% apart on a shared machine, so a figure is the median of its last
 `KEEP` measurements, and a choice that is contested (within `CONTESTED` of the pick, after the margin) is measured
 again, at most once per call, until it has `CONFIRM` of them: what decides a close call is several measurements of
-each side, taken at different moments.
+each side, taken at different moments. Measuring again costs its window at the contested choice's price, so it runs
+only where the work that follows can pay that back (`worth_measuring`: the expected improvement of the pick, with
+`NOISE` per measurement, over the windows of work left in the call or job, against the window's expected loss).
 Everything here is host-side bookkeeping between device programs; nothing runs under jit.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +43,7 @@ KEEP = 5             # measurements kept per choice and batch bucket; its figure
 EXPLORE_FILLS = 3    # an explored choice that serves runs this many times its slots of prompts (refilled)
 CONFIRM = 3          # measurements of each contested choice before a close decision stands
 CONTESTED = 0.4      # a choice whose cost is within this fraction of the pick's (after the margin) is contested
+NOISE = 0.15  # the spread of one measurement, in log terms: the 0.85-1.15x of SPECULATION_MARGIN's comment
 # speculation runs only where its estimate beats plain decoding's by this fraction: one timed batch on a shared
 # machine varies by about as much (target against target, batch 4-16 on the 2-core CPU: 0.85-1.15x), and a gain
 # inside that noise is as likely a loss (docs/design.md §7)
@@ -64,6 +68,15 @@ class SetupCharge:
 
     def per_token(self, choice: str) -> float:
         return self.seconds.get(choice, 0.0) / max(self.steps, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outlook:
+    """What follows the batch being decided: a one-off job's setup charge (None outside a job), and the work left
+    after an explored window, in windows (inf: unbounded), that measuring a close call again must pay back."""
+
+    charge: SetupCharge | None = None
+    windows_after: float = math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,13 +196,29 @@ class ScheduleState:
                                    fixed_samples=fixed_samples, this_call=this_call)
 
 
+def worth_measuring(gap: float, counts: tuple[int, int], windows_after: float) -> bool:
+    """Whether measuring a contested choice again pays: its figure reads `gap` (log of its cost over the pick's,
+    > 0) from `counts` measurements (its own, the pick's), each off by `NOISE`; measuring it costs one window at that
+    gap, and if it is truly the cheaper one, the `windows_after` windows of work that follow run at its price
+    instead. Expected improvement of a normal belief (`se` phi(z) - gap Phi(-z), z = gap / se) times the windows
+    after, against the gap: a near tie is measured again in any call; a choice 30% behind, only in a long job."""
+    if math.isinf(windows_after):
+        return True
+    se = NOISE * math.sqrt(1.0 / max(counts[0], 1) + 1.0 / max(counts[1], 1))
+    z = gap / se
+    improvement = se * math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi) - gap * 0.5 * math.erfc(z / math.sqrt(2.0))
+    return improvement * windows_after >= gap
+
+
 def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, workload: Workload,
            rounds: tuple[str | None, ...] = (None,), explore: bool = False,
-           charge: SetupCharge | None = None) -> ScheduleChoice:
+           outlook: Outlook = Outlook()) -> ScheduleChoice:
     """Plain decoding or `mode` for the next batch (`workload.batch` rows; its step length is replaced by the one
     measured so far), `mode` with each of `rounds` ("multi", "single"; None: `knobs.rounds`, the config's). See the
-    module docstring. `charge`: a one-off job's setup costs, added to each choice's estimate; a choice that must
-    pay setup is explored only where it then beats the best measured choice."""
+    module docstring. `outlook.charge`: a one-off job's setup costs, added to each choice's estimate; a choice that
+    must pay setup is explored only where it then beats the best measured choice. `outlook.windows_after`: what a
+    close call's measurement must pay back (`worth_measuring`)."""
+    charge = outlook.charge
     batch = workload.batch
     if mode == PLAIN:
         return ScheduleChoice(PLAIN, mode, batch, {}, {}, {})
@@ -233,7 +262,10 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
     if explore and not explored:  # a close call: measure the other side again until each has CONFIRM measurements
         contested = [m for m in sorted(cost, key=cost.get) if m != pick and m in measured and m not in setup
                      and judged[m] <= (1.0 + CONTESTED) * judged[pick] and state.count(m, batch) < CONFIRM
-                     and (m, b) not in state.this_call]
+                     and (m, b) not in state.this_call
+                     and worth_measuring(math.log(max(judged[m], 1e-12) / max(judged[pick], 1e-12)),
+                                         (state.count(m, batch), max(state.count(pick, batch), 1)),
+                                         outlook.windows_after)]
         if contested:
             pick, explored = min(contested, key=lambda m: state.count(m, batch)), True
     run, chosen = (PLAIN, None) if pick == PLAIN else (mode, by_name[pick])

@@ -1,9 +1,21 @@
 """`schedule="auto"` on synthetic cost tables: plain decoding where speculation is predicted (or measured) to lose,
 the requested mode where it wins, calibration by the other choice's measurement, one exploration, fixed knobs kept."""
 
+import math
+
 import pytest
 
-from parse_jax.schedule.auto import CONFIRM, CONTESTED, KEEP, SPECULATION_MARGIN, ScheduleState, SetupCharge, choose
+from parse_jax.schedule.auto import (
+    CONFIRM,
+    CONTESTED,
+    KEEP,
+    SPECULATION_MARGIN,
+    Outlook,
+    ScheduleState,
+    SetupCharge,
+    choose,
+    worth_measuring,
+)
 from parse_jax.schedule.policy import Knobs, Workload
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, STEP, costs, table
 
@@ -12,7 +24,9 @@ KNOBS = Knobs(draft_tokens=64, prefixes=8, rounds="multi", gamma=4, eagle3_gamma
 
 def _choose(state, table, batch, **kw):
     workload = Workload(batch=batch, cache_len=256, suffix_tokens=4, remaining_tokens=64)
-    return choose(state, costs(table), mode=kw.pop("mode", "parse"), knobs=KNOBS, workload=workload, **kw)
+    outlook = Outlook(charge=kw.pop("charge", None), windows_after=kw.pop("windows_after", math.inf))
+    return choose(state, costs(table), mode=kw.pop("mode", "parse"), knobs=KNOBS, workload=workload, outlook=outlook,
+                  **kw)
 
 
 def test_speculates_where_blocks_are_cheap_and_decodes_plainly_where_they_cost_their_tokens():
@@ -238,3 +252,19 @@ def test_a_clear_decision_does_not_measure_again_and_one_outlier_does_not_move_a
     for _ in range(KEEP):  # a lasting change does move it
         noisy = _ran(noisy, "parse", 8, 0.05)
     assert noisy.count("parse", 8) == KEEP and _choose(noisy, COMPUTE_BOUND, 8).run == "target"
+
+
+def test_measuring_a_close_call_again_must_pay_for_its_window():
+    """A near tie is worth a window in any call; a choice 30% behind only where much work follows (its window costs
+    30% for sure, the chance it is truly ahead is small); more measurements make the same gap less worth it."""
+    assert worth_measuring(0.02, (1, 1), 1.0)
+    assert not worth_measuring(0.3, (1, 1), 3.0)
+    assert worth_measuring(0.3, (1, 1), 1000.0)
+    assert worth_measuring(0.15, (1, 1), 10.0) and not worth_measuring(0.15, (2, 5), 10.0)
+    # through choose: plain decoding measured 30% slower than parse (after the margin), contested
+    state = _ran(_ran(ScheduleState(), "target", 8, 0.0085 * 1.3 / (1 - SPECULATION_MARGIN)), "parse", 8, 0.0085)
+    state = state.new_call()
+    assert _choose(state, COMPUTE_BOUND, 8, explore=True).explored  # no bound on the work left: measured again
+    short = _choose(state, COMPUTE_BOUND, 8, explore=True, windows_after=3.0)
+    assert (short.run, short.explored) == ("parse", False)
+    assert _choose(state, COMPUTE_BOUND, 8, explore=True, windows_after=1e4).explored
