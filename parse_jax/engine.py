@@ -337,13 +337,14 @@ class ParseEngine:
 
     def _windows_after(self, n: int, start: int, size: int) -> float:
         """The prompts expected after an explored window starting at `start`, in windows: what measuring a close call
-        again must pay back (`schedule.auto.worth_measuring`). Expected: this call's, a job's where larger, or as many
-        as the engine has run so far (work done so far predicts work to come: an engine called many times measures
-        a close call again in time). The window: `EXPLORE_FILLS` x `size` served, or one fixed batch of `size` where
-        fewer prompts are left (`_run_batches`)."""
+        again must pay back (`schedule.auto.worth_measuring`). Expected: a one-off job's own; outside one, this call's
+        or as many as the engine has run so far where more (work done so far predicts work to come: an engine called
+        many times measures a close call again in time). The window: `EXPLORE_FILLS` x `size` served, or one fixed
+        batch of `size` where fewer prompts are left (`_run_batches`)."""
         served = min(EXPLORE_FILLS * size, n - start - size)
         window = served if served > size else size
-        left = max(n - start, (self._job_left or 0) - start, self._prompts_run) - window
+        ahead = self._job_left - start if self._job_left is not None else max(n - start, self._prompts_run)
+        left = max(ahead, n - start) - window
         return max(left, 0) / window
 
     def _charge(self, mode: str, rounds: tuple[str | None, ...], size: int, max_new: int,

@@ -131,9 +131,10 @@ def test_an_explored_choice_is_served_over_a_few_fills_of_its_slots():
 def test_a_close_call_is_measured_again_only_where_the_work_left_pays_for_its_window(tmp_path, monkeypatch):
     """Plain decoding measured 30% behind parse (after the margin) is a close call, but measuring it again costs a
     window at its price: a fresh engine's call of 7 prompts at batch 1 (a window of 3, then 4 prompts) serves parse;
-    in a long job, or in an engine that has already run many prompts (as many expected to come), it measures plain
-    decoding again first. Each engine starts from the same figures."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the setup file of this test (nothing charged here)
+    in a long job, or in an engine that has already run many prompts (as many expected to come) outside a job, it
+    measures plain decoding again first; a short job does not. Each engine starts from the same figures."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the setup file of this test: nothing to charge a job
+    load_setup_costs(TARGET, DRAFT).with_figure("parse", 1, 0.0).with_figure("target", 1, 0.0).save()
     state = ScheduleState()
     for name, seconds in (("parse", 0.1), ("target", 0.13 / (1 - SPECULATION_MARGIN))):
         state = state.record(name, 1, {"new_tokens": 20, "seconds": seconds})
@@ -152,6 +153,10 @@ def test_a_close_call_is_measured_again_only_where_the_work_left_pays_for_its_wi
     for res in (long, busy):
         first = res.stats["schedule"][0]
         assert first["ran"] == "target" and first["why"].startswith("exploring")
+    one_off = engine(prompts_run=10**6)  # a one-off job expects its own prompts only, whatever the engine ran before
+    with one_off.job(len(PROMPTS)):
+        res = one_off.generate(PROMPTS, mode="parse", max_new_tokens=6, max_batch=1)
+    assert [(c["ran"], c["why"]) for c in res.stats["schedule"]] == [("parse", "measured")]
 
 
 @pytest.mark.parametrize("faster", ["multi", "single"])

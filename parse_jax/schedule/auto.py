@@ -201,7 +201,8 @@ def worth_measuring(gap: float, counts: tuple[int, int], windows_after: float) -
     > 0) from `counts` measurements (its own, the pick's), each off by `NOISE`; measuring it costs one window at that
     gap, and if it is truly the cheaper one, the `windows_after` windows of work that follow run at its price
     instead. Expected improvement of a normal belief (`se` phi(z) - gap Phi(-z), z = gap / se) times the windows
-    after, against the gap: a near tie is measured again in any call; a choice 30% behind, only in a long job."""
+    after, against the gap: a near tie is measured again where any work follows; a choice 30% behind, only before
+    about 24 windows."""
     if math.isinf(windows_after):
         return True
     se = NOISE * math.sqrt(1.0 / max(counts[0], 1) + 1.0 / max(counts[1], 1))
