@@ -300,7 +300,7 @@ class ParseEngine:
             # the same programs over `EXPLORE_FILLS` x `size` prompts, leaving a batch for the pick (its slots
             # refilled, it is measured as the served rest would run it: a fixed batch waits for its slowest row);
             # `served`: it ran so
-            explore = min(EXPLORE_FILLS * size, n - start - size)
+            explore = self._explore_prompts(n, start, size)
             rest = req.ids[start:start + explore] if explored else req.ids[start:]
             if spec.serve is not None and len(rest) > size:
                 res = spec.serve(ctx, dataclasses.replace(batch, ids=rest), size)
@@ -335,13 +335,19 @@ class ParseEngine:
             self._setup.save()
         return res
 
+    @staticmethod
+    def _explore_prompts(n: int, start: int, size: int) -> int:
+        """The prompts an explored choice runs from `start`: `EXPLORE_FILLS` x its `size` slots, leaving at least a
+        batch of the call's `n` for the pick (served where more than `size`, else one fixed batch of `size`)."""
+        return min(EXPLORE_FILLS * size, n - start - size)
+
     def _windows_after(self, n: int, start: int, size: int) -> float:
         """The prompts expected after an explored window starting at `start`, in windows: what measuring a close call
         again must pay back (`schedule.auto.worth_measuring`). Expected: a one-off job's own; outside one, this call's
         or as many as the engine has run so far where more (work done so far predicts work to come: an engine called
         many times measures a close call again in time). The window: `EXPLORE_FILLS` x `size` served, or one fixed
         batch of `size` where fewer prompts are left (`_run_batches`)."""
-        served = min(EXPLORE_FILLS * size, n - start - size)
+        served = self._explore_prompts(n, start, size)
         window = served if served > size else size
         ahead = self._job_left - start if self._job_left is not None else max(n - start, self._prompts_run)
         left = max(ahead, n - start) - window

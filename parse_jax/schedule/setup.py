@@ -112,7 +112,9 @@ class SetupLedger:
         key = (choice, batch_bucket)
         if key in self.ready:
             return None
-        figure = self.found.get(key, expected_setup(costs, choice, batch_bucket, speculative=speculative))
+        # the figure found on record (possibly None), else what is expected (looked up only then)
+        figure = (self.found[key] if key in self.found
+                  else expected_setup(costs, choice, batch_bucket, speculative=speculative))
         return None if figure is None else max(figure - self.paid.get(key, 0.0), 0.0)
 
     def pay(self, costs: SetupCosts, choice: str, batch_bucket: int, seconds: float, *,
