@@ -271,7 +271,7 @@ class ParseEngine:
         n = len(req.ids)
         size = n if max_batch is None else min(max_batch, n)
         parts, choices, start = [], [], 0
-        rounds = self._rounds_options(mode, req)
+        rounds = self._rounds_options(mode, req, size)
         # explored batches that measured: at most one per choice (plain decoding included) and call; explored
         # batches in all at most twice that (one that set programs up measured nothing, and may be explored again)
         explorations = attempts = 0
@@ -410,10 +410,15 @@ class ParseEngine:
                              separate_passes=MODE_TABLE[run].separate_prefix_passes)
         return dataclasses.replace(ctx, judge=ctx.judge.replace(prefix_price=jnp.float32(price))), price
 
-    def _rounds_options(self, mode: str, req: Request) -> tuple[str | None, ...]:
+    def _rounds_options(self, mode: str, req: Request, slots: int) -> tuple[str | None, ...]:
         """The rounds `schedule="auto"` may run `mode` with: multi and single where the user left `rounds="auto"`
-        and the mode honours it (each where the request's positions fit), else the config's (None)."""
-        if self.config.rounds != "auto" or not MODE_TABLE[mode].honours_rounds:
+        and the mode honours it (each where the request's positions fit), else the config's (None). In one slot, a
+        mode whose single round ends in plain decoding runs multi-round only: there its later rounds replace plain
+        decoding steps with drafted ones and hold up no other row, and three prompts (an explored window there)
+        cannot tell the two apart: the draft's wrong answers, where multi-round gains, are a few prompts in many
+        (docs/design.md §7)."""
+        spec = MODE_TABLE[mode]
+        if self.config.rounds != "auto" or not spec.honours_rounds:
             return (None,)
         fits = []
         for rounds in ("multi", "single"):
@@ -422,6 +427,8 @@ class ParseEngine:
                 fits.append(rounds)
             except InputError:
                 pass
+        if slots == 1 and spec.single_round_ends_plainly and "multi" in fits:
+            return ("multi",)
         return tuple(fits) or (None,)
 
     def _context(self, rounds: str | None) -> ModeContext:

@@ -178,6 +178,30 @@ def test_rounds_auto_runs_the_rounds_measured_faster_as_that_fixed_setting_would
     assert res.stats["accepted_per_request"] == fixed.stats["accepted_per_request"]
 
 
+def test_in_one_slot_rounds_auto_runs_parse_multi_round_whatever_single_round_measured():
+    """In one slot, where nothing waits for a row's rounds, parse's later rounds replace the plain decoding its
+    single round ends in: `rounds="auto"` runs multi-round there even where single-round measured far ahead (at one
+    row a window of a few prompts says which prompts it held, not which rounds are faster). In two slots the
+    measured figures decide (above); the user's rounds are honoured."""
+    eng = _engine(schedule="auto", rounds="auto")
+    eng._costs = costs(MEMORY_BOUND, eagle3=False)
+    state = eng.schedule_state
+    for name, seconds in (("parse-single", 0.1), ("parse-multi", 0.5), ("target", 2.0)):
+        state = state.record(name, 1, {"new_tokens": 20, "seconds": seconds})
+    eng.schedule_state = state
+    res = eng.generate(PROMPTS, mode="parse", max_new_tokens=12, max_batch=1)
+    assert [(c["ran"], c["rounds"]) for c in res.stats["schedule"]] == [("parse", "multi")]
+    assert set(res.stats["schedule"][0]["seconds_per_token"]) == {"parse-multi", "target"}
+    assert res.tokens == _engine(rounds="multi").generate(PROMPTS, mode="parse", max_new_tokens=12,
+                                                          max_batch=1).tokens
+    single = _engine(schedule="auto", rounds="single")
+    single._costs, single.schedule_state = eng._costs, state
+    res = single.generate(PROMPTS[:2], mode="parse", max_new_tokens=12, max_batch=1)
+    assert {c["rounds"] for c in res.stats["schedule"]} == {None}
+    assert res.tokens == _engine(rounds="single").generate(PROMPTS[:2], mode="parse", max_new_tokens=12,
+                                                           max_batch=1).tokens
+
+
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "4"])
 def test_max_batch_must_be_a_positive_integer(bad):
     with pytest.raises(InputError, match="max_batch"):

@@ -21,7 +21,10 @@ class ModeSpec:
     emit; None: the mode runs no draft). `multi_label`: the mode honours `ParseConfig.rounds`, and bench names its
     multi-round run so (its plain name runs single round); None: it ignores `rounds`. `serve(ctx, request, max_batch)`:
     the mode by continuous batching through `max_batch` slots (None, or a None result: in fixed batches).
-    `separate_prefix_passes`: the mode verifies each prefix in a target pass of its own (what a prefix costs)."""
+    `separate_prefix_passes`: the mode verifies each prefix in a target pass of its own (what a prefix costs).
+    `single_round_ends_plainly`: its single-round run decodes the rest plainly after the first rejected step, where
+    its multi-round run drafts again; at one row nothing waits for a row's rounds, so the engine's `rounds="auto"`
+    runs multi-round there (docs/design.md §7)."""
 
     name: str
     runner: Callable[[ModeContext, Request], GenerateResult]
@@ -32,6 +35,7 @@ class ModeSpec:
     multi_label: str | None = None
     serve: Serve | None = None
     separate_prefix_passes: bool = False
+    single_round_ends_plainly: bool = False
 
     @property
     def honours_rounds(self) -> bool:
@@ -86,7 +90,8 @@ MODE_TABLE: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("sequential", sequential.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
              draft_positions=draft_answer_positions, serve=sequential.serve, separate_prefix_passes=True),
     ModeSpec("parse", parse.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
-             draft_positions=parse_draft_positions, multi_label="parse-multi", serve=parse.serve),
+             draft_positions=parse_draft_positions, multi_label="parse-multi", serve=parse.serve,
+             single_round_ends_plainly=True),
     ModeSpec("eagle3", eagle3.run, needs_draft=False, needs_head=True, target_positions=eagle3_positions,
              serve=eagle3.serve),
     ModeSpec("parse+eagle3", parse.run_eagle3, needs_draft=True, needs_head=True,
