@@ -33,7 +33,15 @@ from parse_jax.runtime.requests import (
     merge_results,
     resolve_eos,
 )
-from parse_jax.schedule.auto import EXPLORE_FILLS, Outlook, ScheduleChoice, ScheduleState, SetupCharge, choose
+from parse_jax.schedule.auto import (
+    EXPLORE_FILLS,
+    EXPLORE_MIN_PROMPTS,
+    Outlook,
+    ScheduleChoice,
+    ScheduleState,
+    SetupCharge,
+    choose,
+)
 from parse_jax.schedule.auto import PLAIN as PLAIN_CHOICE
 from parse_jax.schedule.auto import option as choice_name
 from parse_jax.schedule.costs import PassCosts
@@ -337,9 +345,10 @@ class ParseEngine:
 
     @staticmethod
     def _explore_prompts(n: int, start: int, size: int) -> int:
-        """The prompts an explored choice runs from `start`: `EXPLORE_FILLS` x its `size` slots, leaving at least a
-        batch of the call's `n` for the pick (served where more than `size`, else one fixed batch of `size`)."""
-        return min(EXPLORE_FILLS * size, n - start - size)
+        """The prompts an explored choice runs from `start`: `EXPLORE_FILLS` x its `size` slots (at least
+        `EXPLORE_MIN_PROMPTS`), leaving at least a batch of the call's `n` for the pick (served where more than `size`,
+        else one fixed batch of `size`)."""
+        return min(max(EXPLORE_FILLS * size, EXPLORE_MIN_PROMPTS), n - start - size)
 
     def _windows_after(self, n: int, start: int, size: int) -> float:
         """The prompts expected after an explored window starting at `start`, in windows: what measuring a close call

@@ -8,7 +8,8 @@ import pytest
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import InputError
 from parse_jax.runtime.decode import generate
-from parse_jax.schedule.auto import EXPLORE_FILLS, SPECULATION_MARGIN, ScheduleState
+from parse_jax.runtime.programs import bucket
+from parse_jax.schedule.auto import EXPLORE_FILLS, EXPLORE_MIN_PROMPTS, SPECULATION_MARGIN, ScheduleState
 from parse_jax.schedule.setup import load_setup_costs
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
 from tests.test_engine import DRAFT, TARGET
@@ -96,29 +97,33 @@ def test_at_most_one_measuring_exploration_per_choice_and_call():
     many batches in all, then serves the rest. Plain decoding gets measured too, though parse is predicted ahead."""
     eng = _engine(schedule="auto", rounds="single")
     eng._costs = costs(MEMORY_BOUND, eagle3=False)
-    for call in range(2):
-        res = eng.generate(PROMPTS, mode="parse", max_new_tokens=6, max_batch=1)
+    for call in range(2):  # windows of at least EXPLORE_MIN_PROMPTS prompts
+        res = eng.generate(PROMPTS * 3, mode="parse", max_new_tokens=6, max_batch=1)
         assert sum(c["why"].startswith("exploring") for c in res.stats["schedule"]) <= (4 if call == 0 else 2)
         assert not res.stats["schedule"][-1]["why"].startswith("exploring")
     assert {("parse", 1), ("target", 1)} <= set(eng.schedule_state.measured)
 
 
-def test_an_explored_choice_is_served_over_a_few_fills_of_its_slots():
+@pytest.mark.parametrize("slots", [1, 3])
+def test_an_explored_choice_is_served_over_a_few_fills_of_its_slots(slots):
     """An explored choice runs through the programs the rest is then served with (so exploring compiles nothing the
-    served run would not), over `EXPLORE_FILLS` x its slots of prompts, a finished row's slot taking the next one: it
-    is measured as served, not by a fixed batch's slowest row. Each decision says how many prompts it ran and in
-    how many slots; the rest is served."""
-    prompts = PROMPTS * 3
+    served run would not), over `EXPLORE_FILLS` x its slots of prompts (at least `EXPLORE_MIN_PROMPTS`: at one slot,
+    3 prompts can all be ones the draft gets wrong), a finished row's slot taking the next one: it is measured as
+    served, not by a fixed batch's slowest row. Each decision says how many prompts it ran and in how many slots;
+    the rest is served."""
+    prompts = PROMPTS * 4
     for _ in range(2):  # the second engine explores programs the first set up (an explored batch that compiles
         eng = _engine(schedule="auto", rounds="single")  # measures nothing and is explored again, using up prompts)
         eng._costs = costs(MEMORY_BOUND, eagle3=False)
-        res = eng.generate(prompts, mode="parse", max_new_tokens=10, max_batch=2)
+        res = eng.generate(prompts, mode="parse", max_new_tokens=10, max_batch=slots)
     first, last = res.stats["schedule"][0], res.stats["schedule"][-1]
-    assert first["why"].startswith("exploring") and (first["rows"], first["slots"]) == (EXPLORE_FILLS * 2, 2)
-    key = (first["ran"], 2)
+    window = max(EXPLORE_FILLS * slots, EXPLORE_MIN_PROMPTS)
+    assert window == {1: EXPLORE_MIN_PROMPTS, 3: EXPLORE_FILLS * 3}[slots]
+    assert first["why"].startswith("exploring") and (first["rows"], first["slots"]) == (window, slots)
+    key = (first["ran"], bucket(slots, 1))
     assert key in eng.schedule_state.served and key not in eng.schedule_state.fixed_samples
     assert sum(c["rows"] for c in res.stats["schedule"]) == len(prompts)
-    assert not last["why"].startswith("exploring") and last["rows"] > 2 and last["slots"] == 2  # the rest, served
+    assert not last["why"].startswith("exploring") and last["rows"] > slots and last["slots"] == slots  # served
     start = 0  # each decision's prompts equal each prompt alone in what it ran (PARSE is lossy; the target is not)
     for c in res.stats["schedule"]:
         for i in range(start, start + c["rows"]):

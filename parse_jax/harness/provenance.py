@@ -11,6 +11,8 @@ from pathlib import Path
 
 import jax
 
+from parse_jax.utils.host import cpu_identity
+
 PROVENANCE_PACKAGES = ("parse-jax", "jax", "jaxlib", "flax", "orbax-checkpoint")
 
 
@@ -60,7 +62,8 @@ def provenance(config: dict | None = None, seed: int | None = None) -> dict:
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status),
             "versions": package_versions(), "jax": jax.__version__, "device": str(devices[0]),
             "device_kind": devices[0].device_kind, "device_count": len(devices), "platform": platform.platform(),
-            "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "cpu_count": os.cpu_count(), "cpu": cpu_identity()["cpu_model"],
+            "cpu_flags": cpu_identity()["cpu_flags"],
             "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "config": config, "seed": seed}
 
@@ -71,4 +74,5 @@ def format_provenance(p: dict) -> str:
     version = (p.get("versions") or {}).get("parse-jax")
     where = f"Commit {p['git_commit'][:12]}{dirty}" if p.get("git_commit") else f"parse-jax {version}"
     return (f"{where}; jax {p['jax']} on {p['device']} ({p['device_count']} device(s), "
-            f"{p.get('cpu_count')} CPU cores); {p['time_utc']}; seed {p.get('seed')}.")
+            f"{p.get('cpu_count')} CPU cores{', ' + p['cpu'] if p.get('cpu') else ''}); {p['time_utc']}; "
+            f"seed {p.get('seed')}.")

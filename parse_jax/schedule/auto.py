@@ -12,7 +12,8 @@ Speculation runs where its estimate beats plain decoding's by more than `SPECULA
 The choices are plain decoding and the mode, with each rounds setting the schedule may pick (`rounds="auto"`: multi
 and single). Where more batches follow (`explore=True`), a bucket where nothing is measured yet runs its predicted
 best on prompts of its own (measured, before it serves the rest: the engine serves an explored choice over
-`EXPLORE_FILLS` x its slots of prompts, so that it is measured as served), and a choice
+`EXPLORE_FILLS` x its slots of prompts, at least `EXPLORE_MIN_PROMPTS`, so that it is measured as served), and a
+choice
 not measured yet whose estimate is within `EXPLORE_RATIO` of the best measured one runs once, so that it becomes
 measured (plain decoding, the baseline, whatever its estimate, once a speculative choice is measured); a single batch
 never explores.
@@ -41,6 +42,10 @@ from parse_jax.schedule.policy import AcceptanceStats, Knobs, Workload, decide
 EXPLORE_RATIO = 2.0  # explore the unmeasured choice when predicted within this factor of the measured one
 KEEP = 5             # measurements kept per choice and batch bucket; its figure is their median
 EXPLORE_FILLS = 3    # an explored choice that serves runs this many times its slots of prompts (refilled)
+# and at least this many prompts: a window measures the prompts it holds as much as the choice, and at one slot 3
+# prompts can be the few the draft gets wrong (multi-round PARSE read 2.43 ms per token on three such prompts of the
+# embedded pair, 0.56-0.85 on other windows of 3, plain decoding 2.4: plain decoding was served)
+EXPLORE_MIN_PROMPTS = 8
 CONFIRM = 3          # measurements of each contested choice before a close decision stands
 CONTESTED = 0.4      # a choice whose cost is within this fraction of the pick's (after the margin) is contested
 NOISE = 0.15  # the spread of one measurement, in log terms: the 0.85-1.15x of SPECULATION_MARGIN's comment

@@ -8,9 +8,10 @@ the draft and the head: 52 shapes) is mostly compilation, about a second per sha
 2-core CPU; `pass_costs(measure=True)` runs it once and caches it.
 
 Tables are JSON files in `profiles/` next to the persistent compile cache (`profiles_dir`), named by a fingerprint
-of the model (config and param shapes/dtypes), the device kind and count, the jax/jaxlib/parse-jax versions and the
-grid; a file whose stored fingerprint differs is never used. A profile is never required: `load_or_profile` returns
-None when there is none (and `measure` is off), and `pass_costs` then falls back to the roofline.
+of the model (config and param shapes/dtypes), the device kind and count (on a CPU, the processor too:
+`utils/host.cpu_identity`), the jax/jaxlib/parse-jax versions and the grid; a file whose stored fingerprint
+differs is never used. A profile is never required: `load_or_profile` returns None when there is none (and
+`measure` is off), and `pass_costs` then falls back to the roofline.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from parse_jax.models.decoder import causal_metadata
 from parse_jax.models.model import Model, decoder_fn, init_params
 from parse_jax.schedule.costs import CostTable, PassCosts, check_axes, current_device_kind, roofline
 from parse_jax.utils import atomic, compile_cache
+from parse_jax.utils.host import cpu_identity
 from parse_jax.utils.progress import logger
 from parse_jax.utils.validation import check_int
 from parse_jax.utils.version import package_version
@@ -69,7 +71,8 @@ def profiles_dir() -> Path:
 
 
 def fingerprint(model: Model, grid: Grid) -> dict[str, Any]:
-    """Everything a table depends on: a different model, device, library version or grid measures anew."""
+    """Everything a table depends on: a different model, device (on a CPU, processor), library version or grid
+    measures anew."""
     import jaxlib
 
     leaves = jax.tree_util.tree_flatten_with_path(model.params)[0]
@@ -78,6 +81,8 @@ def fingerprint(model: Model, grid: Grid) -> dict[str, Any]:
            "params": params, "device_kind": current_device_kind(), "device_count": jax.device_count(),
            "jax": jax.__version__, "jaxlib": jaxlib.__version__, "parse_jax": package_version(),
            "grid": dataclasses.asdict(grid)}
+    if jax.devices()[0].platform == "cpu":  # jax names every processor "cpu"
+        key["host"] = cpu_identity()
     return json.loads(json.dumps(key))  # as it reads back from its file (lists, not tuples)
 
 
