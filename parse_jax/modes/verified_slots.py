@@ -6,10 +6,20 @@ Admission: the mode's verification on up to k waiting prompts (k bucketed), then
 target's cache holding it and the first continuation token written into the free slots (one program). Advance:
 one-token steps over every slot until enough are free. Both compile once per run's shapes; a row reads only its
 own cache row, so greedy outputs equal each prompt alone.
+
+Verifying ahead: most rows of a good draft end at their verification (the answer accepted whole) and never need a
+slot, and a verification pass costs less per row the more rows it holds (the embedded pair at batch 4: 9.0 ms for
+one row, 24.5 for four). So an admission verifies up to a slot bucket of waiting prompts however few slots are
+free: the rows that end there are done, the rows that continue take the free slots in order, and the rest wait in a
+park of verified rows (their cache, accepted prefix and first continuation token) for the next free slot, which
+a parked row takes without a pass (`place`). The park holds as many rows as the slots (the target's KV cache of a
+served single-round run, twice), and an admission verifies no more rows than the free slots and the park's room
+can take.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 from collections.abc import Callable
@@ -17,6 +27,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from parse_jax.models.decoder import Decoder
 from parse_jax.modes.context import ModeContext, PairSpec, parse_result
@@ -26,7 +37,6 @@ from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import (
     Admission,
-    SlotBook,
     SlotState,
     admission,
     decode_slots,
@@ -34,7 +44,7 @@ from parse_jax.runtime.slots import (
     put_rows,
     request_budgets,
     rows_by_request,
-    serve_loop,
+    warm_admissions,
 )
 
 # the per-row counters of a verification that a PARSE-family result reads (parse_result)
@@ -59,59 +69,189 @@ def boundary_rows(v: dict, max_new: jax.Array, eos_ids: jax.Array, *, width: int
     return SlotState(cache=v["cache"], tokens=tokens, num_new=num, done=done, last=tok, max_new=max_new, steps=steps)
 
 
+@struct.dataclass
+class AheadSlots:
+    """A served run that verifies ahead: its slots, the verified rows waiting for one (rows [0, parked) of `park`,
+    in the order they were verified) and how many of the slot bucket's rows it hands out (`capacity`)."""
+
+    slots: SlotState
+    park: SlotState
+    parked: jax.Array    # scalar
+    capacity: jax.Array  # scalar
+
+
+def place(ahead: AheadSlots, rows: SlotState | None = None) -> tuple[AheadSlots, jax.Array]:
+    """The parked rows, then `rows` (a verification's, in order), each row that still writes tokens put in the next
+    free slot, the rest parked in that order; a row that ended is dropped (its tokens are in `rows`). Returns the
+    state and each candidate's destination ([parked rows..., rows...]): its slot, B + its park row, or B + P (none).
+    The host keeps no more candidates than the free slots and the park can take (`serve_verified`)."""
+    slots, park = ahead.slots, ahead.park
+    b, p = slots.done.shape[0], park.done.shape[0]
+    need = (jnp.arange(p) < ahead.parked) & ~park.done
+    if rows is not None:
+        need = jnp.concatenate([need, ~rows.done])
+    free = (jnp.arange(b) < ahead.capacity) & slots.done
+    free_ids = jnp.nonzero(free, size=b, fill_value=b)[0]
+    n_free = jnp.sum(free)
+    rank = jnp.cumsum(need) - 1
+    to_slot = jnp.where(need & (rank < n_free), free_ids[jnp.clip(rank, 0, b - 1)], b)
+    to_park = jnp.where(need & (rank >= n_free), rank - n_free, p)
+    slots = put_rows(slots, park, to_slot[:p])
+    park_next = put_rows(park, park, to_park[:p])  # the parked rows left, moved to the front (scatter of a copy)
+    if rows is not None:
+        slots = put_rows(slots, rows, to_slot[p:])
+        park_next = put_rows(park_next, rows, to_park[p:])
+    parked = jnp.maximum(jnp.sum(need) - n_free, 0).astype(jnp.int32)
+    where = jnp.where(to_slot < b, to_slot, b + jnp.minimum(to_park, p))
+    return AheadSlots(slots=slots, park=park_next, parked=parked, capacity=ahead.capacity), where
+
+
 @functools.cache
 def slot_programs(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
-    """(admit, advance) of one run's shapes; the slot state is donated to both. `admit` also returns the admitted
-    rows' verification counters (ROW_STATS present in the verification, and its `verify_passes`)."""
+    """(admit, place, advance) of one run's shapes; the state is donated to each. `admit` verifies an admission and
+    places its rows (`place`), returning the state, each candidate's destination, the admitted rows' tokens (those
+    that ended there are read from them) and their verification counters (ROW_STATS present in the verification,
+    and its `verify_passes`); `place` moves parked rows into free slots."""
     target = Decoder(pair.target, pair.target_impl)
 
-    def admit(target_params, draft_params, state: SlotState, adm: Admission, eos_ids, judge, args: SamplingArgs):
+    def admit(target_params, draft_params, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs):
         prompts = Prompts(tokens=adm.prompt, lens=adm.lens, max_new=adm.max_new)
         v = verify(target_params, draft_params, prompts, eos_ids, judge, args.fold(0).fold(adm.key_data))
         rows = boundary_rows(v, adm.max_new, eos_ids, width=width, sampler=sampler,
-                             args=args.fold(1).fold(adm.key_data), steps=state.steps)
+                             args=args.fold(1).fold(adm.key_data), steps=ahead.slots.steps)
         counters = {"continued": v["live"], **{k: v[k] for k in (*ROW_STATS, "verify_passes") if k in v}}
-        return put_rows(state, rows, adm.slots), counters
+        ahead, where = place(ahead, rows)
+        return ahead, where, {"tokens": rows.tokens, "num_new": rows.num_new}, counters
 
-    def advance(target_params, state: SlotState, free_target, eos_ids, args: SamplingArgs):
-        return decode_slots(forward_fn(target, target_params), state, free_target, eos_ids, args.fold(2), sampler)
+    def advance(target_params, ahead: AheadSlots, free_target, eos_ids, args: SamplingArgs):
+        slots = decode_slots(forward_fn(target, target_params), ahead.slots, free_target, eos_ids, args.fold(2),
+                             sampler)
+        return ahead.replace(slots=slots)
 
     return (register_program(jax.jit(admit, donate_argnums=(2,))),
+            register_program(jax.jit(lambda ahead: place(ahead), donate_argnums=(0,))),
             register_program(jax.jit(advance, donate_argnums=(1,))))
+
+
+class AheadBook:
+    """The host's record of a run that verifies ahead: the waiting requests, each slot's holder, the parked
+    requests (in park order) and each request's row once it ended."""
+
+    def __init__(self, requests: int, slots: int, capacity: int) -> None:
+        self.waiting = collections.deque(range(requests))
+        self.holder = [-1] * slots
+        self.parked: list[int] = []
+        self.slots, self.capacity = slots, capacity
+        self.out: list[dict | None] = [None] * requests
+        self.ever_parked: set[int] = set()  # requests that waited in the park
+
+    def free(self) -> int:
+        return sum(h < 0 for h in self.holder[: self.capacity])
+
+    def to_verify(self) -> int:
+        """How many waiting prompts the next admission verifies: where free slots are left once the parked rows
+        have taken theirs, up to the slot bucket, as many as those slots and the park's room can take (0: the
+        parked rows fill the free slots)."""
+        free = self.free()
+        if free <= len(self.parked):
+            return 0
+        return min(len(self.waiting), self.slots, free + self.slots - len(self.parked))
+
+    def settle(self, candidates: list[int], where: np.ndarray, admitted: dict | None, *, first: int) -> None:
+        """Where an admission or a placement put each candidate (`place`'s `where`); an admitted row (index >=
+        `first` among the candidates) that went nowhere ended at its verification: its row is read from `admitted`."""
+        parked = [-1] * self.slots
+        for i, r in enumerate(candidates):
+            if r < 0:
+                continue
+            w = int(where[i])
+            if w < self.slots:
+                self.holder[w] = r
+            elif w - self.slots < self.slots:
+                parked[w - self.slots] = r
+            else:
+                self.out[r] = {k: v[i - first] for k, v in admitted.items()}
+        self.parked = [r for r in parked if r >= 0]
+        self.ever_parked.update(self.parked)
+
+    def finish(self, read: dict) -> None:
+        """The rows of every held slot now done; those slots are freed."""
+        for s, r in enumerate(self.holder):
+            if r >= 0 and read["done"][s]:
+                self.out[r] = {k: v[s] for k, v in read.items() if np.ndim(v)}
+                self.holder[s] = -1
+
+    def free_target(self, admitted: bool) -> np.int32:
+        """Done slots that end the device loop: with anything waiting or parked (or maybe parked by the admission
+        just made, `admitted`), the first free slot (empty slots past the capacity count); else every slot."""
+        pending = self.waiting or self.parked or admitted
+        return np.int32(self.slots - self.capacity + 1 if pending else self.slots)
+
+    @property
+    def empty(self) -> bool:
+        return not self.waiting and not self.parked and all(h < 0 for h in self.holder)
 
 
 def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Verify, draft_new: int, num_new: int,
                    cache_len: int, budgets: list[int] | None = None) -> GenerateResult:
     """A validated request through `max_batch` slots, verified at admission by `verify` (drafts of `draft_new`
-    tokens), continued by plain decoding (`num_new` tokens past the draft at most, caches of `cache_len`).
-    `budgets`: each prompt's own max_new_tokens, at most the request's."""
+    tokens), ahead of the free slots (module docstring), continued by plain decoding (`num_new` tokens past the
+    draft at most, caches of `cache_len`). `budgets`: each prompt's own max_new_tokens, at most the request's."""
     ids, target = req.ids, ctx.target
     budgets = request_budgets(req, budgets)
     pair = PairSpec.of(ctx)
     width = draft_new + num_new
-    admit, advance = slot_programs(pair, verify, width, req.sampling.sampler)
+    admit, place_parked, advance = slot_programs(pair, verify, width, req.sampling.sampler)
     used = min(max_batch, len(ids))
     slots = bucket(used, 1)
     p = bucket(max(len(x) for x in ids))
     args, params = req.sampling.args(), (target.params, ctx.draft.params)
     counters: list[tuple[list[int], dict]] = []  # each admission's requests and its counters (read once, at the end)
+    book = AheadBook(len(ids), slots, used)
+    state = AheadSlots(slots=empty_state(pair.target, slots, width, cache_len),
+                       park=empty_state(pair.target, slots, width, cache_len), parked=jnp.int32(0),
+                       capacity=jnp.int32(used))
 
-    def admit_at(state, batch, where, i):
-        state, got = admit(*params, state, admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i),
-                           req.eos, ctx.judge, args)
-        if batch:  # an empty one is a warm-up (runtime/slots.warm_admissions)
+    def admit_at(ahead, batch, where, i):
+        ahead, placed, rows, got = admit(*params, ahead, admission(ids, batch, where, prompt_len=p, max_new=budgets,
+                                                                   index=i), req.eos, ctx.judge, args)
+        if batch:
             counters.append((batch, got))
-        return state
+        else:  # an empty admission is a warm-up (runtime/slots.warm_admissions): set up the placement too
+            ahead, _ = place_parked(ahead)
+        return ahead, placed, rows
+
+    def warm(ahead, batch, where, i):
+        return admit_at(ahead, batch, where, i)[0]
 
     t0 = time.perf_counter()
-    rows, admissions, run = serve_loop(
-        SlotBook(len(ids), slots, used), empty_state(pair.target, slots, width, cache_len), admit=admit_at,
-        advance=lambda st, free: advance(target.params, st, free, req.eos, args),
-        rows=lambda st: {"done": st.done, "num_new": st.num_new, "tokens": st.tokens, "steps": st.steps},
-        warm=(admit, p))
+    state = warm_admissions(warm, state, slots=slots, key=(admit, p))
+    admissions = 0
+    while True:
+        take, moved = book.to_verify(), None  # moved: (each candidate's destination, the admitted rows)
+        candidates = book.parked + [-1] * (slots - len(book.parked))  # the park's rows, then the admitted ones
+        if take:
+            batch = [book.waiting.popleft() for _ in range(take)]
+            where = np.full((bucket(take, 1),), slots, np.int32)
+            state, placed, rows = admit_at(state, batch, where, admissions)
+            admissions += 1
+            candidates += batch + [-1] * (len(where) - take)
+            moved = (placed, rows)
+        elif book.parked and book.free():
+            state, placed = place_parked(state)
+            moved = (placed, None)
+        state = advance(target.params, state, book.free_target(admitted=bool(take)), req.eos, args)
+        read = fetch({"slots": {"done": state.slots.done, "num_new": state.slots.num_new,
+                                "tokens": state.slots.tokens, "steps": state.slots.steps}, "moved": moved})
+        if moved is not None:
+            book.settle(candidates, *read["moved"], first=slots)
+        book.finish(read["slots"])
+        if book.empty:
+            break
+    run = read["slots"]
     counted = fetch([got for _, got in counters])
     seconds = time.perf_counter() - t0
-    out = {"tokens": np.stack([r["tokens"] for r in rows]), "num_new": np.array([r["num_new"] for r in rows])}
+    out = {"tokens": np.stack([r["tokens"] for r in book.out]), "num_new": np.array([r["num_new"] for r in book.out])}
     per = rows_by_request(counters, counted, len(ids), [k for k in ("continued", *ROW_STATS) if k in counted[0]])
     out.update({k: np.stack(v) for k, v in per.items()})
     verify_passes = sum(int(got.get("verify_passes", 1)) for got in counted)
@@ -123,7 +263,8 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     res = parse_result(ctx, req, out, seconds, verify_passes=verify_passes, target_passes=verify_passes + steps,
                        continue_batch=used)
     # a decode step carries every slot: per request, at most `used` rows' worth (rows are not tracked per step)
-    res.stats.update(slots=used, admissions=admissions, request_passes=verify_passes + steps * used)
+    res.stats.update(slots=used, admissions=admissions, request_passes=verify_passes + steps * used,
+                     parked=len(book.ever_parked))
     return res
 
 

@@ -1,14 +1,18 @@
 """Continuous batching of the modes that verify once, then continue token by token (single-round parse,
 sequential): slots refilled as rows finish give every prompt the tokens and counters it gets alone (greedy,
-float32), in prompt order, with mixed prompt lengths, per-prompt budgets and an EOS that ends rows early."""
+float32), in prompt order, with mixed prompt lengths, per-prompt budgets and an EOS that ends rows early; rows
+verified ahead of a free slot wait in the park, in order, and take the next free slots."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.modes.table import MODE_TABLE
+from parse_jax.modes.verified_slots import AheadSlots, place
 from parse_jax.runtime.decode import generate
 from parse_jax.runtime.programs import compiled_programs, setup_events
+from parse_jax.runtime.slots import empty_state
 from tests.modes.test_parse_multi import BUDGETS, PROMPTS, SETTINGS, TARGET, V, partial_engine
 
 SINGLE = {**SETTINGS, "rounds": "single"}
@@ -26,6 +30,29 @@ def eos() -> int:
     return int(np.argmax(np.bincount([t for toks in plain for t in toks], minlength=V)))
 
 
+def _rows(n: int, last: list[int], done: list[bool]):
+    state = empty_state(TARGET.config, n, 4, 16)
+    return state.replace(last=jnp.array(last, jnp.int32), done=jnp.array(done), num_new=jnp.arange(n) + 1)
+
+
+def test_parked_rows_then_verified_ones_take_the_free_slots_in_order_and_the_rest_wait_in_order():
+    """Slots 0 and 2 busy, 1 free, 3 past the capacity; two rows parked (100, 101); four verified (200-203), the
+    first and last ended at their verification: 100 takes slot 1, 101, 201 and 202 wait in that order, 200 and 203
+    go nowhere (read from the admission), and nothing else moves."""
+    slots = _rows(4, [1, 2, 3, 4], [False, True, False, True])
+    park = _rows(4, [100, 101, 7, 7], [False, False, True, True])
+    new = _rows(4, [200, 201, 202, 203], [True, False, False, True])
+    ahead = AheadSlots(slots=slots, park=park, parked=jnp.int32(2), capacity=jnp.int32(3))
+    out, where = place(ahead, new)
+    b, p = 4, 4
+    assert where.tolist() == [1, b + 0, b + p, b + p, b + p, b + 1, b + 2, b + p]
+    assert out.slots.last.tolist() == [1, 100, 3, 4] and out.slots.done.tolist() == [False, False, False, True]
+    assert int(out.parked) == 3 and out.park.last[:3].tolist() == [101, 201, 202]
+    assert out.park.num_new[:3].tolist() == [2, 2, 3]  # whole rows moved, not just their last token
+    again, where = place(out)  # no slot free: the parked rows stay where they are
+    assert where.tolist() == [b + 0, b + 1, b + 2, b + p] and int(again.parked) == 3
+
+
 @pytest.mark.parametrize("mode", ["parse", "sequential"])
 def test_refilled_slots_equal_each_prompt_alone(engine, eos, mode):
     alone = [engine.generate([p], mode=mode, max_new_tokens=b, eos_ids=[eos]) for p, b in zip(PROMPTS, BUDGETS)]
@@ -38,6 +65,10 @@ def test_refilled_slots_equal_each_prompt_alone(engine, eos, mode):
     assert res.stats["accepted_per_request"] == accepted
     assert res.stats["prefixes_per_request"] == [r.stats["prefixes_per_request"][0] for r in alone]
     assert res.stats["slots"] == 3 and res.stats["admissions"] > 1  # prompts entered slots freed by others
+    for slots in (1, 2):  # verified ahead of the free slots: some rows wait in the park, the same tokens
+        res = MODE_TABLE[mode].serve(engine.context, req, slots, budgets=BUDGETS)
+        assert res.tokens == [r.tokens[0] for r in alone] and res.stats["accepted_per_request"] == accepted
+        assert res.stats["parked"] > 0 or slots == 1
     # each request's verification passes: those of the admission it entered with (at least its own alone), not
     # every admission's passes for every request
     alone_checks = sum(r.stats["request_checks"] for r in alone)
