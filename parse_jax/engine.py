@@ -421,11 +421,10 @@ class ParseEngine:
 
     def _rounds_options(self, mode: str, req: Request, slots: int) -> tuple[str | None, ...]:
         """The rounds `schedule="auto"` may run `mode` with: multi and single where the user left `rounds="auto"`
-        and the mode honours it (each where the request's positions fit), else the config's (None). In one slot, a
-        mode whose single round ends in plain decoding runs multi-round only: there its later rounds replace plain
-        decoding steps with drafted ones and hold up no other row, and three prompts (an explored window there)
-        cannot tell the two apart: the draft's wrong answers, where multi-round gains, are a few prompts in many
-        (docs/design.md §7)."""
+        and the mode honours it (each where the request's positions fit), else the config's (None). In one slot a
+        mode whose single round ends in plain decoding runs multi-round where it fits: its later rounds replace
+        those plain steps and hold up no other row, and its gain sits on the few prompts the draft gets wrong, which
+        a window of prompts may not hold (docs/design.md §7)."""
         spec = MODE_TABLE[mode]
         if self.config.rounds != "auto" or not spec.honours_rounds:
             return (None,)

@@ -184,8 +184,8 @@ class ParseConfig:
                                             "lower: fewer prefixes, a shorter verification block)", lo=0.0, hi=1.0)
     rounds: RoundsSetting = setting("auto", "multi: the target writes one step, then the draft drafts again; single: "
                                             "it writes the rest (modes parse and parse+eagle3); auto: schedule=auto "
-                                            "chooses per batch from the costs and what it measured (multi under "
-                                            "schedule=fixed)")
+                                            "chooses per batch from the costs and what it measured (parse in one "
+                                            "slot, and schedule=fixed: multi)")
     max_draft_tokens: int = setting(64, "tokens the draft writes per round", lo=1, hi=4096)
     suffix_format: SuffixFormat = setting("plain", "chat: verify_suffix is the judge question of a user turn, "
                                                    "rendered through the target's chat template after the draft "

@@ -58,12 +58,12 @@ def provenance(config: dict | None = None, seed: int | None = None) -> dict:
 
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no") if commit else None
-    devices = jax.devices()
+    devices, cpu = jax.devices(), cpu_identity()
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status),
             "versions": package_versions(), "jax": jax.__version__, "device": str(devices[0]),
             "device_kind": devices[0].device_kind, "device_count": len(devices), "platform": platform.platform(),
-            "python": platform.python_version(), "cpu_count": os.cpu_count(), "cpu": cpu_identity()["cpu_model"],
-            "cpu_flags": cpu_identity()["cpu_flags"],
+            "python": platform.python_version(), "cpu_count": os.cpu_count(), "cpu": cpu["cpu_model"],
+            "cpu_flags": cpu["cpu_flags"],
             "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "config": config, "seed": seed}
 

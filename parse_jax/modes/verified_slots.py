@@ -4,17 +4,18 @@ continuation shares the slots' plain decoding (`runtime/slots.decode_slots`) wit
 
 Admission: the mode's verification on up to k waiting prompts (k bucketed), then each row's accepted prefix, the
 target's cache holding it and the first continuation token written into the free slots (one program). Advance:
-one-token steps over every slot until enough are free. Both compile once per run's shapes; a row reads only its
-own cache row, so greedy outputs equal each prompt alone.
+one-token steps over every slot until enough are free. Place: parked rows (below) into free slots. Each compiles
+once per run's shapes; the host reads one small result per admission or placement. A row reads only its own cache
+row, so greedy outputs equal each prompt alone.
 
 Verifying ahead: most rows of a good draft end at their verification (the answer accepted whole) and never need a
 slot, and a verification pass costs less per row the more rows it holds (the embedded pair at batch 4: 9.0 ms for
 one row, 24.5 for four). So an admission verifies up to a slot bucket of waiting prompts however few slots are
 free: the rows that end there are done, the rows that continue take the free slots in order, and the rest wait in a
 park of verified rows (their cache, accepted prefix and first continuation token) for the next free slot, which
-a parked row takes without a pass (`place`). The park holds as many rows as the slots (the target's KV cache of a
-served single-round run, twice), and an admission verifies no more rows than the free slots and the park's room
-can take.
+a parked row takes without a pass (`place`). An admission runs only where a free slot is left once the parked
+rows have taken theirs and verifies at most the slot bucket B, so at most B - 1 rows wait: the park has B - 1 rows
+(none at one slot), the target's KV cache of such a run (2 - 1/B) times the slots'.
 """
 
 from __future__ import annotations
@@ -133,6 +134,12 @@ def slot_programs(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
             register_program(jax.jit(advance, donate_argnums=(1,))))
 
 
+def park_rows(slots: int) -> int:
+    """The park of a run over `slots` slots: an admission runs with a slot free after the parked rows took theirs
+    and verifies at most `slots` rows, so at most `slots` - 1 wait."""
+    return slots - 1
+
+
 class AheadBook:
     """The host's record of a run that verifies ahead: the waiting requests, each slot's holder, the parked
     requests (in park order) and each request's row once it ended."""
@@ -141,7 +148,7 @@ class AheadBook:
         self.waiting = collections.deque(range(requests))
         self.holder = [-1] * slots
         self.parked: list[int] = []
-        self.slots, self.capacity = slots, capacity
+        self.slots, self.capacity, self.park = slots, capacity, park_rows(slots)
         self.out: list[dict | None] = [None] * requests
         self.ever_parked: set[int] = set()  # requests that waited in the park
 
@@ -155,22 +162,24 @@ class AheadBook:
         free = self.free()
         if free <= len(self.parked):
             return 0
-        return min(len(self.waiting), self.slots, free + self.slots - len(self.parked))
+        return min(len(self.waiting), self.slots, free + self.park - len(self.parked))
 
     def settle(self, candidates: list[int], where: np.ndarray, admitted: dict | None, *, first: int) -> None:
         """Where an admission or a placement put each candidate (`place`'s `where`); an admitted row (index >=
         `first` among the candidates) that went nowhere ended at its verification: its row is read from `admitted`."""
-        parked = [-1] * self.slots
+        parked = [-1] * self.park
         for i, r in enumerate(candidates):
             if r < 0:
                 continue
             w = int(where[i])
             if w < self.slots:
                 self.holder[w] = r
-            elif w - self.slots < self.slots:
+            elif w - self.slots < self.park:
                 parked[w - self.slots] = r
-            else:
+            elif i >= first and admitted is not None:
                 self.out[r] = {k: v[i - first] for k, v in admitted.items()}
+            else:  # a row that needs a slot went nowhere: the host's count of the park was off
+                raise RuntimeError(f"served run: request {r} was neither placed, parked nor ended")
         self.parked = [r for r in parked if r >= 0]
         self.ever_parked.update(self.parked)
 
@@ -209,7 +218,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     counters: list[tuple[list[int], dict]] = []  # each admission's requests and its counters (read once, at the end)
     book = AheadBook(len(ids), slots, used)
     state = AheadSlots(slots=empty_state(pair.target, slots, width, cache_len),
-                       park=empty_state(pair.target, slots, width, cache_len), parked=jnp.int32(0),
+                       park=empty_state(pair.target, park_rows(slots), width, cache_len), parked=jnp.int32(0),
                        capacity=jnp.int32(used))
 
     def admit_at(ahead, batch, where, i):
@@ -229,7 +238,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     admissions = 0
     while True:
         take, moved = book.to_verify(), None  # moved: (each candidate's destination, the admitted rows)
-        candidates = book.parked + [-1] * (slots - len(book.parked))  # the park's rows, then the admitted ones
+        candidates = book.parked + [-1] * (book.park - len(book.parked))  # the park's rows, then the admitted
         if take:
             batch = [book.waiting.popleft() for _ in range(take)]
             where = np.full((bucket(take, 1),), slots, np.int32)
@@ -242,9 +251,13 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
             moved = (placed, None)
         state = advance(target.params, state, book.free_target(admitted=bool(take)), req.eos, args)
         read = fetch({"slots": {"done": state.slots.done, "num_new": state.slots.num_new,
-                                "tokens": state.slots.tokens, "steps": state.slots.steps}, "moved": moved})
+                                "tokens": state.slots.tokens, "steps": state.slots.steps}, "moved": moved,
+                      "parked": state.parked})
         if moved is not None:
-            book.settle(candidates, *read["moved"], first=slots)
+            book.settle(candidates, *read["moved"], first=book.park)
+        if int(read["parked"]) != len(book.parked):  # a dropped row would be silently wrong output
+            raise RuntimeError(f"served run: {int(read['parked'])} rows parked on the device, {len(book.parked)} "
+                               "on the host")
         book.finish(read["slots"])
         if book.empty:
             break

@@ -181,7 +181,7 @@ def device_prompts(model, ids: list[list[int]], batch: int, length: int, max_new
 # counts that add up over batches; lists that concatenate in prompt order
 _SUMMED = ("new_tokens", "seconds", "target_passes", "request_passes", "verify_passes", "rounds", "draft_tokens",
            "accepted_tokens", "verify_tokens", "continued_requests", "eagle3_accepted_tokens", "eagle3_draft_tokens",
-           "admissions")
+           "admissions", "parked")
 _JOINED = ("accepted_per_request", "prefixes_per_request", "drafts_per_request", "checks_per_request")
 
 

@@ -11,9 +11,13 @@ import platform
 from pathlib import Path
 
 
-@functools.cache
 def cpu_identity() -> dict[str, str | int | None]:
-    """This host's processor (`describe_cpu` of /proc/cpuinfo, where there is one)."""
+    """This host's processor (`describe_cpu` of /proc/cpuinfo, where there is one); a fresh dict each call."""
+    return dict(_cpu_identity())
+
+
+@functools.cache
+def _cpu_identity() -> dict[str, str | int | None]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -34,4 +38,4 @@ def describe_cpu(cpuinfo: str) -> dict[str, str | int | None]:
             flags = " ".join(sorted(value.split()))
     return {"cpu_model": model or platform.processor() or platform.machine(),
             "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:12] if flags else None,
-            "cpu_count": os.cpu_count()}
+            "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
