@@ -354,8 +354,8 @@ class ParseEngine:
         """The prompts expected after an explored window starting at `start`, in windows: what measuring a close call
         again must pay back (`schedule.auto.worth_measuring`). Expected: a one-off job's own; outside one, this call's
         or as many as the engine has run so far where more (work done so far predicts work to come: an engine called
-        many times measures a close call again in time). The window: `EXPLORE_FILLS` x `size` served, or one fixed
-        batch of `size` where fewer prompts are left (`_run_batches`)."""
+        many times measures a close call again in time). The window: `_explore_prompts` served, or one fixed batch
+        of `size` where fewer prompts are left (`_run_batches`)."""
         served = self._explore_prompts(n, start, size)
         window = served if served > size else size
         ahead = self._job_left - start if self._job_left is not None else max(n - start, self._prompts_run)

@@ -23,6 +23,14 @@ def _engine(**kw):
                                                      **kw}))
 
 
+def _measured(seconds: dict[str, float], batch: int) -> ScheduleState:
+    """A fresh schedule state with one served measurement of 20 tokens per choice at `batch`."""
+    state = ScheduleState()
+    for name, s in seconds.items():
+        state = state.record(name, batch, {"new_tokens": 20, "seconds": s})
+    return state
+
+
 def test_plain_decoding_in_slots_equals_each_prompt_alone_in_prompt_order():
     eng = _engine()
     alone = [generate(TARGET, [p], max_new_tokens=14).tokens[0] for p in PROMPTS]
@@ -83,8 +91,7 @@ def test_auto_is_the_default_and_serves_the_rest_through_slots():
     assert ParseConfig().schedule == "auto"
     eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=12))
     eng._costs = costs(COMPUTE_BOUND, eagle3=False)  # plain decoding wins, and serves every prompt through 2 slots
-    for name, seconds in (("target", 0.1), ("parse-multi", 0.3), ("parse-single", 0.2)):  # as earlier calls measured
-        eng.schedule_state = eng.schedule_state.record(name, 2, {"new_tokens": 20, "seconds": seconds})
+    eng.schedule_state = _measured({"target": 0.1, "parse-multi": 0.3, "parse-single": 0.2}, 2)  # earlier calls
     res = eng.generate(PROMPTS, mode="parse", max_new_tokens=10, max_batch=2)
     assert [(c["ran"], c["why"]) for c in res.stats["schedule"]] == [("target", "measured")]
     assert res.stats["slots"] == 2 and res.stats["admissions"] > 1
@@ -140,9 +147,7 @@ def test_a_close_call_is_measured_again_only_where_the_work_left_pays_for_its_wi
     measures plain decoding again first; a short job does not. Each engine starts from the same figures."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the setup file of this test: nothing to charge a job
     load_setup_costs(TARGET, DRAFT).with_figure("parse", 1, 0.0).with_figure("target", 1, 0.0).save()
-    state = ScheduleState()
-    for name, seconds in (("parse", 0.1), ("target", 0.13 / (1 - SPECULATION_MARGIN))):
-        state = state.record(name, 1, {"new_tokens": 20, "seconds": seconds})
+    state = _measured({"parse": 0.1, "target": 0.13 / (1 - SPECULATION_MARGIN)}, 1)
 
     def engine(prompts_run=0):
         eng = _engine(schedule="auto", rounds="single")
@@ -172,10 +177,7 @@ def test_rounds_auto_runs_the_rounds_measured_faster_as_that_fixed_setting_would
     eng = _engine(schedule="auto", rounds="auto")
     eng._costs = costs(MEMORY_BOUND, eagle3=False)
     slower = {"multi": "single", "single": "multi"}[faster]
-    state = eng.schedule_state
-    for name, seconds in ((f"parse-{faster}", 0.1), (f"parse-{slower}", 0.5), ("target", 0.4)):
-        state = state.record(name, 2, {"new_tokens": 20, "seconds": seconds})
-    eng.schedule_state = state
+    eng.schedule_state = _measured({f"parse-{faster}": 0.1, f"parse-{slower}": 0.5, "target": 0.4}, 2)
     res = eng.generate(PROMPTS[:4], mode="parse", max_new_tokens=12, max_batch=2)
     assert [(c["ran"], c["rounds"], c["why"]) for c in res.stats["schedule"]] == [("parse", faster, "measured")]
     fixed = _engine(rounds=faster).generate(PROMPTS[:4], mode="parse", max_new_tokens=12, max_batch=2)
@@ -190,10 +192,7 @@ def test_in_one_slot_rounds_auto_runs_parse_multi_round_whatever_single_round_me
     measured figures decide (above); the user's rounds are honoured."""
     eng = _engine(schedule="auto", rounds="auto")
     eng._costs = costs(MEMORY_BOUND, eagle3=False)
-    state = eng.schedule_state
-    for name, seconds in (("parse-single", 0.1), ("parse-multi", 0.5), ("target", 2.0)):
-        state = state.record(name, 1, {"new_tokens": 20, "seconds": seconds})
-    eng.schedule_state = state
+    state = eng.schedule_state = _measured({"parse-single": 0.1, "parse-multi": 0.5, "target": 2.0}, 1)
     res = eng.generate(PROMPTS, mode="parse", max_new_tokens=12, max_batch=1)
     assert [(c["ran"], c["rounds"]) for c in res.stats["schedule"]] == [("parse", "multi")]
     assert set(res.stats["schedule"][0]["seconds_per_token"]) == {"parse-multi", "target"}

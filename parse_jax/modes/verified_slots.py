@@ -20,7 +20,6 @@ rows have taken theirs and verifies at most the slot bucket B, so at most B - 1 
 
 from __future__ import annotations
 
-import collections
 import functools
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import (
     Admission,
+    SlotBook,
     SlotState,
     admission,
     decode_slots,
@@ -140,15 +140,14 @@ def park_rows(slots: int) -> int:
     return slots - 1
 
 
-class AheadBook:
-    """The host's record of a run that verifies ahead: the waiting requests, each slot's holder, the parked
-    requests (in park order) and each request's row once it ended."""
+class AheadBook(SlotBook):
+    """`SlotBook` (the waiting requests, each slot's holder) of a run that verifies ahead, with the parked requests
+    (in park order) and each request's row once it ended. Its admissions are sized by `to_verify`, not `admit`."""
 
     def __init__(self, requests: int, slots: int, capacity: int) -> None:
-        self.waiting = collections.deque(range(requests))
-        self.holder = [-1] * slots
+        super().__init__(requests, slots, capacity)
+        self.park = park_rows(slots)
         self.parked: list[int] = []
-        self.slots, self.capacity, self.park = slots, capacity, park_rows(slots)
         self.out: list[dict | None] = [None] * requests
         self.ever_parked: set[int] = set()  # requests that waited in the park
 
@@ -183,14 +182,14 @@ class AheadBook:
         self.parked = [r for r in parked if r >= 0]
         self.ever_parked.update(self.parked)
 
-    def finish(self, read: dict) -> None:
-        """The rows of every held slot now done; those slots are freed."""
-        for s, r in enumerate(self.holder):
-            if r >= 0 and read["done"][s]:
-                self.out[r] = {k: v[s] for k, v in read.items() if np.ndim(v)}
-                self.holder[s] = -1
+    def finish(self, read: dict) -> list[tuple[int, int]]:
+        """`SlotBook.finish` of `read["done"]`, keeping each finished request's row of `read`."""
+        finished = super().finish(read["done"])
+        for s, r in finished:
+            self.out[r] = {k: v[s] for k, v in read.items() if np.ndim(v)}
+        return finished
 
-    def free_target(self, admitted: bool) -> np.int32:
+    def free_target(self, admitted: bool = False) -> np.int32:
         """Done slots that end the device loop: with anything waiting or parked (or maybe parked by the admission
         just made, `admitted`), the first free slot (empty slots past the capacity count); else every slot."""
         pending = self.waiting or self.parked or admitted
@@ -198,7 +197,7 @@ class AheadBook:
 
     @property
     def empty(self) -> bool:
-        return not self.waiting and not self.parked and all(h < 0 for h in self.holder)
+        return super().empty and not self.parked
 
 
 def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Verify, draft_new: int, num_new: int,
@@ -218,7 +217,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     counters: list[tuple[list[int], dict]] = []  # each admission's requests and its counters (read once, at the end)
     book = AheadBook(len(ids), slots, used)
     state = AheadSlots(slots=empty_state(pair.target, slots, width, cache_len),
-                       park=empty_state(pair.target, park_rows(slots), width, cache_len), parked=jnp.int32(0),
+                       park=empty_state(pair.target, book.park, width, cache_len), parked=jnp.int32(0),
                        capacity=jnp.int32(used))
 
     def admit_at(ahead, batch, where, i):
