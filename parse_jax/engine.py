@@ -262,16 +262,19 @@ class ParseEngine:
         if max_batch is not None:
             max_batch = check_int("max_batch", max_batch, 1, error=InputError)
         # a run whose weights and caches cannot fit the device: one line, before anything is allocated
-        self.memory_guard.check(self.context, mode, req, min(max_batch or len(req.ids), len(req.ids)))
+        rows = min(max_batch or len(req.ids), len(req.ids))
+        rounds = self._rounds_options(mode, req, rows)  # those the schedule may take
+        self.memory_guard.check(self.context, mode, req, rows, rounds if self.config.schedule == "auto" else (None,))
         fetches = FETCHES[0]
         with kernel_context(self.target):  # sharded Pallas kernels see the mesh (they run under shard_map)
-            res = self._run_batches(mode, req, max_batch)
+            res = self._run_batches(mode, req, max_batch, rounds)
         res.stats["mode"] = mode
         res.stats["host_transfers"] = FETCHES[0] - fetches
         res.stats["compiled_programs"] = compiled_programs()
         return res
 
-    def _run_batches(self, mode: str, req: Request, max_batch: int | None) -> GenerateResult:
+    def _run_batches(self, mode: str, req: Request, max_batch: int | None,
+                     rounds: tuple[str | None, ...]) -> GenerateResult:
         """The request in batches of `max_batch` rows, each run with `mode` or, under `schedule="auto"`, with plain
         decoding where that is predicted (or was measured) faster at this batch size (docs/design.md §7). A mode that
         serves (continuous batching) takes the rest of the prompts at once, once the schedule has chosen it, and a
@@ -279,7 +282,6 @@ class ParseEngine:
         n = len(req.ids)
         size = n if max_batch is None else min(max_batch, n)
         parts, choices, start = [], [], 0
-        rounds = self._rounds_options(mode, req, size)
         # explored batches that measured: at most one per choice (plain decoding included) and call; explored
         # batches in all at most twice that (one that set programs up measured nothing, and may be explored again)
         explorations = attempts = 0

@@ -5,7 +5,12 @@ activations, per chip of a (data, model) mesh; and the refusal of a run that doe
   them), each divided over the mesh axes its `NamedSharding` splits it on (`models.sharding`).
 - KV caches: layers x 2 x rows x KV heads x slots x head_dim in the config's dtype, the slots being the cache the
   mode's program allocates (the same buckets as the programs: `runtime.programs.bucket` / `length_bucket`); rows
-  split over `data`, KV heads over `model`.
+  split over `data`, KV heads over `model`. A served run (continuous batching: more prompts than `batch`, in a
+  mode that serves) holds its slots' caches and, while it admits, the admitted rows' own (an admission prefills or
+  verifies up to a slot bucket of prompts before moving them in); a run that verifies ahead of its free slots
+  (single-round parse and parse+eagle3, sequential: `modes/verified_slots`) also holds its park of verified rows
+  (B - 1) and, while it places rows, the park's compacted copy, so its target and EAGLE-3 caches hold 4B - 2
+  rows. Where the schedule may run multi or single round (`ParseConfig.rounds="auto"`), the plan is the larger.
 - Activations: the peak of the largest pass (T tokens of B rows over S slots) of the models: the largest of the
   pass's phases, whose buffers are never live together, each beside the residual stream [B, T, hidden]: attention
   (with attention_impl "xla" the dense float32 scores and probabilities [B, H, T, S]; with the Pallas kernels, which
@@ -32,7 +37,8 @@ from parse_jax.errors import ConfigError
 from parse_jax.lowering.chips import Chip
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.sharding import abstract_params, fitting_rules
-from parse_jax.modes.parse_multi import multi_shape
+from parse_jax.modes.parse_multi import eagle_spec, multi_shape
+from parse_jax.modes.table import MODE_TABLE
 from parse_jax.runtime.programs import bucket, length_bucket
 from parse_jax.verify.round import block_lengths
 
@@ -41,10 +47,11 @@ GB = 1e9
 
 @dataclasses.dataclass(frozen=True)
 class Shapes:
-    """What a run allocates, per model: (config, cache slots or 0, tokens of its largest pass)."""
+    """What a run allocates, per model: (name, config, cache slots or 0, tokens of its largest pass, cache rows);
+    `batch` the rows of its largest pass."""
 
     batch: int
-    models: tuple[tuple[str, ModelConfig, int, int], ...]
+    models: tuple[tuple[str, ModelConfig, int, int, int], ...]
     dense_attention: bool
 
 
@@ -96,10 +103,12 @@ def _size(n: int, digits: int = 2) -> str:
     return f"{n / GB:.{digits}f} GB" if n >= GB / 10**digits else f"{n / 1e6:.{digits}f} MB"
 
 
-def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platform: str = "tpu") -> Shapes:
+def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platform: str = "tpu", *,
+               rounds: str | None = None, served: bool = False) -> Shapes:
     """The caches and largest passes of `mode` for `batch` prompts of `prompt_len` tokens and `max_new` new ones,
     bucketed as the mode's programs bucket them (modes/*.py, speculation/*.py), on `platform` (whether the target's
-    attention_impl is dense there)."""
+    attention_impl is dense there). `rounds`: multi or single (default: the mode's name, else the config's);
+    `served`: `batch` slots kept busy over more prompts (the module docstring's cache rows)."""
     cfg = ctx.config
     b, p, n = bucket(batch, 1), bucket(prompt_len), bucket(max_new, 16)
     t, dcfg = ctx.target.config, (ctx.draft.config if ctx.draft is not None else None)
@@ -107,7 +116,8 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platfo
     d = bucket(min(cfg.max_draft_tokens, max_new), 16)
     cap = lambda s, c: min(s, c.max_position_embeddings)  # noqa: E731
     models: list[tuple[str, ModelConfig, int, int]] = []
-    rounds = "multi" if mode == "parse-multi" else ("single" if mode == "parse-single" else cfg.rounds)
+    if rounds is None:
+        rounds = "multi" if mode == "parse-multi" else ("single" if mode == "parse-single" else cfg.rounds)
     if mode == "target":
         models.append(("target", t, cap(length_bucket(p + n), t), p))
     elif mode in ("sd", "eagle3"):
@@ -126,10 +136,13 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platfo
         k = max(1, min(cfg.max_prefixes, max_new))
         slots = bucket(prompt_len + max_new + k * suffix)
         models.append(("target", t, slots, slots))
-    elif rounds == "multi" and mode != "parse+eagle3":
-        shape = multi_shape(ctx, p, max_new, rows=b)  # the caches the program allocates
+    elif rounds == "multi":  # parse, parse+eagle3
+        eagle = eagle_spec(ctx) if mode == "parse+eagle3" else None
+        shape = multi_shape(ctx, p, max_new, eagle, rows=b)  # the caches the program allocates
         models.append(("target", t, shape.cache_len, shape.first_lengths[-1]))
         models.append(("draft", dcfg, shape.cache_len, p))
+        if eagle is not None:
+            models.append(("eagle3", ctx.head.config.layer, shape.cache_len, shape.first_lengths[-1]))
     else:  # parse single, parse+eagle3
         eagle = mode == "parse+eagle3"
         lengths = block_lengths(p + d + ctx.round_spec.max_prefixes * suffix)
@@ -141,7 +154,21 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platfo
                            cfg.eagle3.gamma + cfg.eagle3.tree + 1))
     backend = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
     dense = pallas_kernels.resolve(getattr(ctx.target, "attention_impl", "xla"), backend, interpret=True)[0] == "xla"
-    return Shapes(b, tuple(models), dense)
+    ahead = mode == "sequential" or (mode in ("parse-single", "parse", "parse+eagle3") and rounds != "multi")
+    return Shapes(b, tuple((*m, cache_rows(m[0], b, served=served, ahead=ahead)) for m in models), dense)
+
+
+def cache_rows(model: str, slots: int, *, served: bool, ahead: bool) -> int:
+    """The cache rows a run over `slots` rows holds of `model`'s cache: its batch; served, its slots and an
+    admission's rows (up to the slot bucket); verifying ahead (`modes/verified_slots`), where only the verification
+    drafts, also the park's B - 1 rows of the target's and the head's cache and, while an admission places its
+    rows, the park's compacted copy (B - 1 more: XLA's buffers of that admission grow by B - 1 rows with B), and
+    the draft's rows only in the admission."""
+    if not served:
+        return slots
+    if not ahead:
+        return 2 * slots
+    return slots if model == "draft" else 4 * slots - 2
 
 
 def _mesh(sizes: dict[str, int]) -> AbstractMesh:
@@ -184,11 +211,11 @@ def estimate(shapes: Shapes, sizes: dict[str, int], head_weights: int = 0) -> di
     data, model = sizes.get("data", 1), sizes.get("model", 1)
     rows = _split(shapes.batch, data)
     out = {}
-    for name, cfg, slots, tokens in shapes.models:
+    for name, cfg, slots, tokens, held in shapes.models:
         item = np.dtype(cfg.dtype).itemsize
         kv = _split(cfg.num_kv_heads, model)
         heads = _split(cfg.num_heads, model)
-        cache = cfg.num_layers * 2 * rows * kv * slots * cfg.head_dim * item
+        cache = cfg.num_layers * 2 * _split(held, data) * kv * slots * cfg.head_dim * item
         bt = rows * tokens
         # the largest pass's peak: the largest of its phases, whose buffers are never live together; each keeps the
         # residual stream [B, T, hidden] alive
@@ -215,10 +242,13 @@ def _plan(shapes: Shapes, target: Chip, sizes: dict[str, int], capacity: int, he
 
 
 def plan_memory(ctx, mode: str, req, target: Chip, sizes: dict[str, int] | None = None,
-                capacity: int | None = None, batch: int | None = None) -> MemoryPlan:
+                capacity: int | None = None, batch: int | None = None,
+                rounds: tuple[str | None, ...] = (None,)) -> MemoryPlan:
     """The memory plan of `mode` over the validated request `req` on `target` chips (`capacity` bytes each; default
     the chip table's HBM), with what would fit when it does not. `batch`: the rows run at once (default every
-    prompt of `req`; fewer under `generate(..., max_batch=)`), each as long as the longest prompt."""
+    prompt of `req`; fewer under `generate(..., max_batch=)`, a served run where the mode serves), each as long as
+    the longest prompt. `rounds`: those the run may take (`schedule="auto"` over `rounds="auto"`: multi and single;
+    None: the context's); the plan is the largest."""
     sizes = dict(sizes or {"data": 1, "model": 1})
     capacity = int(capacity if capacity is not None else target.hbm_bytes)
     batch, prompt_len = batch or len(req.ids), max(len(x) for x in req.ids)
@@ -227,9 +257,16 @@ def plan_memory(ctx, mode: str, req, target: Chip, sizes: dict[str, int] | None 
         head_weights = sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
                            for x in _leaves(ctx.head.params))
 
+    spec = MODE_TABLE.get(mode)
+    serves = spec is not None and spec.serve is not None and getattr(ctx.target, "mesh", None) is None
+
     def at(b: int, n: int, s: dict[str, int]) -> MemoryPlan:
-        shapes = run_shapes(ctx, mode, b, prompt_len, n, target.platform)
-        return _plan(shapes, target, s, capacity, head_weights, (b, prompt_len, n))
+        """The plan of `b` rows at once (served where fewer than the prompts: `generate(..., max_batch=b)`), the
+        largest of the rounds the run may take."""
+        plans = [_plan(run_shapes(ctx, mode, b, prompt_len, n, target.platform, rounds=r,
+                                  served=serves and b < len(req.ids)), target, s, capacity, head_weights,
+                       (b, prompt_len, n)) for r in rounds]
+        return max(plans, key=lambda x: x.total)
 
     plan = at(batch, req.max_new, sizes)
     if plan.fits:
@@ -299,25 +336,28 @@ class MemoryGuard:
             self._read = True
         return self._target
 
-    def plan(self, ctx, mode: str, req, batch: int | None = None) -> MemoryPlan | None:
-        """The plan of `mode` over `req` at `batch` rows on this device (one chip of the target's mesh, when it has
-        one); None without a capacity."""
+    def plan(self, ctx, mode: str, req, batch: int | None = None,
+             rounds: tuple[str | None, ...] = (None,)) -> MemoryPlan | None:
+        """The plan of `mode` over `req` at `batch` rows, taking any of `rounds` (`plan_memory`), on this device (one
+        chip of the target's mesh, when it has one); None without a capacity."""
         target = self.target()
         if target is None:
             return None
         batch = batch or len(req.ids)
-        key = (mode, batch, max(len(x) for x in req.ids), req.max_new)
+        key = (mode, batch, batch < len(req.ids), rounds, max(len(x) for x in req.ids), req.max_new)
         if key not in self._plans:
             mesh = getattr(ctx.target, "mesh", None)
             sizes = {"data": int(mesh.shape["data"]), "model": int(mesh.shape["model"])} if mesh is not None else None
             if len(self._plans) >= 256:  # a long-lived server meets many prompt lengths: keep the cache bounded
                 self._plans.clear()
-            self._plans[key] = plan_memory(ctx, mode, req, target, sizes, capacity=target.hbm_bytes, batch=batch)
+            self._plans[key] = plan_memory(ctx, mode, req, target, sizes, capacity=target.hbm_bytes, batch=batch,
+                                           rounds=rounds)
         return self._plans[key]
 
-    def check(self, ctx, mode: str, req, batch: int | None = None) -> MemoryPlan | None:
+    def check(self, ctx, mode: str, req, batch: int | None = None,
+              rounds: tuple[str | None, ...] = (None,)) -> MemoryPlan | None:
         """`plan`, refusing (`check_fits`: one line) a run that does not fit."""
-        plan = self.plan(ctx, mode, req, batch)
+        plan = self.plan(ctx, mode, req, batch, rounds)
         return check_fits(plan) if plan is not None else None
 
 

@@ -2,8 +2,10 @@
 (`modes/parse_multi.serve_multi`). Single round: a request's verification runs when it is admitted (draft, one
 pass over every prefix with the taps EAGLE-3 reads), the head's first pass starts its continuation from the
 accepted boundary (`eagle_start`), and EAGLE-3 rounds (`eagle_round`) advance every slot until enough are free.
-Both programs compile once per run's shapes; a row reads only its own cache rows, so greedy outputs equal each
-prompt alone.
+Admissions verify ahead of the free slots as single-round parse's do (`modes/verified_slots`: rows whose draft is
+accepted whole end there and never take a slot; rows that continue wait in a park for the next free slot). The
+programs compile once per run's shapes; a row reads only its own cache rows, so greedy outputs equal each prompt
+alone.
 """
 
 from __future__ import annotations
@@ -18,19 +20,11 @@ import numpy as np
 from parse_jax.modes.context import ModeContext, PairSpec, parse_result
 from parse_jax.modes.parse import EagleSpec, SingleShape, eagle_spec, single_round_program, single_shape
 from parse_jax.modes.parse_multi import serve_multi
-from parse_jax.modes.verified_slots import ROW_STATS
+from parse_jax.modes.verified_slots import ROW_STATS, AheadBook, AheadSlots, place, run_ahead
 from parse_jax.runtime.programs import bucket, fetch, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.runtime.slots import (
-    Admission,
-    SlotBook,
-    admission,
-    put_rows,
-    request_budgets,
-    rows_by_request,
-    serve_loop,
-)
+from parse_jax.runtime.slots import Admission, admission, request_budgets, rows_by_request
 from parse_jax.speculation.eagle3 import EagleLoop, eagle_start, head_applies
 from parse_jax.speculation.eagle3.serve import EagleServeShape, EagleSlots, empty_slots, serve_programs
 from parse_jax.verify.round import RoundSpec
@@ -38,15 +32,17 @@ from parse_jax.verify.round import RoundSpec
 
 @functools.cache
 def slot_programs(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, eagle: EagleSpec):
-    """(admit, advance, the slots' shape); the slot state is donated to both. `admit` also returns the admitted
-    rows' verification counters and drafts."""
+    """(admit, place, advance, the slots' shape) of a run that verifies ahead (`modes/verified_slots`); the state
+    is donated to each. `admit` verifies an admission, starts its rows' EAGLE-3 continuation and places them,
+    returning the state, each candidate's destination, the admitted rows' outputs (those that ended there are read
+    from them) and their verification counters and drafts."""
     verify = single_round_program(pair, spec, shape, sampler, fused=False, eagle=eagle)
     loop = EagleLoop(config=eagle.config, gamma=eagle.gamma, num_new=shape.num_new, tree=eagle.tree,
                      tree_top_k=eagle.tree_top_k)
     slots_shape = EagleServeShape(pair.target, pair.target_impl, shape.cache_len, loop, sampler)
-    _, advance = serve_programs(slots_shape)
+    _, advance_slots = serve_programs(slots_shape)
 
-    def admit(weights, slots: EagleSlots, adm: Admission, eos_ids, judge, args: SamplingArgs):
+    def admit(weights, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs):
         target_params, draft_params, head_params = weights
         prompts = Prompts(tokens=adm.prompt, lens=adm.lens, max_new=adm.max_new)
         key = args.fold(0).fold(adm.key_data)
@@ -56,9 +52,25 @@ def slot_programs(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: 
         state = eagle_start(fns, out["cache"], out["context"], loop=loop, max_new=budget, eos_ids=eos_ids,
                             sampler=sampler, args=args.fold(1).fold(adm.key_data))
         counters = {"draft": out["draft"], "continued": budget > 0, **{k: out[k] for k in ROW_STATS}}
-        return put_rows(slots, EagleSlots(state=state, max_new=budget), adm.slots), counters
+        rows = EagleSlots(state=state, max_new=budget)
+        ahead, where = place(ahead, rows)
+        return ahead, where, slot_outputs(rows, shape.num_new), counters
 
-    return register_program(jax.jit(admit, donate_argnums=(1,))), advance, slots_shape
+    def advance(target_params, head_params, ahead: AheadSlots, free_target, eos_ids, args: SamplingArgs):
+        return ahead.replace(slots=advance_slots(target_params, head_params, ahead.slots, free_target, eos_ids,
+                                                 args))
+
+    return (register_program(jax.jit(admit, donate_argnums=(1,))),
+            register_program(jax.jit(lambda ahead: place(ahead), donate_argnums=(0,))),
+            register_program(jax.jit(advance, donate_argnums=(2,))), slots_shape)
+
+
+def slot_outputs(slots: EagleSlots, num_new: int) -> dict:
+    """What the host reads of each slot (or admitted row): its continuation and EAGLE-3 counters; "rounds" is the
+    run's EAGLE-3 passes (a scalar)."""
+    st = slots.state
+    return {"done": st.done, "tokens": st.tokens[:, :num_new], "num_new": st.num_new, "accepted": st.accepted,
+            "proposed": st.proposed, "rounds": st.rounds}
 
 
 def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult | None:
@@ -72,34 +84,36 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     budgets = request_budgets(req, budgets)
     p = bucket(max(len(x) for x in ids))
     shape = single_shape(ctx, p, req.max_new, eagle=True)
-    admit, advance, slots_shape = slot_programs(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
-                                                eagle_spec(ctx))
+    admit, place_parked, advance, slots_shape = slot_programs(PairSpec.of(ctx), ctx.round_spec, shape,
+                                                              req.sampling.sampler, eagle_spec(ctx))
     args, eos = req.sampling.args(), req.eos
     weights = (target.params, ctx.draft.params, ctx.head.params)
     used = min(max_batch, len(ids))
+    slots = bucket(used, 1)
     counters: list[tuple[list[int], dict]] = []
+    book = AheadBook(len(ids), slots, used)
+    empty = empty_slots(slots_shape, target.params, ctx.head.params, slots, p, eos, args)
+    # the park: rows shaped as the slots', each leaf its own buffer (the state is donated); only rows below the
+    # parked count are read
+    park = jax.tree.map(lambda x: jnp.zeros((book.park, *x.shape[1:]) if jnp.ndim(x) else (), x.dtype), empty)
+    state = AheadSlots(slots=empty, park=park, parked=jnp.int32(0), capacity=jnp.int32(used))
 
-    def admit_at(state, batch, where, i):
-        state, got = admit(weights, state, admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i),
-                           eos, ctx.judge, args)
+    def admit_at(ahead, batch, where, i):
+        ahead, placed, rows, got = admit(weights, ahead, admission(ids, batch, where, prompt_len=p, max_new=budgets,
+                                                                   index=i), eos, ctx.judge, args)
         if batch:  # an empty one is a warm-up (runtime/slots.warm_admissions)
             counters.append((batch, got))
-        return state
+        return ahead, placed, rows
 
     t0 = time.perf_counter()
-    state = empty_slots(slots_shape, target.params, ctx.head.params, bucket(used, 1), p, eos, args)
-    rows, admissions, run = serve_loop(
-        SlotBook(len(ids), bucket(used, 1), used), state, admit=admit_at,
-        advance=lambda st, free: advance(target.params, ctx.head.params, st, free, eos, args),
-        rows=lambda st: {"done": st.state.done, "tokens": st.state.tokens[:, :shape.num_new],
-                         "num_new": st.state.num_new, "accepted": st.state.accepted,
-                         "proposed": st.state.proposed, "rounds": st.state.rounds},
-        warm=(admit, p))
+    run, admissions = run_ahead(book, state, admit=admit_at, place=place_parked,
+                                advance=lambda st, free: advance(target.params, ctx.head.params, st, free, eos, args),
+                                read=lambda st: slot_outputs(st, shape.num_new), warm=(admit, p))
     counted = fetch([got for _, got in counters])
     seconds = time.perf_counter() - t0
     per = rows_by_request(counters, counted, len(ids), ("draft", "continued", *ROW_STATS))
     tokens = []
-    for r, row in enumerate(rows):
+    for r, row in enumerate(book.out):
         a = int(per["accepted"][r])
         tokens.append(per["draft"][r][:a].tolist() + row["tokens"][: row["num_new"]].tolist())
     width = max(max(len(t) for t in tokens), 1)
@@ -107,10 +121,11 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     out = {"tokens": np.array([t + [PAD_ID] * (width - len(t)) for t in tokens], np.int32),
            "num_new": np.array([len(t) for t in tokens], np.int32),
            **{k: np.stack(per[k]) for k in ("continued", *ROW_STATS)},
-           "eagle3_accepted_tokens": np.where(live, [r["accepted"] for r in rows], 0),
-           "eagle3_draft_tokens": np.where(live, [r["proposed"] for r in rows], 0)}
+           "eagle3_accepted_tokens": np.where(live, [r["accepted"] for r in book.out], 0),
+           "eagle3_draft_tokens": np.where(live, [r["proposed"] for r in book.out], 0)}
     steps = int(run["rounds"])
     res = parse_result(ctx, req, out, seconds, verify_passes=admissions, target_passes=admissions + steps,
                        continue_batch=used)
-    res.stats.update(slots=used, admissions=admissions, request_passes=admissions + steps * used)
+    res.stats.update(slots=used, admissions=admissions, request_passes=admissions + steps * used,
+                     parked=len(book.ever_parked))
     return res

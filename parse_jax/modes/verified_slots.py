@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import jax
 import jax.numpy as jnp
@@ -176,7 +176,7 @@ class AheadBook(SlotBook):
             elif w - self.slots < self.park:
                 parked[w - self.slots] = r
             elif i >= first and admitted is not None:
-                self.out[r] = {k: v[i - first] for k, v in admitted.items()}
+                self.out[r] = {k: v[i - first] for k, v in admitted.items() if np.ndim(v)}
             else:  # a row that needs a slot went nowhere: the host's count of the park was off
                 raise RuntimeError(f"served run: request {r} was neither placed, parked nor ended")
         self.parked = [r for r in parked if r >= 0]
@@ -198,6 +198,44 @@ class AheadBook(SlotBook):
     @property
     def empty(self) -> bool:
         return super().empty and not self.parked
+
+
+def run_ahead(book: AheadBook, state: AheadSlots, *, admit: Callable, place: Callable, advance: Callable,
+              read: Callable[[object], dict], warm: Hashable) -> tuple[dict, int]:
+    """A served run that verifies ahead (module docstring), to its end: admit where `book.to_verify` says, else
+    move parked rows into free slots, then advance every slot until enough are free, and read the slots (the one
+    host read per admission). `admit(state, requests, where, i)` -> (state, each candidate's destination, the
+    admitted rows' outputs); `place(state)` -> (state, destinations); `advance(state, free_target)` -> state;
+    `read(slots)` -> the arrays to read, per slot ("done" among them) or run-wide (scalars); `warm`: the key of
+    `runtime/slots.warm_admissions` (its empty admissions, then one placement, set up every program). Each
+    request's row lands in `book.out`. Returns (the run-wide entries of the last read, the admissions made)."""
+    warmed = warm_admissions(lambda st, *a: admit(st, *a)[0], state, slots=book.slots, key=warm)
+    if warmed is not state:  # empty admissions ran (nothing placed): set up the placement too
+        warmed, _ = place(warmed)
+    state, admissions = warmed, 0
+    while True:
+        take, moved = book.to_verify(), None  # moved: (each candidate's destination, the admitted rows)
+        candidates = book.parked + [-1] * (book.park - len(book.parked))  # the park's rows, then the admitted
+        if take:
+            batch = [book.waiting.popleft() for _ in range(take)]
+            where = np.full((bucket(take, 1),), book.slots, np.int32)
+            state, placed, rows = admit(state, batch, where, admissions)
+            admissions += 1
+            candidates += batch + [-1] * (len(where) - take)
+            moved = (placed, rows)
+        elif book.parked and book.free():
+            state, placed = place(state)
+            moved = (placed, None)
+        state = advance(state, book.free_target(admitted=bool(take)))
+        got = fetch({"slots": read(state.slots), "moved": moved, "parked": state.parked})
+        if moved is not None:
+            book.settle(candidates, *got["moved"], first=book.park)
+        if int(got["parked"]) != len(book.parked):  # a dropped row would be silently wrong output
+            raise RuntimeError(f"served run: {int(got['parked'])} rows parked on the device, {len(book.parked)} "
+                               "on the host")
+        book.finish(got["slots"])
+        if book.empty:
+            return {k: v for k, v in got["slots"].items() if not np.ndim(v)}, admissions
 
 
 def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Verify, draft_new: int, num_new: int,
@@ -223,44 +261,16 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     def admit_at(ahead, batch, where, i):
         ahead, placed, rows, got = admit(*params, ahead, admission(ids, batch, where, prompt_len=p, max_new=budgets,
                                                                    index=i), req.eos, ctx.judge, args)
-        if batch:
+        if batch:  # an empty one is a warm-up (runtime/slots.warm_admissions)
             counters.append((batch, got))
-        else:  # an empty admission is a warm-up (runtime/slots.warm_admissions): set up the placement too
-            ahead, _ = place_parked(ahead)
         return ahead, placed, rows
 
-    def warm(ahead, batch, where, i):
-        return admit_at(ahead, batch, where, i)[0]
-
     t0 = time.perf_counter()
-    state = warm_admissions(warm, state, slots=slots, key=(admit, p))
-    admissions = 0
-    while True:
-        take, moved = book.to_verify(), None  # moved: (each candidate's destination, the admitted rows)
-        candidates = book.parked + [-1] * (book.park - len(book.parked))  # the park's rows, then the admitted
-        if take:
-            batch = [book.waiting.popleft() for _ in range(take)]
-            where = np.full((bucket(take, 1),), slots, np.int32)
-            state, placed, rows = admit_at(state, batch, where, admissions)
-            admissions += 1
-            candidates += batch + [-1] * (len(where) - take)
-            moved = (placed, rows)
-        elif book.parked and book.free():
-            state, placed = place_parked(state)
-            moved = (placed, None)
-        state = advance(target.params, state, book.free_target(admitted=bool(take)), req.eos, args)
-        read = fetch({"slots": {"done": state.slots.done, "num_new": state.slots.num_new,
-                                "tokens": state.slots.tokens, "steps": state.slots.steps}, "moved": moved,
-                      "parked": state.parked})
-        if moved is not None:
-            book.settle(candidates, *read["moved"], first=book.park)
-        if int(read["parked"]) != len(book.parked):  # a dropped row would be silently wrong output
-            raise RuntimeError(f"served run: {int(read['parked'])} rows parked on the device, {len(book.parked)} "
-                               "on the host")
-        book.finish(read["slots"])
-        if book.empty:
-            break
-    run = read["slots"]
+    run, admissions = run_ahead(
+        book, state, admit=admit_at, place=place_parked,
+        advance=lambda st, free: advance(target.params, st, free, req.eos, args),
+        read=lambda st: {"done": st.done, "num_new": st.num_new, "tokens": st.tokens, "steps": st.steps},
+        warm=(admit, p))
     counted = fetch([got for _, got in counters])
     seconds = time.perf_counter() - t0
     out = {"tokens": np.stack([r["tokens"] for r in book.out]), "num_new": np.array([r["num_new"] for r in book.out])}

@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from parse_jax.engine import ParseConfig, ParseEngine
@@ -17,7 +20,11 @@ from parse_jax.lowering.run import check_memory
 from parse_jax.lowering.sources import shape_head, shape_model
 from parse_jax.models.model import Model, expected_params, unflatten
 from parse_jax.models.tokenizer import Tokenizer
-from parse_jax.runtime.programs import FETCHES
+from parse_jax.modes.context import PairSpec
+from parse_jax.modes.parse import single_round_program, single_shape
+from parse_jax.modes.verified_slots import AheadSlots, park_rows, slot_programs, verifier_of
+from parse_jax.runtime.programs import FETCHES, bucket
+from parse_jax.runtime.slots import admission, empty_state
 from parse_jax.tasks import TOKENIZER_DIR
 from tests.random_models import random_model, tiny_config
 
@@ -143,6 +150,66 @@ def test_the_estimate_is_within_10_percent_of_xla(mode, batch, max_new):
     assert abs(estimate / xla - 1) < 0.10, (estimate, xla)
 
 
+def test_a_served_admission_that_verifies_ahead_is_within_2_percent_of_xla():
+    """The largest program of single-round parse served through 4 slots over more prompts: its admission, which
+    holds the slots and the park of verified rows (arguments, donated) while it verifies a slot bucket of prompts
+    (their caches and passes: temporaries) and places the rows (the park compacted through a copy). The plan of
+    that served run counts the target's cache 4B - 2 rows deep; the plan of a fixed batch of 4 (B rows) falls short
+    of XLA's figure by more than the tolerance."""
+    eng = cpu_engine()
+    ctx = abstract_context(eng.context, attention_impl="xla", mesh=None)
+    slots = 4
+    req = eng.request([[1] * 100] * (3 * slots), "parse", 128, 0.0, 0, 0, 1.0, None)
+    pair, sampler = PairSpec.of(ctx), req.sampling.sampler
+    shape = single_shape(ctx, bucket(100), req.max_new)
+    program = single_round_program(pair, ctx.round_spec, shape, sampler, fused=False)
+    width = shape.draft_new + shape.num_new
+    admit = slot_programs(pair, verifier_of(program), width, sampler)[0]
+    state = jax.eval_shape(lambda: AheadSlots(
+        slots=empty_state(ctx.target.config, slots, width, shape.cache_len),
+        park=empty_state(ctx.target.config, park_rows(slots), width, shape.cache_len), parked=jnp.int32(0),
+        capacity=jnp.int32(slots)))
+    adm = admission(req.ids, list(range(slots)), np.arange(slots, dtype=np.int32), prompt_len=bucket(100),
+                    max_new=[req.max_new] * len(req.ids), index=0)
+    args = abstract_tree((ctx.target.params, ctx.draft.params, state, adm, req.eos, ctx.judge, req.sampling.args()))
+    stats = admit.trace(*args).lower().compile().memory_analysis()
+    xla = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+           - stats.alias_size_in_bytes)
+    served = plan_memory(ctx, "parse", req, chip("v5e"), batch=slots)
+    fixed = plan_memory(ctx, "parse", dataclasses.replace(req, ids=req.ids[:slots]), chip("v5e"))
+    assert served.per_model["target"]["kv_cache"] == fixed.per_model["target"]["kv_cache"] * (4 * slots - 2) // slots
+    assert abs(served.total / xla - 1) < 0.02, (served.total, fixed.total, xla)
+    assert fixed.total < 0.85 * xla, (fixed.total, xla)  # the plan of its slots alone falls outside that band
+
+
+def test_served_plans_count_the_slots_and_an_admission_and_either_rounds_the_larger_of_both():
+    big = big_engine("llama3-1b")
+    eng = ParseEngine(big.target, big.draft, ParseConfig(), eagle3=shape_head(big.target.config))
+    ctx = abstract_context(eng.context, attention_impl="pallas", mesh=None)
+    req = eng.request([[1] * 64] * 32, "parse", 1024, 0.0, 0, 0, 1.0, None)
+    kv = lambda mode, c=ctx, r=req, batch=None: {  # noqa: E731
+        k: v["kv_cache"] for k, v in plan_memory(c, mode, r, chip("v6e"), batch=batch).per_model.items()}
+    eight = dataclasses.replace(req, ids=req.ids[:8])
+    for mode in ("target", "sd"):  # served: the slots and an admission's rows, every model
+        fixed, served = kv(mode, r=eight), kv(mode, batch=8)
+        assert served == {k: 2 * v for k, v in fixed.items()}
+    # verifying ahead (sequential whatever `rounds` says; parse+eagle3 single round): the target's and the head's
+    # cache 4B - 2 rows (slots, park and its copy, admission), the draft's only the admission's
+    single = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds="single"))
+    for mode, c in (("sequential", ctx), ("parse+eagle3", single)):
+        fixed, served = kv(mode, c=c, r=eight), kv(mode, c=c, batch=8)
+        assert served == {k: v if k == "draft" else v * 30 // 8 for k, v in fixed.items()}, mode
+        assert set(served) == ({"target", "draft", "eagle3"} if mode == "parse+eagle3" else {"target", "draft"})
+    multi = kv("parse+eagle3", batch=8)  # multi round: every cache at 2B, the head's too
+    assert ctx.config.rounds == "multi" and set(multi) == {"target", "draft", "eagle3"}
+    assert multi == {k: 2 * v for k, v in kv("parse+eagle3", r=eight).items()}
+    for batch in (None, 8):  # the whole batch, and served through 8 slots
+        plans = {r: plan_memory(ctx, "parse", req, chip("v6e"), batch=batch, rounds=r).total
+                 for r in (("multi",), ("single",), ("multi", "single"))}
+        assert plans[("multi", "single")] == max(plans[("multi",)], plans[("single",)])
+        assert plans[("multi",)] != plans[("single",)]
+
+
 @functools.cache
 def small_engine() -> ParseEngine:
     """A real (random) qwen3 target and llama3 draft on this CPU."""
@@ -155,12 +222,12 @@ PROMPTS = ["( 1 + 2 ) * ( 3 - 4 ) :", "( 7 * 8 ) - 9 :", "( 5 - 5 ) + ( 6 * 2 ) 
 
 
 def test_generate_refuses_a_run_the_device_cannot_hold_before_running_anything():
-    """`ParseEngine.generate` plans against its device (here one whose allocator offers room for batch 1 of this run
-    and no more): a larger batch is refused in one line naming the sizes and what would fit, before any program ran;
-    the batch that fits, or the larger one under max_batch, runs and gives the tokens of a run without the check."""
+    """`ParseEngine.generate` plans against its device (here one whose allocator offers room for this run served
+    through one slot and no more): the whole batch at once is refused in one line naming the sizes and what would
+    fit, before any program ran; the run under max_batch=1 runs and gives the tokens of a run without the check."""
     eng = small_engine()
-    req = eng.request(PROMPTS[:1], "parse", 16, 0.0, 0, 0, 1.0, None)
-    one = MemoryGuard(Device()).plan(eng.context, "parse", req)  # a plan on a 32 GB device: sizes only
+    req = eng.request(PROMPTS, "parse", 16, 0.0, 0, 0, 1.0, None)
+    one = MemoryGuard(Device()).plan(eng.context, "parse", req, batch=1)  # served through one slot: sizes only
     reference = eng.generate(PROMPTS, "parse", 16)  # this CPU reports no capacity: no plan, no refusal
     assert eng.memory_guard.plan(eng.context, "parse", req) is None
     device = Device(bytes_limit=one.total + 1, device_kind="Fake accelerator", platform="fake")
@@ -172,7 +239,7 @@ def test_generate_refuses_a_run_the_device_cannot_hold_before_running_anything()
         assert FETCHES[0] == fetches  # nothing ran
         line = str(refused.value)
         assert "\n" not in line
-        longest = max(len(p) for p in eng.request(PROMPTS, "parse", 16, 0.0, 0, 0, 1.0, None).ids)
+        longest = max(len(p) for p in req.ids)
         assert line.startswith(f"batch 4 x {longest} prompt + 16 new tokens does not fit a Fake accelerator chip "
                                f"({(one.total + 1) / 1e6:.1f} MB): weights {one.weights / 1e6:.2f} MB + KV caches")
         assert "weights " in line and " KV caches " in line and " activations " in line
@@ -181,6 +248,28 @@ def test_generate_refuses_a_run_the_device_cannot_hold_before_running_anything()
     finally:
         eng.memory_guard = MemoryGuard()
     assert device.asked == 1  # the device is asked once
+
+
+def test_generate_plans_every_rounds_its_schedule_may_take():
+    """With `rounds="auto"` the schedule may run multi or single round: served through 2 slots with a long budget,
+    single round (4B - 2 target cache rows) needs more than multi round (whose context the engine holds). On a
+    device with room for multi round only, generate refuses; with `rounds="multi"` given, the same call runs."""
+    draft = random_model("llama3", 41, vocab_size=TOK.vocab_size, num_layers=1, hidden_size=32, intermediate_size=64,
+                         num_heads=2, num_kv_heads=1, max_position_embeddings=2048)
+    target = random_model("qwen3", 40, vocab_size=TOK.vocab_size, num_layers=4, max_position_embeddings=2048)
+    pair = (Model(target.config, target.params, TOK), Model(draft.config, draft.params, TOK))
+    auto = ParseEngine(*pair, ParseConfig(max_draft_tokens=12))
+    assert auto.config.rounds == "auto" and auto.config.schedule == "auto" and auto.context.config.rounds == "multi"
+    req = auto.request(PROMPTS, "parse", 512, 0.0, 0, 0, 1.0, None)
+    plans = {r: MemoryGuard(Device()).plan(auto.context, "parse", req, 2, (r,)).total for r in ("multi", "single")}
+    assert plans["single"] > plans["multi"]
+    device = Device(bytes_limit=plans["multi"] + 1, device_kind="Fake accelerator", platform="fake")
+    auto.memory_guard = MemoryGuard(device)
+    with pytest.raises(ConfigError, match="does not fit a Fake accelerator chip"):
+        auto.generate(PROMPTS, "parse", 512, max_batch=2)
+    given = ParseEngine(*pair, ParseConfig(max_draft_tokens=12, rounds="multi"))
+    given.memory_guard = MemoryGuard(device)
+    assert len(given.generate(PROMPTS, "parse", 512, max_batch=2).tokens) == len(PROMPTS)
 
 
 def test_the_guard_plans_once_per_run_shape_and_not_at_all_on_this_cpu():

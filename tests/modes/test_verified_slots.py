@@ -12,7 +12,7 @@ from parse_jax.modes.table import MODE_TABLE
 from parse_jax.modes.verified_slots import AheadBook, AheadSlots, park_rows, place
 from parse_jax.runtime.decode import generate
 from parse_jax.runtime.programs import compiled_programs, setup_events
-from parse_jax.runtime.slots import empty_state
+from parse_jax.runtime.slots import admission_warm_up, empty_state
 from tests.modes.test_parse_multi import BUDGETS, PROMPTS, SETTINGS, TARGET, V, partial_engine
 
 SINGLE = {**SETTINGS, "rounds": "single"}
@@ -110,7 +110,8 @@ def test_generate_with_max_batch_serves_and_compiles_nothing_per_prompt(engine, 
 @pytest.mark.parametrize("tree", [0, 3])
 def test_single_round_parse_eagle3_served_equals_each_prompt_alone(tree):
     """Single-round parse+eagle3 through slots (verification at admission, EAGLE-3 rounds in the slots, the chain
-    and a tree): each prompt's tokens and counters equal the prompt alone."""
+    and a tree), at 1, 2 and 3 slots, with and without an EOS: each prompt's tokens and counters equal the prompt
+    alone, rows verified ahead of a free slot waiting in the park."""
     from parse_jax.modes.parse_eagle3_slots import serve
     from tests.modes.test_parse_multi_eagle3 import DRAFT as E_DRAFT
     from tests.modes.test_parse_multi_eagle3 import HEAD
@@ -118,11 +119,24 @@ def test_single_round_parse_eagle3_served_equals_each_prompt_alone(tree):
 
     eng = ParseEngine(E_TARGET, E_DRAFT, ParseConfig.from_flat(**SINGLE, threshold=0.5, eagle3_tree=tree),
                       eagle3=HEAD)
-    prompts, budgets = PROMPTS[:6], BUDGETS[:6]
-    alone = [eng.generate([p], mode="parse+eagle3", max_new_tokens=b) for p, b in zip(prompts, budgets)]
-    req = eng.request(prompts, "parse+eagle3", max(budgets), 0.0, 0, 0, 1.0, None)
-    res = serve(eng.context, req, 2, budgets=budgets)
-    assert res.tokens == [r.tokens[0] for r in alone]
-    assert sum(res.stats["accepted_per_request"]) > 0 and res.stats["eagle3_accepted_tokens"] > 0  # both paths
-    assert res.stats["accepted_per_request"] == [r.stats["accepted_tokens"] for r in alone]
-    assert res.stats["slots"] == 2 and res.stats["admissions"] > 1
+    parked = 0
+    for eos, slot_counts in ((None, (2,)), ([], (1, 3))):  # the tokenizer's EOS ends rows early; without it rows park
+        alone = [eng.generate([p], mode="parse+eagle3", max_new_tokens=b, eos_ids=eos)
+                 for p, b in zip(PROMPTS, BUDGETS)]
+        req = eng.request(PROMPTS, "parse+eagle3", max(BUDGETS), 0.0, 0, 0, 1.0, eos)
+        for slots in slot_counts:  # verified ahead of the free slots
+            with admission_warm_up():  # every admission size and the placement set up first, empty: nothing moves
+                res = serve(eng.context, req, slots, budgets=BUDGETS)
+            before = setup_events()
+            again = serve(eng.context, req, slots, budgets=BUDGETS)  # ready programs only; the same run
+            assert setup_events() == before and again.tokens == res.tokens
+            assert (again.stats["target_passes"], again.stats["parked"]) == (res.stats["target_passes"],
+                                                                            res.stats["parked"])
+            assert res.tokens == [r.tokens[0] for r in alone]
+            assert sum(res.stats["accepted_per_request"]) > 0 and res.stats["eagle3_accepted_tokens"] > 0  # both
+            assert res.stats["accepted_per_request"] == [r.stats["accepted_tokens"] for r in alone]
+            assert res.stats["eagle3_accepted_tokens"] == sum(r.stats["eagle3_accepted_tokens"] for r in alone)
+            assert res.stats["slots"] == slots and res.stats["admissions"] > 1
+            assert slots > 1 or res.stats["parked"] == 0  # one slot: no park
+            parked += res.stats["parked"]
+    assert parked > 0  # rows waited in the park and took later slots

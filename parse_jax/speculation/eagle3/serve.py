@@ -42,6 +42,11 @@ class EagleSlots:
     state: EagleState
     max_new: jax.Array  # [B]
 
+    @property
+    def done(self) -> jax.Array:
+        """[B] the rows that write no more tokens (a served run's free slots; `modes/verified_slots.place`)."""
+        return self.state.done
+
 
 @dataclasses.dataclass(frozen=True)
 class EagleServeShape:
