@@ -9,8 +9,8 @@ activations, per chip of a (data, model) mesh; and the refusal of a run that doe
   mode that serves) holds its slots' caches and, while it admits, the admitted rows' own (an admission prefills or
   verifies up to a slot bucket of prompts before moving them in); a run that verifies ahead of its free slots
   (single-round parse and parse+eagle3, sequential: `modes/verified_slots`) also holds its park of verified rows
-  (B - 1) and, while it places rows, the park's compacted copy, so its target and EAGLE-3 caches hold 4B - 2
-  rows. Where the schedule may run multi or single round (`ParseConfig.rounds="auto"`), the plan is the larger.
+  (B - 1), so its target and EAGLE-3 caches hold 3B - 1 rows. Where the schedule may run multi or single round
+  (`ParseConfig.rounds="auto"`), the plan is the larger.
 - Activations: the peak of the largest pass (T tokens of B rows over S slots) of the models: the largest of the
   pass's phases, whose buffers are never live together, each beside the residual stream [B, T, hidden]: attention
   (with attention_impl "xla" the dense float32 scores and probabilities [B, H, T, S]; with the Pallas kernels, which
@@ -161,14 +161,13 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platfo
 def cache_rows(model: str, slots: int, *, served: bool, ahead: bool) -> int:
     """The cache rows a run over `slots` rows holds of `model`'s cache: its batch; served, its slots and an
     admission's rows (up to the slot bucket); verifying ahead (`modes/verified_slots`), where only the verification
-    drafts, also the park's B - 1 rows of the target's and the head's cache and, while an admission places its
-    rows, the park's compacted copy (B - 1 more: XLA's buffers of that admission grow by B - 1 rows with B), and
-    the draft's rows only in the admission."""
+    drafts, also the park's B - 1 rows of the target's and the head's cache, and the draft's rows only in the
+    admission."""
     if not served:
         return slots
     if not ahead:
         return 2 * slots
-    return slots if model == "draft" else 4 * slots - 2
+    return slots if model == "draft" else 3 * slots - 1
 
 
 def _mesh(sizes: dict[str, int]) -> AbstractMesh:

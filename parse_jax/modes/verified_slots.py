@@ -82,29 +82,29 @@ class AheadSlots:
 
 
 def place(ahead: AheadSlots, rows: SlotState | None = None) -> tuple[AheadSlots, jax.Array]:
-    """The parked rows, then `rows` (a verification's, in order), each row that still writes tokens put in the next
-    free slot, the rest parked in that order; a row that ended is dropped (its tokens are in `rows`). Returns the
-    state and each candidate's destination ([parked rows..., rows...]): its slot, B + its park row, or B + P (none).
-    The host keeps no more candidates than the free slots and the park can take (`serve_verified`)."""
+    """The parked rows (`rows` None), or a verification's `rows` (into an empty park), in order: each row that still
+    writes tokens put in the next free slot, the rest parked in that order; a row that ended is dropped (its tokens
+    are in `rows`). Returns the state and each candidate's destination: its slot, B + its park row, or B + P (none).
+    An admission never reads the park it writes (the host places the parked rows first, `run_ahead`): a program
+    that moved rows out of the park and into it copied the park, B - 1 cache rows more at its peak. The host keeps
+    no more candidates than the free slots and the park can take."""
     slots, park = ahead.slots, ahead.park
     b, p = slots.done.shape[0], park.done.shape[0]
-    need = (jnp.arange(p) < ahead.parked) & ~park.done
-    if rows is not None:
-        need = jnp.concatenate([need, ~rows.done])
+    moving = park if rows is None else rows
+    need = ~moving.done if rows is not None else (jnp.arange(p) < ahead.parked) & ~park.done
     free = (jnp.arange(b) < ahead.capacity) & slots.done
     free_ids = jnp.nonzero(free, size=b, fill_value=b)[0]
     n_free = jnp.sum(free)
     rank = jnp.cumsum(need) - 1
     to_slot = jnp.where(need & (rank < n_free), free_ids[jnp.clip(rank, 0, b - 1)], b)
     to_park = jnp.where(need & (rank >= n_free), rank - n_free, p)
-    slots = put_rows(slots, park, to_slot[:p])
-    park_next = put_rows(park, park, to_park[:p])  # the parked rows left, moved to the front (scatter of a copy)
-    if rows is not None:
-        slots = put_rows(slots, rows, to_slot[p:])
-        park_next = put_rows(park_next, rows, to_park[p:])
+    slots = put_rows(slots, moving, to_slot)
+    park = put_rows(park, moving, to_park)  # the rows parked now, at the front (placing: the park compacted)
     parked = jnp.maximum(jnp.sum(need) - n_free, 0).astype(jnp.int32)
+    if rows is not None:  # rows still parked were overwritten: the count then disagrees with the host's, which raises
+        parked = parked + ahead.parked
     where = jnp.where(to_slot < b, to_slot, b + jnp.minimum(to_park, p))
-    return AheadSlots(slots=slots, park=park_next, parked=parked, capacity=ahead.capacity), where
+    return AheadSlots(slots=slots, park=park, parked=parked, capacity=ahead.capacity), where
 
 
 @functools.cache
@@ -163,9 +163,9 @@ class AheadBook(SlotBook):
             return 0
         return min(len(self.waiting), self.slots, free + self.park - len(self.parked))
 
-    def settle(self, candidates: list[int], where: np.ndarray, admitted: dict | None, *, first: int) -> None:
-        """Where an admission or a placement put each candidate (`place`'s `where`); an admitted row (index >=
-        `first` among the candidates) that went nowhere ended at its verification: its row is read from `admitted`."""
+    def settle(self, candidates: list[int], where: np.ndarray, admitted: dict | None) -> None:
+        """Where a placement of the parked rows (`admitted` None) or an admission put each candidate (`place`'s
+        `where`); an admitted row that went nowhere ended at its verification: its row is read from `admitted`."""
         parked = [-1] * self.park
         for i, r in enumerate(candidates):
             if r < 0:
@@ -175,8 +175,8 @@ class AheadBook(SlotBook):
                 self.holder[w] = r
             elif w - self.slots < self.park:
                 parked[w - self.slots] = r
-            elif i >= first and admitted is not None:
-                self.out[r] = {k: v[i - first] for k, v in admitted.items() if np.ndim(v)}
+            elif admitted is not None:
+                self.out[r] = {k: v[i] for k, v in admitted.items() if np.ndim(v)}
             else:  # a row that needs a slot went nowhere: the host's count of the park was off
                 raise RuntimeError(f"served run: request {r} was neither placed, parked nor ended")
         self.parked = [r for r in parked if r >= 0]
@@ -202,11 +202,12 @@ class AheadBook(SlotBook):
 
 def run_ahead(book: AheadBook, state: AheadSlots, *, admit: Callable, place: Callable, advance: Callable,
               read: Callable[[object], dict], warm: Hashable) -> tuple[dict, int]:
-    """A served run that verifies ahead (module docstring), to its end: admit where `book.to_verify` says, else
-    move parked rows into free slots, then advance every slot until enough are free, and read the slots (the one
-    host read per admission). `admit(state, requests, where, i)` -> (state, each candidate's destination, the
-    admitted rows' outputs); `place(state)` -> (state, destinations); `advance(state, free_target)` -> state;
-    `read(slots)` -> the arrays to read, per slot ("done" among them) or run-wide (scalars); `warm`: the key of
+    """A served run that verifies ahead (module docstring), to its end: move parked rows into free slots (their
+    own program, so that an admission never reads the park it writes), admit where `book.to_verify` says, then
+    advance every slot until enough are free, and read the slots (the one host read per admission).
+    `admit(state, requests, where, i)` -> (state, each candidate's destination, the admitted rows' outputs);
+    `place(state)` -> (state, destinations); `advance(state, free_target)` -> state; `read(slots)` -> the arrays
+    to read, per slot ("done" among them) or run-wide (scalars); `warm`: the key of
     `runtime/slots.warm_admissions` (its empty admissions, then one placement, set up every program). Each
     request's row lands in `book.out`. Returns (the run-wide entries of the last read, the admissions made)."""
     warmed = warm_admissions(lambda st, *a: admit(st, *a)[0], state, slots=book.slots, key=warm)
@@ -214,22 +215,20 @@ def run_ahead(book: AheadBook, state: AheadSlots, *, admit: Callable, place: Cal
         warmed, _ = place(warmed)
     state, admissions = warmed, 0
     while True:
-        take, moved = book.to_verify(), None  # moved: (each candidate's destination, the admitted rows)
-        candidates = book.parked + [-1] * (book.park - len(book.parked))  # the park's rows, then the admitted
+        take, moves = book.to_verify(), []  # moves: (candidates, their destinations, the admitted rows or None)
+        if book.parked and book.free():  # parked rows first: an admission only runs where they all found a slot
+            state, placed = place(state)
+            moves.append((book.parked + [-1] * (book.park - len(book.parked)), placed, None))
         if take:
             batch = [book.waiting.popleft() for _ in range(take)]
             where = np.full((bucket(take, 1),), book.slots, np.int32)
             state, placed, rows = admit(state, batch, where, admissions)
             admissions += 1
-            candidates += batch + [-1] * (len(where) - take)
-            moved = (placed, rows)
-        elif book.parked and book.free():
-            state, placed = place(state)
-            moved = (placed, None)
+            moves.append((batch + [-1] * (len(where) - take), placed, rows))
         state = advance(state, book.free_target(admitted=bool(take)))
-        got = fetch({"slots": read(state.slots), "moved": moved, "parked": state.parked})
-        if moved is not None:
-            book.settle(candidates, *got["moved"], first=book.park)
+        got = fetch({"slots": read(state.slots), "moved": [m[1:] for m in moves], "parked": state.parked})
+        for (candidates, _, _), (placed, rows) in zip(moves, got["moved"]):
+            book.settle(candidates, placed, rows)
         if int(got["parked"]) != len(book.parked):  # a dropped row would be silently wrong output
             raise RuntimeError(f"served run: {int(got['parked'])} rows parked on the device, {len(book.parked)} "
                                "on the host")

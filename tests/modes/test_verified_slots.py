@@ -36,37 +36,52 @@ def _rows(n: int, last: list[int], done: list[bool]):
 
 
 def test_parked_rows_then_verified_ones_take_the_free_slots_in_order_and_the_rest_wait_in_order():
-    """Slots 0 and 2 busy, 1 free, 3 past the capacity; two rows parked (100, 101); four verified (200-203), the
-    first and last ended at their verification: 100 takes slot 1, 101, 201 and 202 wait in that order, 200 and 203
-    go nowhere (read from the admission), and nothing else moves."""
-    slots = _rows(4, [1, 2, 3, 4], [False, True, False, True])
+    """Slots 0 and 2 busy, 1 and 3 free, 4 past the capacity; two rows parked (100, 101): 100 takes slot 1, 101 slot
+    3. Then four verified rows (200-203) into the empty park, the first and last ended at their verification, one
+    slot free: 201 takes it, 202 waits, 200 and 203 go nowhere (read from the admission), and nothing else moves."""
+    slots = _rows(5, [1, 2, 3, 4, 5], [False, True, False, True, True])
     park = _rows(4, [100, 101, 7, 7], [False, False, True, True])
+    ahead = AheadSlots(slots=slots, park=park, parked=jnp.int32(2), capacity=jnp.int32(4))
+    out, where = place(ahead)
+    b, p = 5, 4
+    assert where.tolist() == [1, 3, b + p, b + p] and int(out.parked) == 0
+    assert out.slots.last.tolist() == [1, 100, 3, 101, 5] and out.slots.num_new.tolist() == [1, 1, 3, 2, 5]
+    out = out.replace(slots=out.slots.replace(done=jnp.array([False, False, False, True, True])))  # 101 finished
     new = _rows(4, [200, 201, 202, 203], [True, False, False, True])
-    ahead = AheadSlots(slots=slots, park=park, parked=jnp.int32(2), capacity=jnp.int32(3))
-    out, where = place(ahead, new)
-    b, p = 4, 4
-    assert where.tolist() == [1, b + 0, b + p, b + p, b + p, b + 1, b + 2, b + p]
-    assert out.slots.last.tolist() == [1, 100, 3, 4] and out.slots.done.tolist() == [False, False, False, True]
-    assert int(out.parked) == 3 and out.park.last[:3].tolist() == [101, 201, 202]
-    assert out.park.num_new[:3].tolist() == [2, 2, 3]  # whole rows moved, not just their last token
-    again, where = place(out)  # no slot free: the parked rows stay where they are
-    assert where.tolist() == [b + 0, b + 1, b + 2, b + p] and int(again.parked) == 3
+    out, where = place(out, new)
+    assert where.tolist() == [b + p, 3, b + 0, b + p]
+    assert out.slots.last.tolist() == [1, 100, 3, 201, 5] and out.slots.done.tolist() == [False] * 4 + [True]
+    assert int(out.parked) == 1 and out.park.last[:1].tolist() == [202]
+    assert out.park.num_new[:1].tolist() == [3]  # whole rows moved, not just their last token
+    again, where = place(out)  # no slot free: the parked row stays where it is
+    assert where.tolist() == [b + 0, b + p, b + p, b + p] and int(again.parked) == 1
+    # three parked, one slot free: the first takes it, the other two move to the front of the park, in order
+    three = AheadSlots(slots=slots.replace(done=jnp.array([False, True, False, False, True])),
+                       park=_rows(4, [100, 101, 102, 7], [False, False, False, True]), parked=jnp.int32(3),
+                       capacity=jnp.int32(4))
+    out, where = place(three)
+    assert where.tolist() == [1, b + 0, b + 1, b + p] and int(out.parked) == 2
+    assert out.park.last[:2].tolist() == [101, 102] and out.park.num_new[:2].tolist() == [2, 3]
+    # an admission over a stale park (rows still parked): its parked row overwrites park row 0, and the device's
+    # count (1 new + 2 stale) disagrees with the host's (1), which raises (`run_ahead`)
+    stale = place(out.replace(slots=out.slots.replace(done=jnp.array([False, True, False, False, True]))), new)[0]
+    assert int(stale.parked) == 1 + 2 and stale.park.last[0] == 202
 
 
 def test_the_book_verifies_only_with_a_slot_left_after_the_parked_rows_and_tracks_where_rows_went():
     book = AheadBook(requests=6, slots=4, capacity=3)
     assert book.park == park_rows(4) == 3 and book.to_verify() == 4  # 3 free slots: a bucket of 4 verified ahead
     book.waiting.clear(), book.waiting.extend([4, 5])
-    candidates, where = [-1, -1, -1, 0, 1, 2, 3], np.array([7, 7, 7, 0, 4, 7, 5])  # slot 0, park 0, ended, park 1
-    book.settle(candidates, where, {"tokens": np.arange(4)[:, None], "num_new": np.arange(4)}, first=3)
+    candidates, where = [0, 1, 2, 3], np.array([0, 4, 7, 5])  # slot 0, park 0, ended, park 1
+    book.settle(candidates, where, {"tokens": np.arange(4)[:, None], "num_new": np.arange(4)})
     assert book.holder == [0, -1, -1, -1] and book.parked == [1, 3] and book.out[2]["num_new"] == 2
     assert book.to_verify() == 0 and book.free_target(admitted=False) == 4 - 3 + 1  # 2 free, 2 parked: place
-    book.settle([1, 3, -1], np.array([1, 2, 7]), None, first=3)
+    book.settle([1, 3, -1], np.array([1, 2, 7]), None)
     assert book.holder == [0, 1, 3, -1] and book.parked == [] and book.to_verify() == 0  # no slot left
     book.finish({"done": np.array([True, False, False, True]), "num_new": np.arange(4)})
     assert book.out[0]["num_new"] == 0 and book.holder == [-1, 1, 3, -1] and book.to_verify() == 2
     with pytest.raises(RuntimeError, match="request 1"):  # a parked row sent nowhere is refused, not dropped
-        book.settle([1, -1, -1], np.array([7, 7, 7]), None, first=3)
+        book.settle([1, -1, -1], np.array([7, 7, 7]), None)
 
 
 @pytest.mark.parametrize("mode", ["parse", "sequential"])
