@@ -21,7 +21,7 @@ from parse_jax.modes.context import ModeContext, PairSpec, parse_result
 from parse_jax.modes.parse import EagleSpec, SingleShape, eagle_spec, single_round_program, single_shape
 from parse_jax.modes.parse_multi import serve_multi
 from parse_jax.modes.verified_slots import ROW_STATS, AheadBook, AheadSlots, place, run_ahead
-from parse_jax.runtime.programs import bucket, fetch, register_program
+from parse_jax.runtime.programs import bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import Admission, admission, request_budgets, rows_by_request
@@ -90,7 +90,6 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     weights = (target.params, ctx.draft.params, ctx.head.params)
     used = min(max_batch, len(ids))
     slots = bucket(used, 1)
-    counters: list[tuple[list[int], dict]] = []
     book = AheadBook(len(ids), slots, used)
     empty = empty_slots(slots_shape, target.params, ctx.head.params, slots, p, eos, args)
     # the park: rows shaped as the slots', each leaf its own buffer (the state is donated); only rows below the
@@ -98,18 +97,14 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     park = jax.tree.map(lambda x: jnp.zeros((book.park, *x.shape[1:]) if jnp.ndim(x) else (), x.dtype), empty)
     state = AheadSlots(slots=empty, park=park, parked=jnp.int32(0), capacity=jnp.int32(used))
 
-    def admit_at(ahead, batch, where, i):
-        ahead, placed, rows, got = admit(weights, ahead, admission(ids, batch, where, prompt_len=p, max_new=budgets,
-                                                                   index=i), eos, ctx.judge, args)
-        if batch:  # an empty one is a warm-up (runtime/slots.warm_admissions)
-            counters.append((batch, got))
-        return ahead, placed, rows
-
     t0 = time.perf_counter()
-    run, admissions = run_ahead(book, state, admit=admit_at, place=place_parked,
-                                advance=lambda st, free: advance(target.params, ctx.head.params, st, free, eos, args),
-                                read=lambda st: slot_outputs(st, shape.num_new), warm=(admit, p))
-    counted = fetch([got for _, got in counters])
+    run, admissions, counters = run_ahead(
+        book, state, place=place_parked,
+        admit=lambda ahead, batch, where, i: admit(weights, ahead, admission(
+            ids, batch, where, prompt_len=p, max_new=budgets, index=i), eos, ctx.judge, args),
+        advance=lambda st, free: advance(target.params, ctx.head.params, st, free, eos, args),
+        read=lambda st: slot_outputs(st, shape.num_new), warm=(admit, p))
+    counted = [got for _, got in counters]
     seconds = time.perf_counter() - t0
     per = rows_by_request(counters, counted, len(ids), ("draft", "continued", *ROW_STATS))
     tokens = []

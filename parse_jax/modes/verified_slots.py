@@ -90,8 +90,10 @@ def place(ahead: AheadSlots, rows: SlotState | None = None) -> tuple[AheadSlots,
     no more candidates than the free slots and the park can take."""
     slots, park = ahead.slots, ahead.park
     b, p = slots.done.shape[0], park.done.shape[0]
-    moving = park if rows is None else rows
-    need = ~moving.done if rows is not None else (jnp.arange(p) < ahead.parked) & ~park.done
+    if rows is None:
+        moving, need = park, (jnp.arange(p) < ahead.parked) & ~park.done
+    else:
+        moving, need = rows, ~rows.done
     free = (jnp.arange(b) < ahead.capacity) & slots.done
     free_ids = jnp.nonzero(free, size=b, fill_value=b)[0]
     n_free = jnp.sum(free)
@@ -201,19 +203,20 @@ class AheadBook(SlotBook):
 
 
 def run_ahead(book: AheadBook, state: AheadSlots, *, admit: Callable, place: Callable, advance: Callable,
-              read: Callable[[object], dict], warm: Hashable) -> tuple[dict, int]:
+              read: Callable[[object], dict], warm: Hashable) -> tuple[dict, int, list[tuple[list[int], dict]]]:
     """A served run that verifies ahead (module docstring), to its end: move parked rows into free slots (their
     own program, so that an admission never reads the park it writes), admit where `book.to_verify` says, then
     advance every slot until enough are free, and read the slots (the one host read per admission).
-    `admit(state, requests, where, i)` -> (state, each candidate's destination, the admitted rows' outputs);
-    `place(state)` -> (state, destinations); `advance(state, free_target)` -> state; `read(slots)` -> the arrays
-    to read, per slot ("done" among them) or run-wide (scalars); `warm`: the key of
+    `admit(state, requests, where, i)` -> (state, each candidate's destination, the admitted rows' outputs, their
+    counters); `place(state)` -> (state, destinations); `advance(state, free_target)` -> state; `read(slots)` ->
+    the arrays to read, per slot ("done" among them) or run-wide (scalars); `warm`: the key of
     `runtime/slots.warm_admissions` (its empty admissions, then one placement, set up every program). Each
-    request's row lands in `book.out`. Returns (the run-wide entries of the last read, the admissions made)."""
+    request's row lands in `book.out`. Returns (the run-wide entries of the last read, the admissions made, each
+    admission's requests and counters, read once at the end)."""
     warmed = warm_admissions(lambda st, *a: admit(st, *a)[0], state, slots=book.slots, key=warm)
     if warmed is not state:  # empty admissions ran (nothing placed): set up the placement too
         warmed, _ = place(warmed)
-    state, admissions = warmed, 0
+    state, counters = warmed, []  # each admission's requests and its counters (on the device until the end)
     while True:
         take, moves = book.to_verify(), []  # moves: (candidates, their destinations, the admitted rows or None)
         if book.parked and book.free():  # parked rows first: an admission only runs where they all found a slot
@@ -222,8 +225,8 @@ def run_ahead(book: AheadBook, state: AheadSlots, *, admit: Callable, place: Cal
         if take:
             batch = [book.waiting.popleft() for _ in range(take)]
             where = np.full((bucket(take, 1),), book.slots, np.int32)
-            state, placed, rows = admit(state, batch, where, admissions)
-            admissions += 1
+            state, placed, rows, got = admit(state, batch, where, len(counters))
+            counters.append((batch, got))
             moves.append((batch + [-1] * (len(where) - take), placed, rows))
         state = advance(state, book.free_target(admitted=bool(take)))
         got = fetch({"slots": read(state.slots), "moved": [m[1:] for m in moves], "parked": state.parked})
@@ -234,7 +237,9 @@ def run_ahead(book: AheadBook, state: AheadSlots, *, admit: Callable, place: Cal
                                "on the host")
         book.finish(got["slots"])
         if book.empty:
-            return {k: v for k, v in got["slots"].items() if not np.ndim(v)}, admissions
+            counted = fetch([c for _, c in counters])
+            return ({k: v for k, v in got["slots"].items() if not np.ndim(v)}, len(counters),
+                    [(batch, c) for (batch, _), c in zip(counters, counted)])
 
 
 def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Verify, draft_new: int, num_new: int,
@@ -251,26 +256,20 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     slots = bucket(used, 1)
     p = bucket(max(len(x) for x in ids))
     args, params = req.sampling.args(), (target.params, ctx.draft.params)
-    counters: list[tuple[list[int], dict]] = []  # each admission's requests and its counters (read once, at the end)
     book = AheadBook(len(ids), slots, used)
     state = AheadSlots(slots=empty_state(pair.target, slots, width, cache_len),
                        park=empty_state(pair.target, book.park, width, cache_len), parked=jnp.int32(0),
                        capacity=jnp.int32(used))
 
-    def admit_at(ahead, batch, where, i):
-        ahead, placed, rows, got = admit(*params, ahead, admission(ids, batch, where, prompt_len=p, max_new=budgets,
-                                                                   index=i), req.eos, ctx.judge, args)
-        if batch:  # an empty one is a warm-up (runtime/slots.warm_admissions)
-            counters.append((batch, got))
-        return ahead, placed, rows
-
     t0 = time.perf_counter()
-    run, admissions = run_ahead(
-        book, state, admit=admit_at, place=place_parked,
+    run, admissions, counters = run_ahead(
+        book, state, place=place_parked,
+        admit=lambda ahead, batch, where, i: admit(*params, ahead, admission(
+            ids, batch, where, prompt_len=p, max_new=budgets, index=i), req.eos, ctx.judge, args),
         advance=lambda st, free: advance(target.params, st, free, req.eos, args),
         read=lambda st: {"done": st.done, "num_new": st.num_new, "tokens": st.tokens, "steps": st.steps},
         warm=(admit, p))
-    counted = fetch([got for _, got in counters])
+    counted = [got for _, got in counters]
     seconds = time.perf_counter() - t0
     out = {"tokens": np.stack([r["tokens"] for r in book.out]), "num_new": np.array([r["num_new"] for r in book.out])}
     per = rows_by_request(counters, counted, len(ids), [k for k in ("continued", *ROW_STATS) if k in counted[0]])
@@ -278,7 +277,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     verify_passes = sum(int(got.get("verify_passes", 1)) for got in counted)
     if "rejected_at" not in out:  # sequential: a request's verification passes are its admission's
         out["own_verify_passes"] = np.zeros(len(ids), np.int64)
-        for (batch, _), got in zip(counters, counted):
+        for batch, got in counters:
             out["own_verify_passes"][batch] = int(got.get("verify_passes", 1))
     steps = int(run["steps"])
     res = parse_result(ctx, req, out, seconds, verify_passes=verify_passes, target_passes=verify_passes + steps,
