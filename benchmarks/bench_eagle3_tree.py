@@ -6,7 +6,8 @@
 Each setting is `eagle3` greedy on the same held-out problems of the embedded task, one request at a time; the
 settings run interleaved (every setting once per repeat, repeats in turn) in one process, after an untimed warm-up
 call per program shape each, so compilation is not counted. A tree `NODES:K` is depth `--depth`, `--depth + NODES`
-nodes, the K most likely expanded per depth; the chain is the same depth. Every setting's tokens must equal the
+nodes, the K most likely expanded per depth; `NODES:K:W` drafts W paths per depth (1: the chain's own nodes, each
+with its K - 1 likeliest siblings as leaves); the chain is the same depth. Every setting's tokens must equal the
 chain's (greedy, lossless): the script stops if not. Figures: median over repeats of tokens/s, and accepted draft
 tokens per target pass (summed over the problems).
 
@@ -32,20 +33,22 @@ from parse_jax.speculation.eagle3 import eagle3_generate
 from parse_jax.tasks.arith import load_task
 
 
-def settings(depth: int, trees: str) -> dict[str, tuple[int, int]]:
-    """name -> (tree nodes beyond the depth, top-k); the chain is (0, 1)."""
-    out = {f"chain d{depth}": (0, 1)}
+def settings(depth: int, trees: str) -> dict[str, tuple[int, int, int]]:
+    """name -> (tree nodes beyond the depth, top-k, paths per depth: 0 all k); the chain is (0, 1, 0)."""
+    out = {f"chain d{depth}": (0, 1, 0)}
     for item in filter(None, trees.split(",")):
-        nodes, k = (int(x) for x in item.split(":"))
-        out[f"tree d{depth} +{nodes} k{k}"] = (nodes, k)
+        nodes, k, width = ([int(x) for x in item.split(":")] + [0])[:3]
+        out[f"tree d{depth} +{nodes} k{k}" + (f" w{width}" if width else "")] = (nodes, k, width)
     return out
 
 
-def run_one(target, head, prompts, depth: int, tree: int, k: int, max_new: int) -> dict:
+def run_one(target, head, prompts, depth: int, tree: tuple[int, int, int], max_new: int) -> dict:
     toks, passes, accepted, new, seconds = [], 0, 0, 0, 0.0
+    nodes, k, width = tree
     for p in prompts:
         t0 = time.perf_counter()
-        r = eagle3_generate(target, head, [p], gamma=depth, tree=tree, tree_top_k=k, max_new_tokens=max_new)
+        r = eagle3_generate(target, head, [p], gamma=depth, tree=nodes, tree_top_k=k, tree_width=width,
+                            max_new_tokens=max_new)
         seconds += time.perf_counter() - t0
         s = r.stats
         toks.append(r.tokens[0])
@@ -61,7 +64,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--depth", type=int, default=5)
     ap.add_argument("--max-new", type=int, default=32)
-    ap.add_argument("--trees", default="4:2,8:2,8:4", help="NODES:K,... (tree nodes beyond the depth : top-k)")
+    ap.add_argument("--trees", default="4:2,8:2,8:4",
+                    help="NODES:K[:W],... (tree nodes beyond the depth : top-k [: paths drafted per depth])")
     ap.add_argument("--out", default="benchmarks/results/bench_eagle3_tree")
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args()
@@ -84,14 +88,14 @@ def main() -> None:
     encoded = [([bos] if bos is not None else []) + x for x in encoded]
     table = settings(args.depth, args.trees)
     shapes = list({bucket(len(p)): p for p in encoded}.values())  # one prompt per program shape
-    for name, (tree, k) in table.items():  # warm-up: compile every program once
+    for name, tree in table.items():  # warm-up: compile every program once
         if any((name, r) not in have for r in range(args.repeats)):
-            run_one(target, head, shapes, args.depth, tree, k, args.max_new)
+            run_one(target, head, shapes, args.depth, tree, args.max_new)
     for rep in range(args.repeats):
-        for name, (tree, k) in table.items():
+        for name, tree in table.items():
             if (name, rep) in have:
                 continue
-            r = run_one(target, head, encoded, args.depth, tree, k, args.max_new)
+            r = run_one(target, head, encoded, args.depth, tree, args.max_new)
             row = {"key": key, "setting": name, "repeat": rep, **{x: r[x] for x in r if x != "tokens"},
                    "tokens": r["tokens"]}
             with runs_file.open("a") as f:
@@ -115,7 +119,7 @@ def write_table(out: Path, done: list[dict], table: dict, args) -> None:
         chain_rep = {r["repeat"]: r["new_tokens"] / r["seconds"] for r in done if r["setting"] == chain}
         ratio = [per_rep[i] / chain_rep[i] for i in per_rep if i in chain_rep]
         acc = rs[0]["accepted"] / rs[0]["passes"]
-        rows.append({"setting": name, "tree": table[name][0], "top_k": table[name][1],
+        rows.append({"setting": name, "tree": table[name][0], "top_k": table[name][1], "width": table[name][2],
                      "tokens_per_s": float(np.median(tps)), "vs_chain": float(np.median(ratio)),
                      "vs_chain_min": float(min(ratio)), "vs_chain_max": float(max(ratio)),
                      "accepted_per_pass": acc, "tokens_per_pass": rs[0]["new_tokens"] / rs[0]["passes"],
@@ -130,7 +134,8 @@ def write_table(out: Path, done: list[dict], table: dict, args) -> None:
              f"{args.n} held-out problems of the embedded task, one request at a time, greedy, at most "
              f"{args.max_new} new tokens; settings interleaved in one process, {args.repeats} repeats; tokens/s: "
              "median over repeats (speed-up: median, min-max of the per-repeat ratio to the chain); every setting's "
-             "tokens equal the chain's. A tree `+N kK`: depth d, d + N nodes, the K most likely expanded per depth "
+             "tokens equal the chain's. A tree `+N kK`: depth d, d + N nodes, the K most likely expanded per depth; "
+             "`wW`: W paths drafted per depth (w1: the chain's nodes, their likeliest siblings as leaves) "
              "(docs/design.md, EAGLE-3).", "",
              "| setting | tok/s | vs chain (min-max) | accepted / pass | tokens / pass |", "|---|---|---|---|---|"]
     for r in rows:

@@ -1,6 +1,7 @@
 """What one EAGLE-3 round costs as a chain and as a tree, part by part (embedded pair, batch 1, device time).
 
-    python benchmarks/bench_eagle3_tree_cost.py [--depth 5] [--tree 1] [--top-k 2] [--calls 100] [--repeats 5]
+    python benchmarks/bench_eagle3_tree_cost.py [--depth 5] [--tree 1] [--top-k 2] [--width 0] [--calls 100]
+        [--repeats 5]
         [--out benchmarks/results/bench_eagle3_tree_d5/round_cost.md]
 
 A tree pays back only where its extra accepted tokens per pass outgrow its extra cost per round. This times each
@@ -26,11 +27,11 @@ from parse_jax.models.decoder import causal_metadata
 from parse_jax.runtime.requests import SamplingParams
 from parse_jax.speculation.draft_model import spec_args, spec_batch, spec_request
 from parse_jax.speculation.eagle3 import decode
-from parse_jax.speculation.eagle3.tree import accept_path, compact_kv, expand, layout
+from parse_jax.speculation.eagle3.tree import accept_path, compact_kv, expand, expand_spine, layout
 from parse_jax.tasks.arith import load_task
 
 
-def parts(depth: int, tree: int, top_k: int) -> dict:
+def parts(depth: int, tree: int, top_k: int, width: int) -> dict:
     """name -> (jitted function, its arguments), all from one EAGLE-3 state of the embedded pair."""
     target, _ = load_pair()
     head = target.eagle3
@@ -38,7 +39,7 @@ def parts(depth: int, tree: int, top_k: int) -> dict:
     req = spec_request(target, [prompt], 32, SamplingParams(0.0, 0, 1.0, 0), True, None)
     chain_loop = decode.EagleLoop(config=head.config, gamma=depth, num_new=32, first_pass=1)
     tree_loop = decode.EagleLoop(config=head.config, gamma=depth, num_new=32, tree=tree, first_pass=1,
-                                 tree_top_k=top_k)
+                                 tree_top_k=top_k, tree_width=width)
     sb = spec_batch(target, req, gamma=depth, capacity=target.config.max_position_embeddings,
                     extra_slots=tree_loop.slots - depth - 1)
     sampler, cfg = sb.sampling.sampler, target.config
@@ -61,18 +62,23 @@ def parts(depth: int, tree: int, top_k: int) -> dict:
                                                              eos_ids=eos, sampler=sampler, args=args))
 
     def expand_tree(tp, hp, st):
+        if width == 1:
+            step = decode._spine_step(fns(tp, hp), st.head_cache.lengths)
+            return expand_spine(step, st.head_cache, st.h_last, st.logits_last, depth=depth, k=top_k,
+                                nodes=depth + tree)
         step = decode._tree_step(fns(tp, hp), st.head_cache)
-        return expand(step, st.h_last, st.logits_last, depth=depth, k=top_k, nodes=depth + tree)
+        return expand(step, st.h_last, st.logits_last, depth=depth, k=top_k, nodes=depth + tree, width=width)
 
     drafted = jax.jit(expand_tree)(tp, hp, st)
     lay = jax.jit(lambda t, last: layout(t, last, depth))(drafted, st.last)
     target_tok = jnp.zeros(lay.tokens.shape, jnp.int32)
     n_acc, _, slots = jax.jit(accept_path)(lay, target_tok)
-    width = st.h_last.shape[-1]
+    paths = min(width or top_k, top_k)
+    hidden = st.h_last.shape[-1]
 
-    def tree_step(tp, hp, st):  # the widest step: top_k paths of depth - 1 tokens
-        paths = jnp.zeros((1, top_k, depth - 1), jnp.int32)
-        return decode._tree_step(fns(tp, hp), st.head_cache)(paths, jnp.zeros((1, top_k, depth - 1, width)))
+    def tree_step(tp, hp, st):  # the widest step: `paths` paths of depth - 1 tokens
+        tokens = jnp.zeros((1, paths, depth - 1), jnp.int32)
+        return decode._tree_step(fns(tp, hp), st.head_cache)(tokens, jnp.zeros((1, paths, depth - 1, hidden)))
 
     def chain_step(tp, hp, st):
         _, head_apply, lm = fns(tp, hp)
@@ -97,7 +103,7 @@ def parts(depth: int, tree: int, top_k: int) -> dict:
         "tree acceptance": (jax.jit(accept_path), (lay, target_tok)),
         "tree KV compaction": (jax.jit(compact_kv), (st.target_cache, st.target_cache.lengths, slots, n_acc)),
         "head step, 1 token": (jax.jit(chain_step), (tp, hp, st)),
-        f"head step, {top_k} paths x {depth - 1} tokens": (jax.jit(tree_step), (tp, hp, st)),
+        f"head step, {paths} paths x {depth - 1} tokens": (jax.jit(tree_step), (tp, hp, st)),
         f"target pass, {depth + 1} tokens (chain)": (jax.jit(target_pass), (tp, hp, st, chain_block)),
         f"target pass, {depth + 1 + tree} tokens (tree)": (jax.jit(target_pass), (tp, hp, st, tree_block)),
     }
@@ -108,11 +114,12 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=5)
     ap.add_argument("--tree", type=int, default=1, help="tree nodes beyond the depth")
     ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--width", type=int, default=0, help="paths drafted per depth (0: top-k; 1: the spine)")
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results/bench_eagle3_tree_d5/round_cost.md")
     a = ap.parse_args()
-    table = parts(a.depth, a.tree, a.top_k)
+    table = parts(a.depth, a.tree, a.top_k, a.width)
     for f, xs in table.values():  # compile
         jax.block_until_ready(f(*xs))
     times = {name: [] for name in table}
@@ -125,8 +132,9 @@ def main() -> None:
                 calls.append(time.perf_counter() - t0)
             times[name].append(float(np.median(calls)) * 1e3)
     cmd = (f"python benchmarks/bench_eagle3_tree_cost.py --depth {a.depth} --tree {a.tree} --top-k {a.top_k} "
-           f"--calls {a.calls} --repeats {a.repeats} --out {a.out}")
-    lines = [f"# One EAGLE-3 round, part by part: chain d{a.depth} vs tree d{a.depth} +{a.tree} k{a.top_k} "
+           f"--width {a.width} --calls {a.calls} --repeats {a.repeats} --out {a.out}")
+    shape = f"d{a.depth} +{a.tree} k{a.top_k}" + (f" w{a.width}" if a.width else "")
+    lines = [f"# One EAGLE-3 round, part by part: chain d{a.depth} vs tree {shape} "
              "(embedded pair, batch 1)", "", f"Command: `{cmd}`", "",
              "Each part a jitted program from the same state; median over repeats of the per-call median (min-max "
              "over repeats).", "", "| part | ms (min-max) |", "|---|---|"]

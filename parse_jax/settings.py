@@ -6,8 +6,9 @@ field against it and the CLI builds its flags (type, choices, help, default, ran
 Nothing here imports jax (nor anything but the standard library, parse_jax.errors and parse_jax.utils; PyYAML when a
 YAML text is read or written).
 
-Config files and the CLI name every setting flat (`gamma`, `eagle3_gamma`, `eagle3_tree`, `eagle3_tree_top_k`
-beside PARSE's): `ParseConfig.from_flat` and `ParseConfig.flat_fields` map those names onto the groups.
+Config files and the CLI name every setting flat (`gamma`, `eagle3_gamma`, `eagle3_tree`, `eagle3_tree_top_k`,
+`eagle3_tree_width` beside PARSE's): `ParseConfig.from_flat` and `ParseConfig.flat_fields` map those names onto the
+groups.
 `ParseConfig.load` is the one reader of PARSE settings (a shipped name, a YAML or JSON file, a JSON string, a
 mapping; the CLI's --parse-config and --set go through it too), `ParseConfig.save` writes one.
 """
@@ -150,9 +151,15 @@ class Eagle3Settings:
                            "only); the tree has gamma + tree nodes", lo=0, hi=256)
     tree_top_k: int = setting(4, "EAGLE-3 tree: the most likely nodes expanded at each depth, and children "
                                  "proposed per node", lo=1, hi=32)
+    tree_width: int = setting(0, "EAGLE-3 tree: paths the head drafts at each depth (0: tree_top_k, EAGLE-2's "
+                                 "expansion; 1: the chain alone, each chain node's next most likely children "
+                                 "as leaves, drafted at the chain's cost); at most tree_top_k", lo=0, hi=32)
 
     def __post_init__(self) -> None:
         check_settings(self, prefix="eagle3_")
+        if self.tree_width > self.tree_top_k:
+            raise ConfigError(f"eagle3_tree_width must be <= eagle3_tree_top_k ({self.tree_top_k}), got "
+                              f"{self.tree_width}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +224,8 @@ class ParseConfig:
     # --- the flat names of config files and the CLI --------------------------------------------------------
 
     FLAT_GROUPS = {"gamma": ("speculation", "gamma"), "eagle3_gamma": ("eagle3", "gamma"),
-                   "eagle3_tree": ("eagle3", "tree"), "eagle3_tree_top_k": ("eagle3", "tree_top_k")}
+                   "eagle3_tree": ("eagle3", "tree"), "eagle3_tree_top_k": ("eagle3", "tree_top_k"),
+                   "eagle3_tree_width": ("eagle3", "tree_width")}
 
     @classmethod
     def flat_setting(cls, key: str) -> tuple[type, str]:

@@ -114,7 +114,7 @@ def add_bad_line_arg(p: argparse.ArgumentParser) -> None:
 
 # The flat ParseConfig settings the PARSE commands take as flags (type, choices, help, default and range: the fields')
 PARSE_FLAGS = ("threshold", "max_prefixes", "rounds", "segmenter", "gamma", "max_draft_tokens", "eagle3_gamma",
-               "eagle3_tree", "eagle3_tree_top_k", "schedule")
+               "eagle3_tree", "eagle3_tree_top_k", "eagle3_tree_width", "schedule")
 
 
 def add_setting_flag(p: argparse.ArgumentParser, cls: type, name: str, *, flag: str | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -185,7 +186,8 @@ def sampling_text(result: dict) -> str:
 def measure(runners: dict[str, Runner], task, problems: Sequence[tuple[str, str]], settings: RunSettings,
             baseline: str = "target") -> dict:
     """Run every runner on the same problems, interleaved (in an order shuffled per repeat and batch, seeded, so that
-    no runner always follows the same one: a run can pay for the memory its predecessor left) and repeated, with
+    no runner always follows the same one; Python's garbage collected before each timed call, so that none pays for
+    its predecessor's) and repeated, with
     the max_new_tokens, batch_size, repeats, seed and progress of `settings` (its `n` is the caller's: every
     problem given runs).
 
@@ -243,6 +245,7 @@ def _measured(runners: dict[str, Runner], task, problems: Sequence[tuple[str, st
         for ci, chunk in enumerate(chunks):
             for name in interleaved(names, seed, r, ci):
                 before = compiled_programs()
+                gc.collect()  # uncollected, a served parse+eagle3 call's garbage cost the next call 8-15% at batch 64
                 t0 = time.perf_counter()
                 res = runners[name](chunk, max_new_tokens, seed, max_batch)
                 seconds[name][r] += time.perf_counter() - t0
@@ -291,8 +294,8 @@ def _measured(runners: dict[str, Runner], task, problems: Sequence[tuple[str, st
 
 
 def interleaved(names: list[str], seed: int, repeat: int, chunk: int) -> list[str]:
-    """The order the runners take on one chunk of one repeat: a seeded shuffle. A rotation kept every runner behind
-    the same one, and a run after one that held the largest caches read up to 15% slower at batch 64."""
+    """The order the runners take on one chunk of one repeat: a seeded shuffle (a rotation kept every runner behind
+    the same one, so whatever a run leaves to the next fell on one runner only)."""
     order = np.random.default_rng([seed, repeat, chunk]).permutation(len(names))
     return [names[i] for i in order]
 

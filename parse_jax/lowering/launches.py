@@ -21,7 +21,7 @@ from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model, expected_params, unflatten
 from parse_jax.models.sharding import abstract_params, fitting_rules
 from parse_jax.modes.context import ModeContext
-from parse_jax.modes.parse import ContinueSpec, EagleSpec, continue_single, multi_launch, single_launch
+from parse_jax.modes.parse import ContinueSpec, continue_single, eagle_spec, multi_launch, single_launch
 from parse_jax.modes.sequential import sequential_launch
 from parse_jax.runtime.decode import generate_launch
 from parse_jax.runtime.programs import bucket
@@ -105,9 +105,9 @@ def _single(ctx: ModeContext, req: Request, eagle: bool, label: str) -> list[Lau
     if fused:
         return out
     state = jax.eval_shape(launch.program, *abstract_tree(launch.args))
-    eagle_spec = EagleSpec(ctx.head.config, ctx.config.eagle3.gamma, ctx.config.eagle3.tree) if eagle else None
+    spec_of_eagle = eagle_spec(ctx) if eagle else None
     spec = ContinueSpec(ctx.target.config, ctx.target.attention_impl, shape.num_new, req.sampling.sampler,
-                        eagle_spec)
+                        spec_of_eagle)
     rows = 1
     while rows <= b:
         cache, context = _with_rows((state["cache"], state["context"]), rows)
@@ -152,8 +152,7 @@ def mode_launches(ctx: ModeContext, mode: str, req: Request) -> list[Launch]:
         program, sb = speculate_launch(target, draft, req, gamma=cfg.speculation.gamma)
         return [Launch("sd.speculate", program, spec_args(target, draft.params, sb))]
     if mode == "eagle3":
-        program, sb = eagle3_launch(target, ctx.head, req, gamma=cfg.eagle3.gamma, tree=cfg.eagle3.tree,
-                                    tree_top_k=cfg.eagle3.tree_top_k)
+        program, sb = eagle3_launch(target, ctx.head, req, cfg.eagle3)
         return [Launch("eagle3.speculate", program, spec_args(target, ctx.head.params, sb))]
     if mode == "sequential":
         program, args = sequential_launch(ctx, req)

@@ -9,8 +9,7 @@ from parse_jax.speculation.eagle3.serve import serve_eagle3
 
 
 def run(ctx: ModeContext, req: Request) -> GenerateResult:
-    e = ctx.config.eagle3
-    return eagle3_speculate(ctx.target, ctx.head, req, gamma=e.gamma, tree=e.tree, tree_top_k=e.tree_top_k)
+    return eagle3_speculate(ctx.target, ctx.head, req, ctx.config.eagle3)
 
 
 def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult | None:
@@ -18,6 +17,4 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     are not laid out over the mesh, so it runs fixed batches)."""
     if ctx.target.mesh is not None:
         return None
-    e = ctx.config.eagle3
-    return serve_eagle3(ctx.target, ctx.head, req, gamma=e.gamma, tree=e.tree, tree_top_k=e.tree_top_k,
-                        max_batch=max_batch, budgets=budgets)
+    return serve_eagle3(ctx.target, ctx.head, req, ctx.config.eagle3, max_batch=max_batch, budgets=budgets)

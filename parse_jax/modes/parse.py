@@ -135,8 +135,7 @@ def continuation(spec: ContinueSpec, target_params, head_params, cache: KVCache,
         return state.tokens, state.num_new, {"continue_passes": state.step - 1}
     eagle = spec.eagle
     fns = head_applies(spec.target, eagle.config, spec.target_impl, target_params, head_params)
-    loop = EagleLoop(config=eagle.config, gamma=eagle.gamma, num_new=spec.num_new, tree=eagle.tree,
-                     tree_top_k=eagle.tree_top_k)
+    loop = EagleLoop.of(eagle.config, eagle, num_new=spec.num_new)
     state = eagle_loop(fns, cache, ctx, loop=loop, max_new=remaining,
                        eos_ids=eos_ids, sampler=spec.sampler, args=args)
     live = remaining > 0

@@ -37,8 +37,7 @@ def slot_programs(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: 
     returning the state, each candidate's destination, the admitted rows' outputs (those that ended there are read
     from them) and their verification counters and drafts."""
     verify = single_round_program(pair, spec, shape, sampler, fused=False, eagle=eagle)
-    loop = EagleLoop(config=eagle.config, gamma=eagle.gamma, num_new=shape.num_new, tree=eagle.tree,
-                     tree_top_k=eagle.tree_top_k)
+    loop = EagleLoop.of(eagle.config, eagle, num_new=shape.num_new)
     slots_shape = EagleServeShape(pair.target, pair.target_impl, shape.cache_len, loop, sampler)
     _, advance_slots = serve_programs(slots_shape)
 

@@ -66,12 +66,13 @@ class EagleSpec:
     gamma: int
     tree: int
     tree_top_k: int = 4
+    tree_width: int = 0
 
     @property
     def margin(self) -> int:
         """Positions an EAGLE-3 round writes past the last token it may emit (`EagleLoop.slots`: the chain or the
         tree's block, and its head steps)."""
-        return slots_needed(self.gamma, self.tree, self.tree_top_k)
+        return slots_needed(self.gamma, self.tree, self.tree_top_k, self.tree_width)
 
     @property
     def loop_slots(self) -> int:
@@ -206,8 +207,7 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
                           s.head_cache)
         ctx = EagleContext(tokens=v.tokens, features=v.features, length=cache.lengths - s.head_cache.lengths,
                            first_logits=v.first_logits)
-        loop = EagleLoop(config=eagle.config, gamma=eagle.gamma, num_new=shape.segment, tree=eagle.tree,
-                         tree_top_k=eagle.tree_top_k)
+        loop = EagleLoop.of(eagle.config, eagle, num_new=shape.segment)
         es = eagle_loop(fns, cache, ctx, loop=loop, max_new=remaining, eos_ids=x.seg_stop, sampler=sampler,
                         args=args)
         tokens = es.tokens[:, :shape.segment]
@@ -374,7 +374,7 @@ def _seg_stop(ctx: ModeContext, req: Request) -> np.ndarray:
 def eagle_spec(ctx: ModeContext) -> EagleSpec:
     """The EAGLE-3 continuation's settings of this engine (mode parse+eagle3)."""
     e = ctx.config.eagle3
-    return EagleSpec(ctx.head.config, e.gamma, e.tree, e.tree_top_k)
+    return EagleSpec(ctx.head.config, e.gamma, e.tree, e.tree_top_k, e.tree_width)
 
 
 def _weights(ctx: ModeContext, eagle: bool) -> tuple:

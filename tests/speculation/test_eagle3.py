@@ -254,11 +254,12 @@ def test_chain_drafting_accepts_exactly_what_the_head_predicts():
     assert s["acceptance_length"] == pytest.approx(1 + sum(np.cumprod(s["conditional_acceptance_rate_per_pos"])))
 
 
-@pytest.mark.parametrize("tree", [0, 3])
-def test_continuous_batching_equals_each_prompt_alone(tree):
+@pytest.mark.parametrize("tree,width", [(0, 0), (3, 0), (3, 1)])
+def test_continuous_batching_equals_each_prompt_alone(tree, width):
     """Slots refilled as rows finish (mixed prompt lengths, per-prompt budgets, an EOS that ends rows early), the
-    chain and a tree: each prompt's tokens and counters equal the prompt run alone."""
+    chain, a tree and a tree one path wide: each prompt's tokens and counters equal the prompt run alone."""
     from parse_jax.runtime.requests import Request, SamplingParams, resolve_eos
+    from parse_jax.settings import Eagle3Settings
     from parse_jax.speculation.eagle3.serve import serve_eagle3
 
     target = random_model("llama3", 14)
@@ -268,11 +269,13 @@ def test_continuous_batching_equals_each_prompt_alone(tree):
     budgets = [int(rng.integers(3, 19)) for _ in prompts]
     free = [generate(target, [p], max_new_tokens=b).tokens[0] for p, b in zip(prompts, budgets)]
     eos = int(np.bincount([t for row in free for t in row]).argmax())  # a token the target writes often
-    alone = [eagle3_generate(target, head, [p], gamma=3, max_new_tokens=b, eos_ids=[eos], tree=tree)
+    alone = [eagle3_generate(target, head, [p], gamma=3, max_new_tokens=b, eos_ids=[eos], tree=tree,
+                             tree_width=width)
              for p, b in zip(prompts, budgets)]
     assert any(len(r.tokens[0]) < b for r, b in zip(alone, budgets))  # the EOS ended some rows early
     req = Request(ids=prompts, max_new=max(budgets), sampling=SamplingParams(), eos=resolve_eos(target, [eos]))
-    served = serve_eagle3(target, head, req, gamma=3, tree=tree, tree_top_k=4, max_batch=2, budgets=budgets)
+    eagle = Eagle3Settings(gamma=3, tree=tree, tree_top_k=4, tree_width=width)
+    served = serve_eagle3(target, head, req, eagle, max_batch=2, budgets=budgets)
     assert served.tokens == [r.tokens[0] for r in alone]
     assert served.stats["accepted_per_request"] == [r.stats["accepted_per_request"][0] for r in alone]
     assert served.stats["slots"] == 2 and served.stats["admissions"] > 1
@@ -281,5 +284,5 @@ def test_continuous_batching_equals_each_prompt_alone(tree):
         from parse_jax.runtime.programs import setup_events
 
         before = setup_events()
-        again = serve_eagle3(target, head, req, gamma=3, tree=tree, tree_top_k=4, max_batch=2, budgets=budgets)
+        again = serve_eagle3(target, head, req, eagle, max_batch=2, budgets=budgets)
         assert again.tokens == served.tokens and setup_events() == before

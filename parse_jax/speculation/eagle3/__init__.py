@@ -36,12 +36,22 @@ from parse_jax.speculation.eagle3.head import (
     to_target_vocab,
     ttt_logits,
 )
-from parse_jax.speculation.eagle3.tree import Layout, Tree, accept_path, compact_kv, expand, layout, slots_needed
+from parse_jax.speculation.eagle3.tree import (
+    Layout,
+    Tree,
+    accept_path,
+    compact_kv,
+    expand,
+    expand_spine,
+    layout,
+    slots_needed,
+)
 
 __all__ = [
     "Eagle3", "Eagle3Config", "Eagle3Head", "EagleContext", "EagleFns", "EagleLoop", "EagleState", "abstract_params",
     "check_tree", "continue_program", "default_taps", "draft_logits", "eagle3_generate", "eagle3_launch",
-    "eagle3_speculate", "Layout", "Tree", "accept_path", "compact_kv", "expand", "layout", "slots_needed",
+    "eagle3_speculate", "Layout", "Tree", "accept_path", "compact_kv", "expand", "expand_spine", "layout",
+    "slots_needed",
     "eagle_loop", "eagle_round", "eagle_start", "embed", "export_speculators", "generate_program", "head_applies",
     "head_layout", "head_module", "init_head", "layer_params", "lm_head", "load_eagle3", "save_eagle3", "target_taps",
     "to_target_vocab", "ttt_logits",

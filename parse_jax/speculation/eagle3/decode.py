@@ -22,6 +22,7 @@ from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.runtime.programs import fetch, forward_fn, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Request, SamplingParams
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.settings import Eagle3Settings
 from parse_jax.speculation.draft_model import (
     accept_proposals,
     emit_accepted,
@@ -42,7 +43,7 @@ from parse_jax.speculation.eagle3.head import (
     target_taps,
     to_target_vocab,
 )
-from parse_jax.speculation.eagle3.tree import accept_path, compact_kv, expand, layout, slots_needed
+from parse_jax.speculation.eagle3.tree import accept_path, compact_kv, expand, expand_spine, layout, slots_needed
 
 
 @struct.dataclass
@@ -86,19 +87,27 @@ class EagleContext:
 @dataclasses.dataclass(frozen=True)
 class EagleLoop:
     """The static settings of an EAGLE-3 drafting loop (one program per value): `gamma` the draft depth; `tree` > 0
-    (greedy only): a tree of gamma + tree nodes, `tree_top_k` expanded per depth (`tree.py`), instead of the chain."""
+    (greedy only): a tree of gamma + tree nodes, `tree_top_k` children per node, `tree_width` paths drafted per
+    depth (`tree.py`), instead of the chain."""
 
     config: Eagle3Config
     gamma: int
     num_new: int
     tree: int = 0          # tree nodes beyond the chain's gamma (0: the chain)
     first_pass: int = 0    # target passes already made: 1 after a prefill, 0 from a PARSE boundary
-    tree_top_k: int = 4    # tree: frontier nodes per depth and children per node
+    tree_top_k: int = 4    # tree: children per node (and frontier nodes per depth, unless tree_width)
+    tree_width: int = 0    # tree: frontier nodes per depth (0: tree_top_k; 1: the spine, `tree.expand_spine`)
+
+    @classmethod
+    def of(cls, config: Eagle3Config, settings, *, num_new: int, first_pass: int = 0) -> EagleLoop:
+        """The loop of `settings` (anything with gamma, tree, tree_top_k and tree_width: `Eagle3Settings`)."""
+        return cls(config=config, gamma=settings.gamma, num_new=num_new, tree=settings.tree, first_pass=first_pass,
+                   tree_top_k=settings.tree_top_k, tree_width=settings.tree_width)
 
     @property
     def slots(self) -> int:
         """Cache slots a round writes past the committed length (target block, head drafting)."""
-        return slots_needed(self.gamma, self.tree, self.tree_top_k)
+        return slots_needed(self.gamma, self.tree, self.tree_top_k, self.tree_width)
 
 
 def eagle_start(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop: EagleLoop, max_new: jax.Array,
@@ -173,6 +182,20 @@ def _tree_step(fns: EagleFns, head_cache: KVCache) -> Callable:
     return step
 
 
+def _spine_step(fns: EagleFns, base: jax.Array) -> Callable:
+    """The head one token on (`tree.expand_spine`'s step): the spine's depth-(i + 1) token at RoPE position
+    base + i + 1, its entry committed to the head's cache (a round's drafting entries are written over later)."""
+    _, head_apply, lm = fns
+
+    def step(cache: KVCache, token, hidden, i: int):
+        limit, group = causal_metadata(token.shape[0], 1)
+        out, normed, cache = head_apply(token[:, None], hidden[:, None], False, (base + i + 1)[:, None], cache,
+                                        limit, group)
+        return cache.commit(1), out[:, 0], lm(normed[:, 0])
+
+    return step
+
+
 def eagle_round(fns: EagleFns, state: EagleState, *, loop: EagleLoop, max_new: jax.Array, eos_ids: jax.Array,
                 sampler: Sampler, args: SamplingArgs) -> EagleState:
     """One round: draft (the chain of `loop.gamma`, or the tree), ONE target pass verifying every drafted token,
@@ -186,8 +209,12 @@ def eagle_round(fns: EagleFns, state: EagleState, *, loop: EagleLoop, max_new: j
     start = state.target_cache.lengths[:, None]
     side = jnp.zeros((b,), jnp.int32)
     if tree:
-        drafted = expand(_tree_step(fns, state.head_cache), state.h_last, state.logits_last, depth=gamma,
-                         k=loop.tree_top_k, nodes=gamma + tree)
+        if loop.tree_width == 1:
+            drafted = expand_spine(_spine_step(fns, state.head_cache.lengths), state.head_cache, state.h_last,
+                                   state.logits_last, depth=gamma, k=loop.tree_top_k, nodes=gamma + tree)
+        else:
+            drafted = expand(_tree_step(fns, state.head_cache), state.h_last, state.logits_last, depth=gamma,
+                             k=loop.tree_top_k, nodes=gamma + tree, width=loop.tree_width)
         lay = layout(drafted, state.last, gamma)
         logits, t_cache, feats = target_fwd(lay.tokens, start + lay.depth, state.target_cache, lay.limit, lay.group)
         n_acc, emitted, slots = accept_path(lay, jnp.argmax(logits, axis=-1).astype(jnp.int32))
@@ -298,38 +325,45 @@ def continue_program(target_cfg: ModelConfig, impl: str, loop: EagleLoop, sample
 def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequence[int]], *, gamma: int = 4,
                     max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                     seed: int = 0, add_bos: bool = True, eos_ids: Sequence[int] | None = None,
-                    tree: int = 0, tree_top_k: int = 4) -> GenerateResult:
+                    tree: int = 0, tree_top_k: int = 4, tree_width: int = 0) -> GenerateResult:
     """Target + EAGLE-3 drafting, lossless: greedy output equals the target's; sampled output follows the target's
     distribution (rejection sampling against the head's distribution). `tree` > 0 (greedy only): instead of the
-    chain of `gamma`, a tree of depth `gamma` and `gamma + tree` nodes, the `tree_top_k` most likely expanded at
-    each depth, all verified in one target pass (docs/design.md, EAGLE-3)."""
+    chain of `gamma`, a tree of depth `gamma` and `gamma + tree` nodes, `tree_width` paths drafted per depth
+    (0: `tree_top_k`) and `tree_top_k` children proposed per node, all verified in one target pass
+    (docs/design.md, EAGLE-3)."""
     head.config.check_target(target.config)
     check_tree(tree, temperature, tree_top_k)
     if int(gamma) < 1:
         raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+    eagle = Eagle3Settings(gamma=int(gamma), tree=int(tree), tree_top_k=int(tree_top_k), tree_width=int(tree_width))
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     req = spec_request(target, prompts, max_new_tokens, sampling, add_bos, eos_ids)
-    return eagle3_speculate(target, head, req, gamma=int(gamma), tree=int(tree), tree_top_k=int(tree_top_k))
+    return eagle3_speculate(target, head, req, eagle)
 
 
-def eagle3_speculate(target, head: Eagle3, req: Request, *, gamma: int, tree: int = 0,
-                     tree_top_k: int = 4) -> GenerateResult:
-    """EAGLE-3 drafting of a validated request (mode `eagle3`)."""
-    program, sb = eagle3_launch(target, head, req, gamma=gamma, tree=tree, tree_top_k=tree_top_k)
+def eagle3_speculate(target, head: Eagle3, req: Request, eagle: Eagle3Settings) -> GenerateResult:
+    """EAGLE-3 drafting of a validated request (mode `eagle3`) with the drafting settings `eagle`."""
+    program, sb = eagle3_launch(target, head, req, eagle)
     t0 = time.perf_counter()
     out = fetch(program(*spec_args(target, head.params, sb)))
-    res = spec_result(target, sb.ids, out[:7], time.perf_counter() - t0, gamma)
-    res.stats["tree"] = tree
-    if tree:  # the tree's settings, and the rounds whose accepted path left the trunk (a side leaf won)
-        res.stats["tree_top_k"] = tree_top_k
-        res.stats["tree_side_paths"] = int(out[7][: len(sb.ids)].sum())
+    res = spec_result(target, sb.ids, out[:7], time.perf_counter() - t0, eagle.gamma)
+    res.stats.update(tree_stats(eagle, out[7][: len(sb.ids)].sum()))
     return res
 
 
-def eagle3_launch(target, head: Eagle3, req: Request, *, gamma: int, tree: int = 0, tree_top_k: int = 4):
+def tree_stats(eagle: Eagle3Settings, side_paths) -> dict:
+    """A result's tree figures: its settings, and the rounds whose accepted path left the trunk (a side leaf won)."""
+    if not eagle.tree:
+        return {"tree": 0}
+    return {"tree": eagle.tree, "tree_top_k": eagle.tree_top_k, "tree_width": eagle.tree_width or eagle.tree_top_k,
+            "tree_side_paths": int(side_paths)}
+
+
+def eagle3_launch(target, head: Eagle3, req: Request, eagle: Eagle3Settings):
     """(program, prepared batch) of EAGLE-3 drafting for `req`, not run (`draft_model.spec_args` gives its
     arguments; it returns spec_result's seven outputs, then the side paths per row)."""
-    loop = EagleLoop(config=head.config, gamma=gamma, num_new=0, tree=tree, first_pass=1, tree_top_k=tree_top_k)
+    gamma = eagle.gamma
+    loop = EagleLoop.of(head.config, eagle, num_new=0, first_pass=1)
     sb = spec_batch(target, req, gamma=gamma, capacity=target.config.max_position_embeddings,
                     extra_slots=loop.slots - gamma - 1)
     loop = dataclasses.replace(loop, num_new=sb.num_new)

@@ -21,6 +21,7 @@ from parse_jax.runtime.programs import bucket, register_program
 from parse_jax.runtime.requests import GenerateResult, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, request_budgets, serve_loop
+from parse_jax.settings import Eagle3Settings
 from parse_jax.speculation.draft_model import served_passes, spec_batch, spec_result
 from parse_jax.speculation.eagle3.decode import (
     EagleLoop,
@@ -29,6 +30,7 @@ from parse_jax.speculation.eagle3.decode import (
     eagle_start,
     head_applies,
     prefill_with_taps,
+    tree_stats,
 )
 from parse_jax.speculation.eagle3.head import Eagle3
 
@@ -109,11 +111,12 @@ def empty_slots(shape: EagleServeShape, target_params, head_params, slots: int, 
     return empty.replace(state=empty.state.replace(done=jnp.ones((slots,), bool)))
 
 
-def serve_eagle3(target, head: Eagle3, req: Request, *, gamma: int, tree: int, tree_top_k: int, max_batch: int,
+def serve_eagle3(target, head: Eagle3, req: Request, eagle: Eagle3Settings, *, max_batch: int,
                  budgets: list[int] | None = None) -> GenerateResult:
-    """EAGLE-3 drafting of a validated request through `max_batch` slots (mode `eagle3`). `budgets`: each
-    prompt's own max_new_tokens, at most the request's."""
-    loop = EagleLoop(config=head.config, gamma=gamma, num_new=0, tree=tree, first_pass=0, tree_top_k=tree_top_k)
+    """EAGLE-3 drafting of a validated request through `max_batch` slots (mode `eagle3`) with the drafting settings
+    `eagle`. `budgets`: each prompt's own max_new_tokens, at most the request's."""
+    gamma = eagle.gamma
+    loop = EagleLoop.of(head.config, eagle, num_new=0)
     sb = spec_batch(target, req, gamma=gamma, capacity=target.config.max_position_embeddings,
                     extra_slots=loop.slots - gamma - 1)
     shape = EagleServeShape(target.config, target.attention_impl, sb.cache_len,
@@ -137,8 +140,6 @@ def serve_eagle3(target, head: Eagle3, req: Request, *, gamma: int, tree: int, t
     out = tuple(np.int64(run["rounds"]) + admissions if key == "rounds" else np.stack([r[key] for r in rows])
                 for key in OUTPUTS)
     res = spec_result(target, ids, out, time.perf_counter() - t0, gamma)
-    res.stats.update(slots=used, admissions=admissions, tree=tree, **served_passes(res.stats, len(ids)))
-    if tree:
-        res.stats["tree_top_k"] = tree_top_k
-        res.stats["tree_side_paths"] = int(sum(r["side"] for r in rows))
+    res.stats.update(slots=used, admissions=admissions, **served_passes(res.stats, len(ids)),
+                     **tree_stats(eagle, sum(r["side"] for r in rows)))
     return res

@@ -11,6 +11,7 @@ against the target's argmax, so the output is the target's own.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -50,16 +51,16 @@ class Layout:
     trunk: jax.Array      # [B] the trunk's leaf
 
 
-def slots_needed(gamma: int, tree: int, k: int) -> int:
+def slots_needed(gamma: int, tree: int, k: int, width: int = 0) -> int:
     """Cache slots a round writes past the committed length: the target's block (1 + gamma + tree nodes) and the
-    head's widest drafting block (k paths of up to gamma - 1 tokens)."""
+    head's widest drafting block (`width` paths, 0: k, of up to gamma - 1 tokens)."""
     if not tree:
         return gamma + 1
-    return max(gamma + 1 + tree, k * (gamma - 1))
+    return max(gamma + 1 + tree, min(width or k, k) * (gamma - 1))
 
 
 def expand(head_step: Callable, h_last: jax.Array, logits_last: jax.Array, *, depth: int, k: int,
-           nodes: int) -> Tree:
+           nodes: int, width: int = 0) -> Tree:
     """EAGLE-2's expansion: the k most likely first tokens, then at each depth the head runs the k frontier nodes
     (each re-reading its own path as one prefix group, so it sees exactly its ancestors), each proposes its k most
     likely children, the k most likely of those k*k become the next frontier; every candidate is kept and the
@@ -68,33 +69,70 @@ def expand(head_step: Callable, h_last: jax.Array, logits_last: jax.Array, *, de
     b, v = logits_last.shape
     k = min(k, v)
     rows = jnp.arange(b)[:, None]
-
-    def children(logits, base):  # [B, F, V] -> the k best children of each: scores [B, F, k], tokens
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        logp = jnp.where(logits <= MASKED_LOGIT / 2, NEG, logp)  # outside the draft vocabulary: never proposed
-        s, t = jax.lax.top_k(logp, k)
-        return base[..., None] + s, t.astype(jnp.int32)
-
-    score, tok = children(logits_last[:, None], jnp.zeros((b, 1)))
-    score, tok = score[:, 0], tok[:, 0]  # [B, k]
-    toks, scores, parents, depths = [tok], [score], [jnp.full((b, k), -1, jnp.int32)], [1]
-    front = jnp.arange(k, dtype=jnp.int32)[None].repeat(b, 0)  # candidate index of each frontier node
-    path_tok, path_hid = tok[..., None], jnp.broadcast_to(h_last[:, None, None], (b, k, 1, h_last.shape[-1]))
+    children = functools.partial(_children, k=k)
+    w = min(width or k, k)
+    c_score, c_tok = children(logits_last[:, None], jnp.zeros((b, 1)))
+    toks, scores, parents, depths = [c_tok[:, 0]], [c_score[:, 0]], [jnp.full((b, k), -1, jnp.int32)], [1]
+    score, pick = jax.lax.top_k(c_score[:, 0], w)  # children come sorted: pick = 0..w-1
+    front = pick.astype(jnp.int32)  # candidate index of each frontier node
+    path_tok = c_tok[:, 0, :w, None]
+    path_hid = jnp.broadcast_to(h_last[:, None, None], (b, w, 1, h_last.shape[-1]))
     offset = k
     for t in range(1, depth):
         out, logits = head_step(path_tok, path_hid)
-        c_score, c_tok = children(logits, score)  # [B, k, k]
-        toks.append(c_tok.reshape(b, k * k))
-        scores.append(c_score.reshape(b, k * k))
+        c_score, c_tok = children(logits, score)  # [B, w, k]
+        toks.append(c_tok.reshape(b, w * k))
+        scores.append(c_score.reshape(b, w * k))
         parents.append(jnp.repeat(front, k, axis=1))
         depths.append(t + 1)
-        score, pick = jax.lax.top_k(c_score.reshape(b, k * k), k)
+        score, pick = jax.lax.top_k(c_score.reshape(b, w * k), w)
         par = pick // k  # the frontier node each new one descends from
-        tok = c_tok.reshape(b, k * k)[rows, pick]
+        tok = c_tok.reshape(b, w * k)[rows, pick]
         path_tok = jnp.concatenate([path_tok[rows, par], tok[..., None]], axis=2)
         path_hid = jnp.concatenate([path_hid[rows, par], out[rows, par][:, :, None]], axis=2)
         front = (offset + pick).astype(jnp.int32)
-        offset += k * k
+        offset += w * k
+    return _most_likely(toks, scores, parents, depths, nodes=nodes, depth=depth)
+
+
+def expand_spine(step: Callable, carry, h_last: jax.Array, logits_last: jax.Array, *, depth: int, k: int,
+                 nodes: int) -> Tree:
+    """The expansion one path wide: the spine (each depth's most likely token after the one before: the chain
+    EAGLE-3 drafts) and, as candidates, the `k` most likely children of each spine node, so the tree is the chain
+    with its likeliest siblings as leaves, drafted at the chain's cost (one head token per depth on the head's own
+    cache, where a wider frontier re-reads its paths). `step(carry, token [B], hidden [B, d], i) -> (carry, out
+    [B, d], logits [B, V])`: the head after the spine's depth-(i + 1) token."""
+    b, v = logits_last.shape
+    k = min(k, v)
+    toks, scores, parents, depths = [], [], [], []
+    base, hidden, logits = jnp.zeros((b,)), h_last, logits_last
+    for t in range(depth):
+        c_score, c_tok = _children(logits[:, None], base[:, None], k=k)
+        c_score, c_tok = c_score[:, 0], c_tok[:, 0]  # [B, k], the spine's own child first
+        toks.append(c_tok)
+        scores.append(c_score)
+        parents.append(jnp.full((b, k), (t - 1) * k if t else -1, jnp.int32))  # the spine node one depth up
+        depths.append(t + 1)
+        if t + 1 < depth:
+            carry, hidden, logits = step(carry, c_tok[:, 0], hidden, t)
+        base = c_score[:, 0]
+    return _most_likely(toks, scores, parents, depths, nodes=nodes, depth=depth)
+
+
+def _children(logits: jax.Array, base: jax.Array, *, k: int) -> tuple[jax.Array, jax.Array]:
+    """The k most likely children of each frontier node (`logits` [B, F, V], `base` [B, F] its cumulative
+    log-prob): scores [B, F, k] (cumulative) and tokens, most likely first."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    logp = jnp.where(logits <= MASKED_LOGIT / 2, NEG, logp)  # outside the draft vocabulary: never proposed
+    s, t = jax.lax.top_k(logp, k)
+    return base[..., None] + s, t.astype(jnp.int32)
+
+
+def _most_likely(toks: list, scores: list, parents: list, depths: list, *, nodes: int, depth: int) -> Tree:
+    """The tree of the `nodes` most likely candidates (given per depth, as [B, n] arrays; a parent's candidate index
+    before its children), in candidate order; a node whose parent was cut is cut too."""
+    b = toks[0].shape[0]
+    rows = jnp.arange(b)[:, None]
     all_tok, all_score = jnp.concatenate(toks, 1), jnp.concatenate(scores, 1)
     all_parent = jnp.concatenate(parents, 1)
     all_depth = jnp.concatenate([jnp.full((b, x.shape[1]), d, jnp.int32) for x, d in zip(toks, depths)], 1)

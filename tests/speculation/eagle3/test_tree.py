@@ -12,7 +12,15 @@ import pytest
 from pallas_kernels.mask import visible
 from parse_jax.models.decoder import causal_metadata
 from parse_jax.runtime.decode import generate
-from parse_jax.speculation.eagle3 import Tree, accept_path, compact_kv, eagle3_generate, expand, layout
+from parse_jax.speculation.eagle3 import (
+    Tree,
+    accept_path,
+    compact_kv,
+    eagle3_generate,
+    expand,
+    expand_spine,
+    layout,
+)
 from tests.random_models import random_model
 from tests.speculation.test_eagle3 import random_head
 
@@ -112,31 +120,35 @@ def test_a_shared_off_trunk_ancestor_is_copied_and_an_overflowing_leaf_left_out(
     assert sorted(np.asarray(tight.path_tok[0, :, 1])[np.asarray(tight.path_len[0]) > 0].tolist()) == [2, 5]
 
 
-def eagle2_reference(step_logits, first_logits, depth, k, nodes):
+def eagle2_reference(step_logits, first_logits, depth, k, nodes, width=None):
     """EAGLE-2's expansion on the host: (token path tuples, cumulative log-probs) of the `nodes` most likely
-    candidates, from `step_logits(path) -> logits` of the node ending `path`."""
+    candidates, from `step_logits(path) -> logits` of the node ending `path`; `width` frontier nodes per depth
+    (default k)."""
+    width = width or k
     def logp(x):
         x = np.asarray(x, np.float64)
         return x - np.log(np.exp(x - x.max()).sum()) - x.max()
 
     first = logp(first_logits)
-    front = [((int(t),), first[t]) for t in np.argsort(-first, kind="stable")[:k]]
-    cands = list(front)
+    cands = [((int(t),), first[t]) for t in np.argsort(-first, kind="stable")[:k]]
+    front = cands[:width]
     for _ in range(1, depth):
         kids = []
         for path, s in front:
             lp = logp(step_logits(path))
             kids += [(path + (int(t),), s + lp[t]) for t in np.argsort(-lp, kind="stable")[:k]]
         cands += kids
-        front = sorted(kids, key=lambda c: -c[1])[:k]
+        front = sorted(kids, key=lambda c: -c[1])[:width]
     return sorted(cands, key=lambda c: -c[1])[:nodes]
 
 
-def test_the_expansion_is_eagle2s():
+@pytest.mark.parametrize("width", [0, 2, 1])
+def test_the_expansion_is_eagle2s(width):
     """A stand-in head whose logits are a fixed function of the path: the tree holds exactly the candidates the
-    host reference picks (tokens, paths, scores)."""
+    host reference picks (tokens, paths, scores), with k frontier nodes per depth (0), fewer (2), or one: the
+    spine, drafted one token per depth with a carried state (`expand_spine`)."""
     v, depth, k, nodes = 7, 4, 3, 10
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(3 + width)
     table = rng.normal(0, 2, (depth + 1, v, v)).astype(np.float32)
     first = rng.normal(0, 2, v).astype(np.float32)
 
@@ -148,10 +160,18 @@ def test_the_expansion_is_eagle2s():
         logits = jnp.asarray(table)[t, path_tok[..., -1]] + 0.1 * path_tok.sum(-1, keepdims=True)
         return path_hid[:, :, -1], logits
 
-    tree = jax.jit(lambda h, lg: expand(head_step, h, lg, depth=depth, k=k, nodes=nodes))(
-        jnp.zeros((1, 2)), jnp.asarray(first)[None])
+    def spine_step(carry, token, hidden, i):  # carry: the spine's tokens summed
+        carry = carry + token
+        return carry, hidden, jnp.asarray(table)[i + 1, token] + 0.1 * carry[:, None]
+
+    if width == 1:
+        fn = lambda h, lg: expand_spine(spine_step, jnp.zeros((1,), jnp.int32), h, lg,  # noqa: E731
+                                        depth=depth, k=k, nodes=nodes)
+    else:
+        fn = lambda h, lg: expand(head_step, h, lg, depth=depth, k=k, nodes=nodes, width=width)  # noqa: E731
+    tree = jax.jit(fn)(jnp.zeros((1, 2)), jnp.asarray(first)[None])
     got = {tuple(p): float(tree.score[0, i]) for i, p in node_paths(tree).items()}
-    want = eagle2_reference(host_logits, first, depth, k, nodes)
+    want = eagle2_reference(host_logits, first, depth, k, nodes, width)
     assert len(got) == nodes and set(got) == {p for p, _ in want}
     for p, s in want:
         assert got[p] == pytest.approx(s, abs=1e-4)
@@ -200,17 +220,20 @@ def test_one_target_pass_verifies_every_node_and_the_accepted_path_is_compacted(
     assert tokens[np.asarray(slots[0])[int(n_acc[0])]] == best[-1]
 
 
-@pytest.mark.parametrize("family,tree,k", [("qwen2", 4, 2), ("qwen3", 8, 3), ("llama3", 3, 1)])
-def test_tree_drafting_is_token_identical(family, tree, k):
+@pytest.mark.parametrize("family,tree,k,width", [("qwen2", 4, 2, 0), ("qwen3", 8, 3, 0), ("llama3", 3, 1, 0),
+                                                 ("qwen3", 4, 3, 1), ("llama3", 6, 4, 2)])
+def test_tree_drafting_is_token_identical(family, tree, k, width):
     target = random_model(family, 60, vocab_size=6)
     head = random_head(target, 61, scale=0.3)
     rng = np.random.default_rng(tree)
     prompts = [rng.integers(0, 6, n).tolist() for n in (5, 9, 3, 7)]
     expect = generate(target, prompts, max_new_tokens=24).tokens
     chain = eagle3_generate(target, head, prompts, gamma=3, max_new_tokens=24)
-    res = eagle3_generate(target, head, prompts, gamma=3, max_new_tokens=24, tree=tree, tree_top_k=k)
+    res = eagle3_generate(target, head, prompts, gamma=3, max_new_tokens=24, tree=tree, tree_top_k=k,
+                          tree_width=width)
     assert res.tokens == expect == chain.tokens
     assert res.stats["tree"] == tree and res.stats["num_draft_tokens"] == (3 + tree) * res.stats["num_drafts"]
+    assert res.stats["tree_width"] == (width or k)
     if k > 1:  # a tree accepts more per pass than the chain of its depth (a 6-token vocabulary: often)
         assert (res.stats["accepted_tokens"] / res.stats["num_drafts"]
                 > chain.stats["accepted_tokens"] / chain.stats["num_drafts"])
@@ -256,6 +279,9 @@ def test_every_setting_is_checked_with_one_line():
 
     for bad, msg in ((dict(eagle3_tree_top_k=0), "eagle3_tree_top_k must be >= 1"),
                      (dict(eagle3_tree=-2), "eagle3_tree must be >= 0"),
+                     (dict(eagle3_tree_width=-1), "eagle3_tree_width must be >= 0"),
+                     (dict(eagle3_tree_width=3, eagle3_tree_top_k=2),
+                      r"eagle3_tree_width must be <= eagle3_tree_top_k \(2\), got 3"),
                      (dict(eagle3_tree_top_k="x"), "eagle3_tree_top_k")):
         with pytest.raises(ConfigError, match=msg):
             ParseConfig.from_flat(**bad)
