@@ -4,7 +4,8 @@
         [--trees 4:2,8:2,8:4] [--out benchmarks/results/bench_eagle3_tree]
 
 Each setting is `eagle3` greedy on the same held-out problems of the embedded task, one request at a time; the
-settings run interleaved (every setting once per repeat, repeats in turn) in one process, after an untimed warm-up
+settings run interleaved (every setting once per repeat in a seeded shuffled order, Python's garbage collected
+before each; repeats in turn) in one process, after an untimed warm-up
 call per program shape each, so compilation is not counted. A tree `NODES:K` is depth `--depth`, `--depth + NODES`
 nodes, the K most likely expanded per depth; `NODES:K:W` drafts W paths per depth (1: the chain's own nodes, each
 with its K - 1 likeliest siblings as leaves); the chain is the same depth. Every setting's tokens must equal the
@@ -18,6 +19,7 @@ script runs again with the same arguments (the table is rebuilt from the file); 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import subprocess
@@ -28,6 +30,7 @@ import jax
 import numpy as np
 
 from parse_jax.checkpoints.pair import load_pair
+from parse_jax.harness.runs import interleaved
 from parse_jax.runtime.programs import bucket
 from parse_jax.speculation.eagle3 import eagle3_generate
 from parse_jax.tasks.arith import load_task
@@ -42,9 +45,9 @@ def settings(depth: int, trees: str) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def run_one(target, head, prompts, depth: int, tree: tuple[int, int, int], max_new: int) -> dict:
+def run_one(target, head, prompts, depth: int, setting: tuple[int, int, int], max_new: int) -> dict:
     toks, passes, accepted, new, seconds = [], 0, 0, 0, 0.0
-    nodes, k, width = tree
+    nodes, k, width = setting
     for p in prompts:
         t0 = time.perf_counter()
         r = eagle3_generate(target, head, [p], gamma=depth, tree=nodes, tree_top_k=k, tree_width=width,
@@ -88,14 +91,15 @@ def main() -> None:
     encoded = [([bos] if bos is not None else []) + x for x in encoded]
     table = settings(args.depth, args.trees)
     shapes = list({bucket(len(p)): p for p in encoded}.values())  # one prompt per program shape
-    for name, tree in table.items():  # warm-up: compile every program once
+    for name, setting in table.items():  # warm-up: compile every program once
         if any((name, r) not in have for r in range(args.repeats)):
-            run_one(target, head, shapes, args.depth, tree, args.max_new)
+            run_one(target, head, shapes, args.depth, setting, args.max_new)
     for rep in range(args.repeats):
-        for name, tree in table.items():
+        for name in interleaved(list(table), 0, rep, 0):  # a seeded shuffle per repeat, as `measure` runs
             if (name, rep) in have:
                 continue
-            r = run_one(target, head, encoded, args.depth, tree, args.max_new)
+            gc.collect()  # not on this run's time: the previous run's garbage
+            r = run_one(target, head, encoded, args.depth, table[name], args.max_new)
             row = {"key": key, "setting": name, "repeat": rep, **{x: r[x] for x in r if x != "tokens"},
                    "tokens": r["tokens"]}
             with runs_file.open("a") as f:
@@ -127,6 +131,9 @@ def write_table(out: Path, done: list[dict], table: dict, args) -> None:
     cmd = (f"python benchmarks/bench_eagle3_tree.py --n {args.n} --repeats {args.repeats} --depth {args.depth} "
            f"--max-new {args.max_new} --trees {args.trees} --out {args.out}")
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                      text=True).stdout.strip():
+        commit += " (uncommitted changes)"
     info = {"command": cmd, "commit": commit, "jax": jax.__version__, "device": str(jax.devices()[0]),
             "machine": platform.machine(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}
     (out / "bench.json").write_text(json.dumps(info, indent=2) + "\n")

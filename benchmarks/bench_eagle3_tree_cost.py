@@ -27,7 +27,7 @@ from parse_jax.models.decoder import causal_metadata
 from parse_jax.runtime.requests import SamplingParams
 from parse_jax.speculation.draft_model import spec_args, spec_batch, spec_request
 from parse_jax.speculation.eagle3 import decode
-from parse_jax.speculation.eagle3.tree import accept_path, compact_kv, expand, expand_spine, layout
+from parse_jax.speculation.eagle3.tree import accept_path, compact_kv, layout
 from parse_jax.tasks.arith import load_task
 
 
@@ -62,12 +62,7 @@ def parts(depth: int, tree: int, top_k: int, width: int) -> dict:
                                                              eos_ids=eos, sampler=sampler, args=args))
 
     def expand_tree(tp, hp, st):
-        if width == 1:
-            step = decode._spine_step(fns(tp, hp), st.head_cache.lengths)
-            return expand_spine(step, st.head_cache, st.h_last, st.logits_last, depth=depth, k=top_k,
-                                nodes=depth + tree)
-        step = decode._tree_step(fns(tp, hp), st.head_cache)
-        return expand(step, st.h_last, st.logits_last, depth=depth, k=top_k, nodes=depth + tree, width=width)
+        return decode.draft_tree(fns(tp, hp), st, tree_loop)
 
     drafted = jax.jit(expand_tree)(tp, hp, st)
     lay = jax.jit(lambda t, last: layout(t, last, depth))(drafted, st.last)
@@ -93,12 +88,13 @@ def parts(depth: int, tree: int, top_k: int, width: int) -> dict:
         return fns(tp, hp).target(block, pos, st.target_cache, limit, group)[0]
 
     chain_block, tree_block = jnp.zeros((1, depth + 1), jnp.int32), jnp.zeros((1, depth + 1 + tree), jnp.int32)
-    return {
+    table = {
         "round, chain": (round_of(chain_loop), (tp, hp, st)),
         "round, tree": (round_of(tree_loop), (tp, hp, st)),
         "drafting, chain (head steps)": (jax.jit(lambda tp, hp, st: decode._draft_chain(
             fns(tp, hp), st, depth, sampler, args, args)), (tp, hp, st)),
-        "drafting, tree (top-k expansion)": (jax.jit(expand_tree), (tp, hp, st)),
+        "drafting, tree" + (" (the spine: head steps)" if paths == 1 else " (top-k expansion)"):
+            (jax.jit(expand_tree), (tp, hp, st)),
         "tree layout": (jax.jit(lambda t, last: layout(t, last, depth)), (drafted, st.last)),
         "tree acceptance": (jax.jit(accept_path), (lay, target_tok)),
         "tree KV compaction": (jax.jit(compact_kv), (st.target_cache, st.target_cache.lengths, slots, n_acc)),
@@ -107,6 +103,9 @@ def parts(depth: int, tree: int, top_k: int, width: int) -> dict:
         f"target pass, {depth + 1} tokens (chain)": (jax.jit(target_pass), (tp, hp, st, chain_block)),
         f"target pass, {depth + 1 + tree} tokens (tree)": (jax.jit(target_pass), (tp, hp, st, tree_block)),
     }
+    if paths == 1:  # the spine never re-reads a path
+        table.pop(f"head step, 1 paths x {depth - 1} tokens")
+    return table
 
 
 def main() -> None:

@@ -149,8 +149,8 @@ class Eagle3Settings:
     gamma: int = setting(5, "EAGLE-3 draft depth per target pass (the chain's length, the tree's depth)", lo=1, hi=64)
     tree: int = setting(0, "EAGLE-3 tree nodes beyond the depth verified per target pass (0: a chain; greedy "
                            "only); the tree has gamma + tree nodes", lo=0, hi=256)
-    tree_top_k: int = setting(4, "EAGLE-3 tree: the most likely nodes expanded at each depth, and children "
-                                 "proposed per node", lo=1, hi=32)
+    tree_top_k: int = setting(4, "EAGLE-3 tree: children proposed per node, and the most likely nodes expanded "
+                                 "at each depth unless tree_width says fewer", lo=1, hi=32)
     tree_width: int = setting(0, "EAGLE-3 tree: paths the head drafts at each depth (0: tree_top_k, EAGLE-2's "
                                  "expansion; 1: the chain alone, each chain node's next most likely children "
                                  "as leaves, drafted at the chain's cost); at most tree_top_k", lo=0, hi=32)

@@ -245,7 +245,7 @@ def _measured(runners: dict[str, Runner], task, problems: Sequence[tuple[str, st
         for ci, chunk in enumerate(chunks):
             for name in interleaved(names, seed, r, ci):
                 before = compiled_programs()
-                gc.collect()  # uncollected, a served parse+eagle3 call's garbage cost the next call 8-15% at batch 64
+                gc.collect()  # uncollected, a parse+eagle3 call's garbage cost the next call 7-9% at batch 64
                 t0 = time.perf_counter()
                 res = runners[name](chunk, max_new_tokens, seed, max_batch)
                 seconds[name][r] += time.perf_counter() - t0

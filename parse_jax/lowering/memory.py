@@ -121,7 +121,7 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platfo
     if mode == "target":
         models.append(("target", t, cap(length_bucket(p + n), t), p))
     elif mode in ("sd", "eagle3"):
-        extra = cfg.speculation.gamma + 1 if mode == "sd" else cfg.eagle3.gamma + 1 + cfg.eagle3.tree
+        extra = cfg.speculation.gamma + 1 if mode == "sd" else eagle_spec(ctx).loop_slots  # a round's writes
         slots = length_bucket(p + n + extra)
         models.append(("target", t, cap(slots, t), p))
         if mode == "sd":
@@ -146,12 +146,12 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platfo
     else:  # parse single, parse+eagle3
         eagle = mode == "parse+eagle3"
         lengths = block_lengths(p + d + ctx.round_spec.max_prefixes * suffix)
-        margin = 1 + (cfg.eagle3.gamma + cfg.eagle3.tree if eagle else 0)
+        margin = eagle_spec(ctx).loop_slots if eagle else 1  # an EAGLE-3 round writes past its last token
         models.append(("target", t, length_bucket(max(lengths[-1], p + max_new + margin)), lengths[-1]))
         models.append(("draft", dcfg, length_bucket(p + d), p))
         if eagle:
             models.append(("eagle3", ctx.head.config.layer, length_bucket(max(lengths[-1], p + max_new + margin)),
-                           cfg.eagle3.gamma + cfg.eagle3.tree + 1))
+                           margin))
     backend = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
     dense = pallas_kernels.resolve(getattr(ctx.target, "attention_impl", "xla"), backend, interpret=True)[0] == "xla"
     ahead = mode == "sequential" or (mode in ("parse-single", "parse", "parse+eagle3") and rounds != "multi")

@@ -43,7 +43,15 @@ from parse_jax.speculation.eagle3.head import (
     target_taps,
     to_target_vocab,
 )
-from parse_jax.speculation.eagle3.tree import accept_path, compact_kv, expand, expand_spine, layout, slots_needed
+from parse_jax.speculation.eagle3.tree import (
+    Tree,
+    accept_path,
+    compact_kv,
+    expand,
+    expand_spine,
+    layout,
+    slots_needed,
+)
 
 
 @struct.dataclass
@@ -99,10 +107,15 @@ class EagleLoop:
     tree_width: int = 0    # tree: frontier nodes per depth (0: tree_top_k; 1: the spine, `tree.expand_spine`)
 
     @classmethod
-    def of(cls, config: Eagle3Config, settings, *, num_new: int, first_pass: int = 0) -> EagleLoop:
-        """The loop of `settings` (anything with gamma, tree, tree_top_k and tree_width: `Eagle3Settings`)."""
+    def of(cls, config: Eagle3Config, settings: Eagle3Settings, *, num_new: int, first_pass: int = 0) -> EagleLoop:
+        """The loop of `settings` (an `Eagle3Settings`, or an `EagleSpec`: gamma, tree, tree_top_k, tree_width)."""
         return cls(config=config, gamma=settings.gamma, num_new=num_new, tree=settings.tree, first_pass=first_pass,
                    tree_top_k=settings.tree_top_k, tree_width=settings.tree_width)
+
+    @property
+    def frontier(self) -> int:
+        """Tree paths the head drafts per depth (`tree_width`, 0: `tree_top_k`; never more than `tree_top_k`)."""
+        return min(self.tree_width or self.tree_top_k, self.tree_top_k)
 
     @property
     def slots(self) -> int:
@@ -196,6 +209,17 @@ def _spine_step(fns: EagleFns, base: jax.Array) -> Callable:
     return step
 
 
+def draft_tree(fns: EagleFns, state: EagleState, loop: EagleLoop) -> Tree:
+    """The round's tree: one path wide, the spine on the head's cache (`tree.expand_spine`), or EAGLE-2's expansion
+    of `loop.frontier` paths, each re-reading its path (`tree.expand`)."""
+    nodes = loop.gamma + loop.tree
+    if loop.frontier == 1:
+        return expand_spine(_spine_step(fns, state.head_cache.lengths), state.head_cache, state.h_last,
+                            state.logits_last, depth=loop.gamma, k=loop.tree_top_k, nodes=nodes)
+    return expand(_tree_step(fns, state.head_cache), state.h_last, state.logits_last, depth=loop.gamma,
+                  k=loop.tree_top_k, nodes=nodes, width=loop.frontier)
+
+
 def eagle_round(fns: EagleFns, state: EagleState, *, loop: EagleLoop, max_new: jax.Array, eos_ids: jax.Array,
                 sampler: Sampler, args: SamplingArgs) -> EagleState:
     """One round: draft (the chain of `loop.gamma`, or the tree), ONE target pass verifying every drafted token,
@@ -209,13 +233,7 @@ def eagle_round(fns: EagleFns, state: EagleState, *, loop: EagleLoop, max_new: j
     start = state.target_cache.lengths[:, None]
     side = jnp.zeros((b,), jnp.int32)
     if tree:
-        if loop.tree_width == 1:
-            drafted = expand_spine(_spine_step(fns, state.head_cache.lengths), state.head_cache, state.h_last,
-                                   state.logits_last, depth=gamma, k=loop.tree_top_k, nodes=gamma + tree)
-        else:
-            drafted = expand(_tree_step(fns, state.head_cache), state.h_last, state.logits_last, depth=gamma,
-                             k=loop.tree_top_k, nodes=gamma + tree, width=loop.tree_width)
-        lay = layout(drafted, state.last, gamma)
+        lay = layout(draft_tree(fns, state, loop), state.last, gamma)
         logits, t_cache, feats = target_fwd(lay.tokens, start + lay.depth, state.target_cache, lay.limit, lay.group)
         n_acc, emitted, slots = accept_path(lay, jnp.argmax(logits, axis=-1).astype(jnp.int32))
         t_cache = compact_kv(t_cache, start[:, 0], slots, n_acc)
@@ -375,7 +393,7 @@ def check_tree(tree: int, temperature: float, tree_top_k: int = 1) -> None:
     if int(tree) < 0:
         raise ConfigError(f"eagle3_tree (tree nodes beyond the chain's depth) must be >= 0, got {tree}")
     if int(tree_top_k) < 1:
-        raise ConfigError(f"eagle3_tree_top_k (nodes expanded per depth) must be >= 1, got {tree_top_k}")
+        raise ConfigError(f"eagle3_tree_top_k (children proposed per node) must be >= 1, got {tree_top_k}")
     if tree and temperature > 0:
         raise ConfigError("EAGLE-3 tree drafting is greedy only (temperature 0); use the chain (eagle3_tree=0) to "
                           "sample")

@@ -1,12 +1,13 @@
-"""EAGLE-3 trees (EAGLE-2's dynamic expansion): the head expands the `k` most likely nodes of each depth, the most
-likely `nodes` candidates by cumulative draft log-prob form the tree, ONE target pass verifies every node
-(docs/design.md §2's prefix layout: the trunk is group 0, each other leaf's off-trunk part its own group), the
-longest path the target agrees with is accepted and its KV moved into place.
+"""EAGLE-3 trees (EAGLE-2's dynamic expansion): the head expands the `k` most likely nodes of each depth (or fewer:
+one, the chain's own, in `expand_spine`), the most likely `nodes` candidates by cumulative draft log-prob form the
+tree, ONE target pass verifies every node (docs/design.md §2's prefix layout: the trunk is group 0, each other
+leaf's off-trunk part its own group), the longest path the target agrees with is accepted and its KV moved into
+place.
 
-Shapes are static: `k` frontier nodes per depth, `nodes` block slots after the root. A node appears once unless
-two leaves share an off-trunk ancestor, which the layout then copies; a leaf whose copy would overflow the slots
-is left out (the trunk and the most likely leaves come first). Greedy only: a path is accepted token by token
-against the target's argmax, so the output is the target's own.
+Shapes are static: `width` (at most `k`) frontier nodes per depth, `nodes` block slots after the root. A node
+appears once unless two leaves share an off-trunk ancestor, which the layout then copies; a leaf whose copy would
+overflow the slots is left out (the trunk and the most likely leaves come first). Greedy only: a path is accepted
+token by token against the target's argmax, so the output is the target's own.
 """
 
 from __future__ import annotations
@@ -61,11 +62,11 @@ def slots_needed(gamma: int, tree: int, k: int, width: int = 0) -> int:
 
 def expand(head_step: Callable, h_last: jax.Array, logits_last: jax.Array, *, depth: int, k: int,
            nodes: int, width: int = 0) -> Tree:
-    """EAGLE-2's expansion: the k most likely first tokens, then at each depth the head runs the k frontier nodes
-    (each re-reading its own path as one prefix group, so it sees exactly its ancestors), each proposes its k most
-    likely children, the k most likely of those k*k become the next frontier; every candidate is kept and the
-    `nodes` most likely form the tree. `head_step(tokens [B, k, t], hiddens [B, k, t, d]) -> (out [B, k, d],
-    logits [B, k, V])` at the paths' last tokens."""
+    """EAGLE-2's expansion: the k most likely first tokens, then at each depth the head runs the w frontier nodes
+    (`width`, 0: k; each re-reading its own path as one prefix group, so it sees exactly its ancestors), each
+    proposes its k most likely children, the w most likely of those w*k become the next frontier; every candidate
+    is kept and the `nodes` most likely form the tree. `head_step(tokens [B, w, t], hiddens [B, w, t, d]) -> (out
+    [B, w, d], logits [B, w, V])` at the paths' last tokens."""
     b, v = logits_last.shape
     k = min(k, v)
     rows = jnp.arange(b)[:, None]

@@ -178,6 +178,43 @@ def test_the_expansion_is_eagle2s(width):
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen3"])
+def test_the_spine_drafts_the_chain_and_the_one_path_tree(family):
+    """From a real EAGLE-3 state (random target and head): the spine, drafted one token per depth on the head's
+    cache, proposes the chain's own greedy tokens at every depth, and its tree (tokens, parents, scores) equals
+    EAGLE-2's expansion one path wide, which re-reads its path through the head instead."""
+    from parse_jax.runtime.requests import SamplingParams
+    from parse_jax.speculation.draft_model import spec_args, spec_batch, spec_request
+    from parse_jax.speculation.eagle3 import decode
+
+    target = random_model(family, 70, vocab_size=11)
+    head = random_head(target, 71, scale=0.3)
+    depth, k = 4, 3
+    req = spec_request(target, [[3, 5, 1, 7, 2, 9]], 16, SamplingParams(0.0, 0, 1.0, 0), False, None)
+    for nodes in (depth * k, depth + 2):  # every candidate, then a cut
+        loop = decode.EagleLoop(config=head.config, gamma=depth, num_new=16, tree=nodes - depth, first_pass=1,
+                                tree_top_k=k, tree_width=1)
+        sb = spec_batch(target, req, gamma=depth, capacity=target.config.max_position_embeddings,
+                        extra_slots=loop.slots - depth - 1)
+
+        def trees(tp, hp, prompt, lens, max_new, eos, args, loop=loop, sb=sb, nodes=nodes):
+            fns = decode.head_applies(target.config, head.config, target.attention_impl, tp, hp)
+            cache, ctx = decode.prefill_with_taps(fns, target.config, prompt, lens, sb.cache_len)
+            st = decode.eagle_start(fns, cache, ctx, loop=loop, max_new=max_new, eos_ids=eos,
+                                    sampler=sb.sampling.sampler, args=args)
+            wide = expand(decode._tree_step(fns, st.head_cache), st.h_last, st.logits_last, depth=depth, k=k,
+                          nodes=nodes, width=1)
+            props, _ = decode._draft_chain(fns, st, depth, sb.sampling.sampler, args, args)
+            return decode.draft_tree(fns, st, loop), wide, props
+
+        spine, wide, props = jax.jit(trees)(*spec_args(target, head.params, sb))
+        for field in ("token", "parent", "depth", "valid"):
+            np.testing.assert_array_equal(np.asarray(getattr(spine, field)), np.asarray(getattr(wide, field)))
+        np.testing.assert_allclose(np.asarray(spine.score), np.asarray(wide.score), atol=1e-4)
+        if nodes == depth * k:  # every candidate kept, in candidate order: the spine's node of depth t is t * k
+            assert np.asarray(spine.token)[0, ::k].tolist() == np.asarray(props)[0].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3"])
 def test_one_target_pass_verifies_every_node_and_the_accepted_path_is_compacted(family):
     target = random_model(family, 50)
     v = target.config.vocab_size
@@ -240,9 +277,10 @@ def test_tree_drafting_is_token_identical(family, tree, k, width):
 
 
 def test_trees_on_the_embedded_pair_are_token_identical_and_take_side_paths():
-    """The embedded pair's trained head, depth 4 (and 3), float32: eagle3 with trees equals the target alone and
-    takes side paths (so the compaction ran); parse+eagle3 with a tree continuation equals the target alone when
-    PARSE keeps nothing (threshold 1), and continues exactly as the target would from what it keeps (threshold 0)."""
+    """The embedded pair's trained head, depth 4 and 3 (and 5, one path wide), float32: eagle3 with trees equals the
+    target alone and takes side paths (so the compaction ran); parse+eagle3 with a tree continuation equals the
+    target alone when PARSE keeps nothing (threshold 1), and continues exactly as the target would from what it
+    keeps (threshold 0)."""
     from parse_jax.checkpoints.pair import load_pair
     from parse_jax.engine import ParseConfig, ParseEngine
     from parse_jax.tasks.arith import load_task
@@ -250,9 +288,10 @@ def test_trees_on_the_embedded_pair_are_token_identical_and_take_side_paths():
     target, draft = load_pair()
     prompts = [q for q, _ in load_task("default").problems(6, 3)]
     expect = generate(target, prompts, max_new_tokens=24).tokens
-    for depth, tree, k in ((4, 6, 3), (3, 4, 2)):
+    for depth, tree, k, width in ((4, 6, 3, 0), (3, 4, 2, 0), (5, 2, 3, 1)):
         cfg = ParseConfig.from_flat(ParseConfig(schedule="fixed", rounds="single", threshold=1.0),
-                                    eagle3_gamma=depth, eagle3_tree=tree, eagle3_tree_top_k=k)
+                                    eagle3_gamma=depth, eagle3_tree=tree, eagle3_tree_top_k=k,
+                                    eagle3_tree_width=width)
         eng = ParseEngine(target, draft, cfg)
         assert eng.generate(prompts, mode="eagle3", max_new_tokens=24).tokens == expect, (depth, tree, k)
         assert eng.generate(prompts, mode="parse+eagle3", max_new_tokens=24).tokens == expect, (depth, tree, k)
@@ -260,7 +299,7 @@ def test_trees_on_the_embedded_pair_are_token_identical_and_take_side_paths():
         res = keep_all.generate(prompts, mode="parse+eagle3", max_new_tokens=24)
         assert_continues_as_the_target(target, prompts, res, 24)
         res = eagle3_generate(target, target.eagle3, prompts, gamma=depth, tree=tree, tree_top_k=k,
-                              max_new_tokens=24)
+                              tree_width=width, max_new_tokens=24)
         assert res.tokens == expect and res.stats["tree_side_paths"] > 0, (depth, tree, k)
 
 
