@@ -131,8 +131,8 @@ def write_table(out: Path, done: list[dict], table: dict, args) -> None:
     cmd = (f"python benchmarks/bench_eagle3_tree.py --n {args.n} --repeats {args.repeats} --depth {args.depth} "
            f"--max-new {args.max_new} --trees {args.trees} --out {args.out}")
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
-    if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                      text=True).stdout.strip():
+    if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":!{args.out}"],
+                      capture_output=True, text=True).stdout.strip():  # changes besides this run's own files
         commit += " (uncommitted changes)"
     info = {"command": cmd, "commit": commit, "jax": jax.__version__, "device": str(jax.devices()[0]),
             "machine": platform.machine(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}
