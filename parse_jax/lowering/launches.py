@@ -105,9 +105,8 @@ def _single(ctx: ModeContext, req: Request, eagle: bool, label: str) -> list[Lau
     if fused:
         return out
     state = jax.eval_shape(launch.program, *abstract_tree(launch.args))
-    spec_of_eagle = eagle_spec(ctx) if eagle else None
     spec = ContinueSpec(ctx.target.config, ctx.target.attention_impl, shape.num_new, req.sampling.sampler,
-                        spec_of_eagle)
+                        eagle_spec(ctx) if eagle else None)
     rows = 1
     while rows <= b:
         cache, context = _with_rows((state["cache"], state["context"]), rows)

@@ -154,7 +154,8 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platfo
                            margin))
     backend = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
     dense = pallas_kernels.resolve(getattr(ctx.target, "attention_impl", "xla"), backend, interpret=True)[0] == "xla"
-    ahead = mode == "sequential" or (mode in ("parse-single", "parse", "parse+eagle3") and rounds != "multi")
+    spec = MODE_TABLE.get(mode.removesuffix("-single"))
+    ahead = spec is not None and spec.serves_ahead and (rounds != "multi" or not spec.honours_rounds)
     return Shapes(b, tuple((*m, cache_rows(m[0], b, served=served, ahead=ahead)) for m in models), dense)
 
 

@@ -1,5 +1,5 @@
-"""Continuous batching of mode `parse+eagle3` (`runtime/slots.serve_loop`). Multi round: every round in the slots
-(`modes/parse_multi.serve_multi`). Single round: a request's verification runs when it is admitted (draft, one
+"""Continuous batching of mode `parse+eagle3`. Multi round: every round in the slots (`modes/parse_multi.serve_multi`).
+Single round (`modes/verified_slots.run_ahead`): a request's verification runs when it is admitted (draft, one
 pass over every prefix with the taps EAGLE-3 reads), the head's first pass starts its continuation from the
 accepted boundary (`eagle_start`), and EAGLE-3 rounds (`eagle_round`) advance every slot until enough are free.
 Admissions verify ahead of the free slots as single-round parse's do (`modes/verified_slots`: rows whose draft is

@@ -24,7 +24,9 @@ class ModeSpec:
     `separate_prefix_passes`: the mode verifies each prefix in a target pass of its own (what a prefix costs).
     `single_round_ends_plainly`: its single-round run decodes the rest plainly after the first rejected step, where
     its multi-round run drafts again; at one row nothing waits for a row's rounds, so the engine's `rounds="auto"`
-    runs multi-round there (docs/design.md §7)."""
+    runs multi-round there (docs/design.md §7). `serves_ahead`: its served single-round run verifies ahead of the
+    free slots (`modes/verified_slots`: an admission verifies a slot bucket of prompts, rows that continue wait in
+    a park), so its caches hold more rows than the slots (`lowering/memory.cache_rows`)."""
 
     name: str
     runner: Callable[[ModeContext, Request], GenerateResult]
@@ -36,6 +38,7 @@ class ModeSpec:
     serve: Serve | None = None
     separate_prefix_passes: bool = False
     single_round_ends_plainly: bool = False
+    serves_ahead: bool = False
 
     @property
     def honours_rounds(self) -> bool:
@@ -88,13 +91,14 @@ MODE_TABLE: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("sd", sd.run, needs_draft=True, needs_head=False, target_positions=sd_positions,
              draft_positions=sd_positions, serve=sd.serve),
     ModeSpec("sequential", sequential.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
-             draft_positions=draft_answer_positions, serve=sequential.serve, separate_prefix_passes=True),
+             draft_positions=draft_answer_positions, serve=sequential.serve, separate_prefix_passes=True,
+             serves_ahead=True),
     ModeSpec("parse", parse.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
              draft_positions=parse_draft_positions, multi_label="parse-multi", serve=parse.serve,
-             single_round_ends_plainly=True),
+             single_round_ends_plainly=True, serves_ahead=True),
     ModeSpec("eagle3", eagle3.run, needs_draft=False, needs_head=True, target_positions=eagle3_positions,
              serve=eagle3.serve),
     ModeSpec("parse+eagle3", parse.run_eagle3, needs_draft=True, needs_head=True,
              target_positions=verify_eagle3_positions, draft_positions=parse_draft_positions,
-             multi_label="parse+eagle3-multi", serve=parse_eagle3_slots.serve),
+             multi_label="parse+eagle3-multi", serve=parse_eagle3_slots.serve, serves_ahead=True),
 )}

@@ -155,23 +155,17 @@ def _draft_chain(fns: EagleFns, state: EagleState, gamma: int, sampler: Sampler,
                  a_draft: SamplingArgs):
     """gamma proposals: the first from `logits_last`, then gamma - 1 head steps on the head's own outputs.
     Returns (props [B, gamma], q [B, gamma, V] the distributions they were drawn from)."""
-    _, head_apply, lm = fns
-    b = state.last.shape[0]
     q1 = sampler.probs(state.logits_last, args)
     d1 = sampler.sample(state.logits_last, a_draft.fold(0))
     if gamma == 1:
         return d1[:, None], q1[:, None]
-    base = state.head_cache.lengths
-    one_limit, one_group = causal_metadata(b, 1)
+    head_step = _head_step(fns, state.head_cache.lengths)
 
     def step(carry, k):
         cache, tok, hidden = carry
-        out, normed, cache = head_apply(tok[:, None], hidden[:, None], False, (base + k)[:, None], cache,
-                                        one_limit, one_group)
-        cache = cache.commit(1)
-        logits = lm(normed[:, 0])
+        cache, out, logits = head_step(cache, tok, hidden, k - 1)
         nxt = sampler.sample(logits, a_draft.fold(k))
-        return (cache, nxt, out[:, 0]), (nxt, sampler.probs(logits, args))
+        return (cache, nxt, out), (nxt, sampler.probs(logits, args))
 
     _, (rest, qs) = jax.lax.scan(step, (state.head_cache, d1, state.h_last), jnp.arange(1, gamma))
     props = jnp.concatenate([d1[:, None], rest.T], axis=1)
@@ -195,9 +189,10 @@ def _tree_step(fns: EagleFns, head_cache: KVCache) -> Callable:
     return step
 
 
-def _spine_step(fns: EagleFns, base: jax.Array) -> Callable:
-    """The head one token on (`tree.expand_spine`'s step): the spine's depth-(i + 1) token at RoPE position
-    base + i + 1, its entry committed to the head's cache (a round's drafting entries are written over later)."""
+def _head_step(fns: EagleFns, base: jax.Array) -> Callable:
+    """The head one token on (the chain's drafting step, and `tree.expand_spine`'s): the depth-(i + 1) token at RoPE
+    position base + i + 1, its entry committed to the head's cache (a round's drafting entries are written over
+    later)."""
     _, head_apply, lm = fns
 
     def step(cache: KVCache, token, hidden, i: int):
@@ -214,7 +209,7 @@ def draft_tree(fns: EagleFns, state: EagleState, loop: EagleLoop) -> Tree:
     of `loop.frontier` paths, each re-reading its path (`tree.expand`)."""
     nodes = loop.gamma + loop.tree
     if loop.frontier == 1:
-        return expand_spine(_spine_step(fns, state.head_cache.lengths), state.head_cache, state.h_last,
+        return expand_spine(_head_step(fns, state.head_cache.lengths), state.head_cache, state.h_last,
                             state.logits_last, depth=loop.gamma, k=loop.tree_top_k, nodes=nodes)
     return expand(_tree_step(fns, state.head_cache), state.h_last, state.logits_last, depth=loop.gamma,
                   k=loop.tree_top_k, nodes=nodes, width=loop.frontier)

@@ -74,8 +74,8 @@ def expand(head_step: Callable, h_last: jax.Array, logits_last: jax.Array, *, de
     w = min(width or k, k)
     c_score, c_tok = children(logits_last[:, None], jnp.zeros((b, 1)))
     toks, scores, parents, depths = [c_tok[:, 0]], [c_score[:, 0]], [jnp.full((b, k), -1, jnp.int32)], [1]
-    score, pick = jax.lax.top_k(c_score[:, 0], w)  # children come sorted: pick = 0..w-1
-    front = pick.astype(jnp.int32)  # candidate index of each frontier node
+    score = c_score[:, 0, :w]  # children come most likely first: the frontier is the first w
+    front = jnp.broadcast_to(jnp.arange(w, dtype=jnp.int32)[None], (b, w))  # candidate index of each frontier node
     path_tok = c_tok[:, 0, :w, None]
     path_hid = jnp.broadcast_to(h_last[:, None, None], (b, w, 1, h_last.shape[-1]))
     offset = k
