@@ -138,7 +138,7 @@ def run_shapes(ctx, mode: str, batch: int, prompt_len: int, max_new: int, platfo
         models.append(("target", t, slots, slots))
     elif rounds == "multi":  # parse, parse+eagle3
         eagle = eagle_spec(ctx) if mode == "parse+eagle3" else None
-        shape = multi_shape(ctx, p, max_new, eagle, rows=b)  # the caches the program allocates
+        shape = multi_shape(ctx, p, max_new, eagle)  # the caches the program allocates
         models.append(("target", t, shape.cache_len, shape.first_lengths[-1]))
         models.append(("draft", dcfg, shape.cache_len, p))
         if eagle is not None:

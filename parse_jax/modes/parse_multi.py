@@ -40,6 +40,7 @@ from parse_jax.speculation.eagle3 import (
     EagleFns,
     EagleLoop,
     eagle_loop,
+    first_token,
     head_applies,
     slots_needed,
 )
@@ -207,7 +208,7 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
                           s.head_cache)
         ctx = EagleContext(tokens=v.tokens, features=v.features, length=cache.lengths - s.head_cache.lengths,
                            first_logits=v.first_logits)
-        loop = EagleLoop.of(eagle.config, eagle, num_new=shape.segment)
+        loop = dataclasses.replace(EagleLoop.of(eagle.config, eagle, num_new=shape.segment), carries_head=True)
         es = eagle_loop(fns, cache, ctx, loop=loop, max_new=remaining, eos_ids=x.seg_stop, sampler=sampler,
                         args=args)
         tokens = es.tokens[:, :shape.segment]
@@ -217,7 +218,27 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         return Step(tokens, count, es.target_cache.set_lengths(lengths), es.head_cache.set_lengths(lengths), state,
                     es.rounds, es.accepted, es.proposed)
 
-    write_step = plain_step if eagle is None else eagle_step
+    def first_only(x: RoundInputs, s: MultiState, v: Verified, cache: KVCache, remaining, stop: StepStop,
+                   args: SamplingArgs) -> Step:
+        """`eagle_step` where every row's step is its first token, or nothing (each row then finishes: EOS, or its
+        budget's last token): that token is the target's, read off the verification pass, and the head's pass over
+        the block, which only later rounds would read, is not run."""
+        first = first_token(v.first_logits, sampler, args)
+        count = jnp.minimum(remaining, 1)
+        tokens = jnp.full((count.shape[0], shape.segment), PAD_ID, jnp.int32).at[:, 0].set(
+            jnp.where(count > 0, first, PAD_ID))
+        _, state = cut_at_step_end(tokens, count, stop.table, stop.state)
+        zeros = jnp.zeros_like(count)
+        return Step(tokens, count, cache, s.head_cache, state, jnp.int32(0), zeros, zeros)
+
+    def eagle_or_first(x: RoundInputs, s: MultiState, v: Verified, cache: KVCache, remaining, stop: StepStop,
+                       args: SamplingArgs) -> Step:
+        ends = (remaining <= 0) | ((s.max_new - s.num_new - v.accepted <= 1)
+                                   | is_eos(first_token(v.first_logits, sampler, args), x.eos_ids))
+        step = functools.partial(eagle_step, x, s, v, cache, remaining, stop, args)
+        return jax.lax.cond(jnp.all(ends), lambda: first_only(x, s, v, cache, remaining, stop, args), step)
+
+    write_step = plain_step if eagle is None else eagle_or_first
 
     def round_(x: RoundInputs, s: MultiState, args: SamplingArgs, prompt: jax.Array | None, draft_cache: KVCache,
                draft_first: jax.Array) -> MultiState:
@@ -343,10 +364,9 @@ def multi_round_program(pair: PairSpec, spec: RoundSpec, shape: MultiShape, samp
     return register_program(jax.jit(run))
 
 
-def multi_shape(ctx: ModeContext, prompt_bucket: int, max_new: int, eagle: EagleSpec | None = None, *,
-                rows: int) -> MultiShape:
+def multi_shape(ctx: ModeContext, prompt_bucket: int, max_new: int, eagle: EagleSpec | None = None) -> MultiShape:
     """The static shapes of multi-round programs for prompts up to `prompt_bucket` tokens and a budget of `max_new`
-    over `rows` rows (`eagle`: the target's steps written with EAGLE-3, whose rounds write past their last token)."""
+    (`eagle`: the target's steps written with EAGLE-3, whose rounds write past their last token)."""
     cfg, p = ctx.config, prompt_bucket
     cap, seg_cap = cfg.max_draft_tokens, cfg.max_segment  # static; each row is cut to its budget
     d = bucket(min(cap, max_new), 16)
@@ -355,12 +375,10 @@ def multi_shape(ctx: ModeContext, prompt_bucket: int, max_new: int, eagle: Eagle
     first_lengths, lengths = block_lengths(p + d + copies), block_lengths(1 + d + copies)
     written = p + max_new + (eagle.margin if eagle is not None else 1)  # the output, and what a step writes past it
     # Only real tokens must fit: a write's padding past the end is dropped (`models/cache.write_block`, mode="drop"),
-    # and one row's padding can fall there (the draft's catch-up of `pending` slots, the EAGLE-3 head's pass over the
-    # block padded to `lengths[-1]`); a clamping write would need those added here
-    if rows == 1:  # the block is padded for this row's own draft, which shrinks with the budget left
-        reach = later_block_reach(p, max_new, min(cap, d), copies, lengths)
-    else:  # a row near its budget's end may carry a block padded for another row's full draft
-        reach = p + max_new + lengths[-1] + 1
+    # and a row's padding can fall there (its block padded for another row's draft or to the next length, the
+    # draft's catch-up of `pending` slots, the EAGLE-3 head's pass over the block padded to `lengths[-1]`); a
+    # clamping write would need those added here
+    reach = later_block_reach(p, max_new, min(cap, d), copies)
     return MultiShape(prompt=p, draft_cap=cap, draft_new=d, segment_cap=seg_cap, pending=bucket(seg + 2, 8),
                       first_lengths=first_lengths, lengths=lengths, segment=bucket(seg, 16),
                       num_new=bucket(max_new, 16),
@@ -386,7 +404,7 @@ def multi_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Launch:
     ids, target = req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
     es = eagle_spec(ctx) if eagle else None
-    shape = multi_shape(ctx, p, req.max_new, es, rows=b)
+    shape = multi_shape(ctx, p, req.max_new, es)
     program = multi_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, es)
     return Launch(program, (_weights(ctx, eagle), device_prompts(target, ids, b, p, req.max_new), req.eos,
                             _seg_stop(ctx, req), ctx.judge, req.sampling.args()))
@@ -479,7 +497,7 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     slots = bucket(capacity, 1)
     p = bucket(max(len(x) for x in ids))
     es = eagle_spec(ctx) if eagle else None
-    shape = multi_shape(ctx, p, max(budgets), es, rows=slots)
+    shape = multi_shape(ctx, p, max(budgets), es)
     admit, advance = _slot_programs(pair, ctx.round_spec, shape, req.sampling.sampler, es)
     weights = _weights(ctx, eagle)
     fields = (*ROW_FIELDS, *(EAGLE_FIELDS if eagle else ()))

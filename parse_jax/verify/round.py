@@ -148,18 +148,15 @@ def block_lengths(longest: int, shortest: int = 8) -> tuple[int, ...]:
 
 
 @functools.cache
-def later_block_reach(prompt: int, max_new: int, draft_cap: int, copies: int, lengths: tuple[int, ...]) -> int:
-    """The cache positions a later round's verification block can reach for one row (its end, exclusive): with `num`
-    tokens written, the block starts at the row's last token (position prompt + num - 1) and is padded to the
-    shortest of `lengths` that holds 1 + its draft (at most min(draft_cap, max_new - num) tokens) + its suffix copies.
-    Multi-round programs of one row size their caches so (modes/parse_multi.multi_shape): 192 positions instead of 256
-    at a 96-token budget, where a block reserved past the whole budget cost every pass its attention over 64 more."""
-    reach = 0
-    for num in range(1, max_new):  # a later round follows a first one that wrote at least one token
-        need = 1 + min(draft_cap, max_new - num) + copies
-        padded = next((n for n in lengths if n >= need), lengths[-1])
-        reach = max(reach, prompt + num - 1 + padded)
-    return reach
+def later_block_reach(prompt: int, max_new: int, draft_cap: int, copies: int) -> int:
+    """The cache positions a later round's verification block can fill with real tokens for one row (its end,
+    exclusive): with `num` tokens written, the block starts at the row's last token (position prompt + num - 1) and
+    holds 1 + its draft (at most min(draft_cap, max_new - num) tokens) + its suffix copies, laid out in that order
+    (`pack_block`); its padding, up to the padded block length, may fall past the cache and is dropped
+    (`models/cache.write_block`). Multi-round programs size their caches so (modes/parse_multi.multi_shape): 128
+    positions at a 96-token budget and a 16-token prompt, where one sized for the padded block took 192, and
+    every pass (and the draft's every step) paid attention over the 64 more."""
+    return max((prompt + num + min(draft_cap, max_new - num) + copies for num in range(1, max_new)), default=0)
 
 
 def verify_round(target_forward, cache: KVCache, judge: Judge, *, head: jax.Array, head_len: jax.Array,

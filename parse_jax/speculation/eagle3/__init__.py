@@ -16,6 +16,7 @@ from parse_jax.speculation.eagle3.decode import (
     eagle_loop,
     eagle_round,
     eagle_start,
+    first_token,
     generate_program,
     head_applies,
 )
@@ -52,7 +53,8 @@ __all__ = [
     "check_tree", "continue_program", "default_taps", "draft_logits", "eagle3_generate", "eagle3_launch",
     "eagle3_speculate", "Layout", "Tree", "accept_path", "compact_kv", "expand", "expand_spine", "layout",
     "slots_needed",
-    "eagle_loop", "eagle_round", "eagle_start", "embed", "export_speculators", "generate_program", "head_applies",
+    "eagle_loop", "eagle_round", "eagle_start", "embed", "first_token", "export_speculators", "generate_program",
+    "head_applies",
     "head_layout", "head_module", "init_head", "layer_params", "lm_head", "load_eagle3", "save_eagle3", "target_taps",
     "to_target_vocab", "ttt_logits",
 ]

@@ -105,6 +105,9 @@ class EagleLoop:
     first_pass: int = 0    # target passes already made: 1 after a prefill, 0 from a PARSE boundary
     tree_top_k: int = 4    # tree: children per node (and frontier nodes per depth, unless tree_width)
     tree_width: int = 0    # tree: frontier nodes per depth (0: tree_top_k; 1: the spine, `tree.expand_spine`)
+    # the head's cache is read after the loop (multi-round PARSE: its steps end at delimiters, its next round reads
+    # on): the head's pass over the context runs even where every row ends at its first token
+    carries_head: bool = False
 
     @classmethod
     def of(cls, config: Eagle3Config, settings: Eagle3Settings, *, num_new: int, first_pass: int = 0) -> EagleLoop:
@@ -123,6 +126,11 @@ class EagleLoop:
         return slots_needed(self.gamma, self.tree, self.tree_top_k, self.tree_width)
 
 
+def first_token(first_logits: jax.Array, sampler: Sampler, args: SamplingArgs) -> jax.Array:
+    """The token an EAGLE-3 loop emits first, from the target's logits after its context (no head involved)."""
+    return sampler.sample(first_logits, args.fold(2**31 - 1))
+
+
 def eagle_start(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop: EagleLoop, max_new: jax.Array,
                 eos_ids: jax.Array, sampler: Sampler, args: SamplingArgs) -> EagleState:
     """From a target cache holding `ctx.length` context tokens and the target's taps at those positions: emit the
@@ -133,20 +141,31 @@ def eagle_start(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop
     b = first_logits.shape[0]
     rows = jnp.arange(b)
     width = loop.num_new + loop.gamma + 1
-    first = sampler.sample(first_logits, args.fold(2**31 - 1))
+    first = first_token(first_logits, sampler, args)
     # the head's entry for position t reads x_{t+1}: the context shifted by one, then the first emitted token
     shifted = jnp.concatenate([ctx_tokens[:, 1:], ctx_tokens[:, :1]], axis=1)
     shifted = shifted.at[rows, n - 1].set(first)
     length = ctx_tokens.shape[1]
     limit, group = causal_metadata(b, length)
     positions = jnp.broadcast_to(jnp.arange(1, length + 1, dtype=jnp.int32), (b, length))
-    out, normed, head_cache = head_apply(shifted, ctx_feats, True, positions, head_cache, limit, group)
-    head_cache = head_cache.commit(n)
     done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
+
+    def fill(cache: KVCache):
+        out, normed, cache = head_apply(shifted, ctx_feats, True, positions, cache, limit, group)
+        return cache.commit(n), out[rows, n - 1], lm(normed[rows, n - 1])
+
+    def skip(cache: KVCache):
+        _, h, logits = jax.eval_shape(fill, cache)
+        return cache, jnp.zeros(h.shape, h.dtype), jnp.zeros(logits.shape, logits.dtype)
+
+    if loop.carries_head:
+        head_cache, h_last, logits_last = fill(head_cache)
+    else:  # a batch whose every row ends at its first token (an answer accepted whole) reads nothing more
+        head_cache, h_last, logits_last = jax.lax.cond(jnp.all(done), skip, fill, head_cache)
     tokens = jnp.full((b, width), PAD_ID, jnp.int32).at[:, 0].set(jnp.where(max_new > 0, first, PAD_ID))
     zeros = jnp.zeros((b,), jnp.int32)
-    return EagleState(target_cache=target_cache, head_cache=head_cache, h_last=out[rows, n - 1],
-                      logits_last=lm(normed[rows, n - 1]), tokens=tokens, num_new=jnp.minimum(max_new, 1),
+    return EagleState(target_cache=target_cache, head_cache=head_cache, h_last=h_last, logits_last=logits_last,
+                      tokens=tokens, num_new=jnp.minimum(max_new, 1),
                       done=done, last=first, rounds=jnp.int32(loop.first_pass), accepted=zeros, proposed=zeros,
                       drafts=zeros, per_pos=jnp.zeros((b, loop.gamma), jnp.int32), side=zeros)
 
