@@ -24,7 +24,7 @@ from parse_jax.lowering.memory import MemoryGuard
 from parse_jax.models.vocab import align_vocab
 from parse_jax.modes.context import ModeContext
 from parse_jax.modes.table import MODE_TABLE
-from parse_jax.runtime.programs import FETCHES, bucket, compiled_programs, length_bucket, setup_events, setup_seconds
+from parse_jax.runtime.programs import FETCHES, bucket, compiled_programs, length_bucket, setup_events, setup_split
 from parse_jax.runtime.requests import (
     GenerateResult,
     Request,
@@ -303,7 +303,7 @@ class ParseEngine:
             run = mode if choice is None else choice.run
             ctx = self.context if choice is None else self._context(choice.rounds)
             ctx, price = self._priced(ctx, run, batch)
-            setup_before = (setup_events(), setup_seconds()) if choice is not None else None
+            setup_before = setup_split() if choice is not None else None
             spec, res = MODE_TABLE[run], None
             explored = choice is not None and choice.explored
             # the rest through `size` slots, a finished row's slot taking the next prompt; an explored choice through
@@ -321,16 +321,18 @@ class ParseEngine:
                 res.stats["prefix_price"] = price
             if choice is not None:  # what the decision ran: its prompts, and its slots (None: a fixed batch)
                 choices[-1].update(rows=len(res.tokens), slots=res.stats.get("slots"))
-            if choice is not None and setup_events() == setup_before[0]:  # jax set up nothing (no compile): measured
+            if choice is not None and setup_events() == setup_before.events:  # jax set up nothing: measured
                 explorations += explored
                 longest = None if served else max(1, max(len(t) for t in res.tokens))  # a fixed batch's rows idle
                 self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,
                                                                  longest=longest)
                 ledger(self._setup_costs()).ready.add((choice.name, bucket(len(batch.ids), 1)))
-            elif choice is not None:  # it set up programs: what jax reported that took
-                costs = self._setup_costs()
-                self._setup = ledger(costs).pay(costs, choice.name, bucket(len(batch.ids), 1),
-                                                setup_seconds() - setup_before[1], speculative=choice.speculate)
+            elif choice is not None:  # it set up programs: what jax reported that took (and would, loaded)
+                costs, paid = self._setup_costs(), setup_split() - setup_before
+                warm = paid.warm(setup_split()) if costs.cache_on else None
+                self._setup = ledger(costs).pay(costs, choice.name, bucket(len(batch.ids), 1), paid.seconds,
+                                                speculative=choice.speculate, warm=warm,
+                                                compiled=not (costs.cache_on and paid.loaded_all))
             parts.append(res)
             start += len(res.tokens)
         res = parts[0] if len(parts) == 1 else merge_results(parts)

@@ -46,8 +46,8 @@ class KVCache:
 
 def write_block(buf: jax.Array, block: jax.Array, lengths: jax.Array) -> jax.Array:
     """Write block [B, T, KV, D] into buf [B, KV, S, D] at slots lengths[b] + j; slots past S are dropped (never
-    clamped back onto written slots: multi-round caches of one row are sized for real tokens only, and a block's
-    padding may fall past S, modes/parse_multi.multi_shape).
+    clamped back onto written slots: multi-round caches are sized for real tokens only, and a block's padding may
+    fall past S, modes/parse_multi.multi_shape).
 
     Heads before slots: per (row, head) the keys are one contiguous [S, D] matrix, so attention over the
     cache is a plain batched matmul with no transpose of the cache (on CPU that transpose cost more than

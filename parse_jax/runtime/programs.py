@@ -7,6 +7,8 @@ programs; `compiled_programs()` says how many.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 
@@ -86,14 +88,65 @@ def compiled_programs() -> int:
     return sum(p._cache_size() for p in _PROGRAMS)
 
 
-_SETUP_EVENTS = [0]
-_SETUP_SECONDS = [0.0]
+@dataclasses.dataclass(frozen=True)
+class SetupSplit:
+    """Setup seconds (tracing, lowering, compiling or loading programs), as jax reports them, split by where the
+    backend's part went: `compiled` (programs compiled here; what a load's backend duration holds beyond its
+    retrieval, the cache key's hashing, counts here too) and `loaded` (programs loaded from the persistent compile
+    cache). `timed_loads` / `timed_compiles`: the retrieval seconds of the loads whose compiling jax recorded as at
+    least a second, and those compile seconds (jax stores them in whole seconds: + 0.5), what loading costs against
+    compiling on this machine. A running total of this process; the difference of two is what some work paid."""
+
+    events: int = 0
+    seconds: float = 0.0
+    compiled: float = 0.0
+    loaded: float = 0.0
+    timed_loads: float = 0.0
+    timed_compiles: float = 0.0
+
+    def __sub__(self, other: SetupSplit) -> SetupSplit:
+        return SetupSplit(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    @property
+    def loaded_all(self) -> bool:
+        """Every program this setup needed came from the persistent cache (what it compiled is a tenth of it at
+        most, the loads' own hashing): its seconds are what loading costs."""
+        return self.compiled <= 0.1 * self.seconds
+
+    def warm(self, process: SetupSplit) -> float | None:
+        """What this setup would cost a process that loads from the persistent cache what this one compiled: its
+        seconds where it loaded everything, else its compiled part scaled by what loading cost against compiling
+        over `process`'s timed loads; None where none was timed (nothing to scale by)."""
+        if self.loaded_all:
+            return self.seconds
+        if process.timed_compiles <= 0:
+            return None
+        ratio = min(process.timed_loads / process.timed_compiles, 1.0)
+        return max(self.seconds - max(self.compiled, 0.0) * (1.0 - ratio), 0.0)
+
+
+_SETUP = [SetupSplit()]
+_SAVED_BEFORE = [0.0]  # a load's compile seconds saved (jax reports it before the retrieval's duration)
+_BACKEND = "/jax/core/compile/backend_compile_duration"
+_LOADED = "/jax/compilation_cache/cache_retrieval_time_sec"
+_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
 
 
 def _count_setup(event: str, duration: float, *args, **kwargs) -> None:
+    s, d = _SETUP[0], float(duration)
     if event.startswith("/jax/core/compile/"):
-        _SETUP_EVENTS[0] += 1
-        _SETUP_SECONDS[0] += float(duration)
+        # a load reports its retrieval first, then the backend's duration around it (compiled: less the retrieval)
+        compiled = s.compiled + (d if event == _BACKEND else 0.0)
+        _SETUP[0] = dataclasses.replace(s, events=s.events + 1, seconds=s.seconds + d, compiled=compiled)
+    elif event == _SAVED:
+        _SAVED_BEFORE[0] = d
+    elif event == _LOADED:
+        recorded = _SAVED_BEFORE[0] + d  # the compile seconds jax stored with the program, whole seconds
+        _SAVED_BEFORE[0] = 0.0
+        timed = recorded >= 1.0  # a program compiled in under a second is stored as 0 s: no ratio to read
+        _SETUP[0] = dataclasses.replace(s, loaded=s.loaded + d, compiled=s.compiled - d,
+                                        timed_loads=s.timed_loads + (d if timed else 0.0),
+                                        timed_compiles=s.timed_compiles + (recorded + 0.5 if timed else 0.0))
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_setup)
@@ -103,10 +156,10 @@ def setup_events() -> int:
     """Tracings, lowerings and compilations this process has run, as jax reports them: every jitted function and
     eager operation meeting a new shape, registered or not (what `compiled_programs` cannot see: a helper program
     of a serving loop, an eager slice). A stretch of work in which this does not move ran only ready programs."""
-    return _SETUP_EVENTS[0]
+    return _SETUP[0].events
 
 
-def setup_seconds() -> float:
-    """Seconds of those tracings, lowerings and compilations (loading from the persistent cache included), as jax
-    reports their durations: what a run spent setting programs up, apart from the tokens it wrote."""
-    return _SETUP_SECONDS[0]
+def setup_split() -> SetupSplit:
+    """This process's setup so far, split by compiled and loaded programs (`SetupSplit`)."""
+    return _SETUP[0]
+

@@ -9,6 +9,14 @@ on setup alone. Figures are keyed by choice name ("parse-single", "target") and 
 (target, draft, head) fingerprint, device and versions. A figure is what one process paid in all for the choice at
 that bucket, as jax reports its setup durations (its runs meet new shapes one by one: `SetupLedger`), averaged with
 the figure it found (`EMA`); a speculative choice never measured is expected to cost `UNMEASURED_SECONDS`.
+
+A process that compiles a choice's programs writes them into the persistent compile cache (when one is on), and
+the next process loads them instead, for a fraction of the cost (on the 2-core CPU, single-round PARSE at batch 8:
+about 19 s compiled, 6 s loaded). So each figure has a warm twin, what the choice costs with its programs in the
+cache: measured where a process loaded them all, else estimated from a process that compiled them
+(`runtime.programs.SetupSplit.warm`: its compiling scaled by what its loads cost against compiling). Where the
+cache is on, the warm figure is the one expected (`SetupCosts.expected`); without it, a figure that once paid for
+compiling would keep the choice from ever running a short job again, and so from ever measuring its warm cost.
 """
 
 from __future__ import annotations
@@ -24,16 +32,17 @@ import jax
 import numpy as np
 
 from parse_jax.schedule.profile import Grid, fingerprint, profiles_dir
-from parse_jax.utils import atomic
+from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.progress import logger
 
 FORMAT = 1
 EMA = 0.5  # weight of the newest measurement
 # a deliberate prior: what a speculative choice never set up with these models on this device is expected to cost
 # to set up, until a process measures it. Its programs hold the draft, the verification and their loops (the embedded
-# pair on the 2-core CPU, compile cache warm: plain decoding 0.8 s at batch 8, single-round PARSE 29 s over a
-# 256-problem eval's shapes; cold, multi-round 35-58 s per run); set below those, so that a job of a few minutes
-# still explores, while one of seconds does not pay for programs it has never measured
+# pair on the 2-core CPU: plain decoding 0.8 s at batch 8; single-round PARSE over a 256-problem eval's shapes about
+# 6 s loaded from the compile cache, 19 s compiled; multi-round 35-58 s per run compiled); set between, so that a job
+# of a few minutes still explores, while one of seconds does not pay for programs it has never measured. The prior
+# of both kinds of figure (paid, warm)
 UNMEASURED_SECONDS = 10.0
 
 
@@ -55,6 +64,8 @@ class SetupCosts:
     seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
     path: Path | None = None
     key: Mapping[str, Any] | None = None
+    warm: Mapping[str, float] = dataclasses.field(default_factory=dict)  # with the programs in the compile cache
+    cache_on: bool = False  # this process loads programs from a persistent compile cache: warm figures apply
 
     @staticmethod
     def name(choice: str, batch_bucket: int) -> str:
@@ -62,6 +73,14 @@ class SetupCosts:
 
     def get(self, choice: str, batch_bucket: int) -> float | None:
         return self.seconds.get(self.name(choice, batch_bucket))
+
+    def get_warm(self, choice: str, batch_bucket: int) -> float | None:
+        return self.warm.get(self.name(choice, batch_bucket))
+
+    def expected(self, choice: str, batch_bucket: int) -> float | None:
+        """The figure this process can expect: the warm one where the compile cache is on and one is on record."""
+        warm = self.get_warm(choice, batch_bucket) if self.cache_on else None
+        return self.get(choice, batch_bucket) if warm is None else warm
 
     def with_figure(self, choice: str, batch_bucket: int, seconds: float) -> SetupCosts:
         """These figures with a new measurement of `choice` at `batch_bucket` averaged in."""
@@ -71,25 +90,35 @@ class SetupCosts:
         """These figures with `seconds`, what one process has paid so far to set `choice` up at `batch_bucket` (its
         runs meet new shapes one by one: admission sizes, prompt buckets), averaged with `earlier`, the figure on
         record before that process paid any."""
-        out = dict(self.seconds)
-        out[self.name(choice, batch_bucket)] = (float(seconds) if earlier is None
-                                                else EMA * float(seconds) + (1 - EMA) * earlier)
-        return dataclasses.replace(self, seconds=out)
+        return dataclasses.replace(self, seconds=_averaged(self.seconds, self.name(choice, batch_bucket), seconds,
+                                                           earlier))
+
+    def with_warm(self, choice: str, batch_bucket: int, seconds: float, earlier: float | None) -> SetupCosts:
+        """`with_total` for the warm figure: what one process's setup would have cost with its programs loaded from
+        the compile cache (measured or estimated: `runtime.programs.SetupSplit.warm`)."""
+        return dataclasses.replace(self, warm=_averaged(self.warm, self.name(choice, batch_bucket), seconds, earlier))
 
     def save(self) -> None:
         """Write the figures (a read-only cache folder costs a warning, never the run)."""
         if self.path is None:
             return
         try:
-            atomic.write_json(self.path, {"fingerprint": dict(self.key or {}), "seconds": dict(self.seconds)})
+            atomic.write_json(self.path, {"fingerprint": dict(self.key or {}), "seconds": dict(self.seconds),
+                                          "warm_seconds": dict(self.warm)})
         except OSError as e:
             logger.warning(f"setup costs not saved to {self.path}: {e}")
 
 
+def _averaged(figures: Mapping[str, float], name: str, seconds: float, earlier: float | None) -> dict[str, float]:
+    out = dict(figures)
+    out[name] = float(seconds) if earlier is None else EMA * float(seconds) + (1 - EMA) * earlier
+    return out
+
+
 def expected_setup(costs: SetupCosts, choice: str, batch_bucket: int, *, speculative: bool) -> float | None:
-    """The figure on record, else `UNMEASURED_SECONDS` for a speculative choice (None for plain decoding, the
-    baseline every mode's programs share)."""
-    figure = costs.get(choice, batch_bucket)
+    """The figure on record (`SetupCosts.expected`), else `UNMEASURED_SECONDS` for a speculative choice (None for
+    plain decoding, the baseline every mode's programs share)."""
+    figure = costs.expected(choice, batch_bucket)
     return UNMEASURED_SECONDS if figure is None and speculative else figure
 
 
@@ -101,7 +130,10 @@ class SetupLedger:
 
     def __init__(self) -> None:
         self.found: dict[tuple[str, int], float | None] = {}
+        self.earlier: dict[tuple[str, int], tuple[float | None, float | None]] = {}
         self.paid: dict[tuple[str, int], float] = {}
+        self.paid_cold: dict[tuple[str, int], float] = {}
+        self.paid_warm: dict[tuple[str, int], float] = {}
         self.ready: set[tuple[str, int]] = set()
 
     def left(self, costs: SetupCosts, choice: str, batch_bucket: int, *, speculative: bool) -> float | None:
@@ -117,14 +149,26 @@ class SetupLedger:
                   else expected_setup(costs, choice, batch_bucket, speculative=speculative))
         return None if figure is None else max(figure - self.paid.get(key, 0.0), 0.0)
 
-    def pay(self, costs: SetupCosts, choice: str, batch_bucket: int, seconds: float, *,
-            speculative: bool) -> SetupCosts:
-        """`costs` with this process's total for `choice` at `batch_bucket`, `seconds` more, averaged with the figure
-        it found (`UNMEASURED_SECONDS` for a speculative choice with none: one partial payment is no full figure)."""
+    def pay(self, costs: SetupCosts, choice: str, batch_bucket: int, seconds: float, *, speculative: bool,
+            warm: float | None = None, compiled: bool = True) -> SetupCosts:
+        """`costs` with this process's totals for `choice` at `batch_bucket`, `seconds` more: the figure paid
+        (where these seconds compiled programs; `compiled=False`: every program came from the compile cache), and
+        its warm twin (`warm`: what these seconds would be with every program loaded; None: no compile cache), each
+        averaged with the figure of its kind it found, else with `UNMEASURED_SECONDS` for a speculative choice (one
+        partial payment is no full figure)."""
         key = (choice, batch_bucket)
         self.found.setdefault(key, expected_setup(costs, choice, batch_bucket, speculative=speculative))
+        prior = UNMEASURED_SECONDS if speculative else None
+        cold, hot = costs.get(choice, batch_bucket), costs.get_warm(choice, batch_bucket)
+        self.earlier.setdefault(key, (prior if cold is None else cold, prior if hot is None else hot))
         self.paid[key] = self.paid.get(key, 0.0) + max(float(seconds), 0.0)
-        return costs.with_total(choice, batch_bucket, self.paid[key], self.found[key])
+        if compiled:
+            self.paid_cold[key] = self.paid_cold.get(key, 0.0) + max(float(seconds), 0.0)
+            costs = costs.with_total(choice, batch_bucket, self.paid_cold[key], self.earlier[key][0])
+        if warm is not None:
+            self.paid_warm[key] = self.paid_warm.get(key, 0.0) + max(float(warm), 0.0)
+            costs = costs.with_warm(choice, batch_bucket, self.paid_warm[key], self.earlier[key][1])
+        return costs
 
 
 _LEDGERS: dict[str, SetupLedger] = {}
@@ -141,13 +185,15 @@ def load_setup_costs(target, draft=None, head=None, folder: str | Path | None = 
     key = setup_key(target, draft, head)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     path = (profiles_dir() if folder is None else Path(folder)) / f"setup-{digest}.json"
+    cache_on = compile_cache.active()
     try:
         stored = json.loads(path.read_text())
         if stored.get("fingerprint") == key:
             seconds = {str(k): float(v) for k, v in stored["seconds"].items() if float(v) >= 0}
-            return SetupCosts(seconds, path, key)
+            warm = {str(k): float(v) for k, v in stored.get("warm_seconds", {}).items() if float(v) >= 0}
+            return SetupCosts(seconds, path, key, warm, cache_on)
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # a corrupt file is no figure
         logger.warning(f"setup costs {path} ignored: {type(e).__name__}: {e}")
-    return SetupCosts({}, path, key)
+    return SetupCosts({}, path, key, {}, cache_on)

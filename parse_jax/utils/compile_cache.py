@@ -66,6 +66,16 @@ def enable(folder: str | Path) -> Path | None:
     return folder
 
 
+def active() -> bool:
+    """Whether this process's compiled programs go to (and come from) a persistent compile cache: the CLI's
+    (`enable`) or one a library user set in jax's config. As configured: jax decides at its first compile whether
+    it uses the cache (a folder set later is not used), and by default stores only programs that took a second or
+    more to compile (`enable` stores every one)."""
+    import jax
+
+    return bool(jax.config.jax_compilation_cache_dir) and bool(jax.config.jax_enable_compilation_cache)
+
+
 def stats() -> dict:
     """{"dir": folder or None, "hits": programs loaded from the cache, "misses": programs compiled} so far."""
     return {"dir": _state["dir"], "hits": _state["hits"], "misses": _state["misses"]}

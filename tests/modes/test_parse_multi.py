@@ -101,3 +101,27 @@ def test_single_round_serves_through_slots_too(engine):
     res = eng.generate(prompts, mode="parse", max_new_tokens=6, max_batch=2)
     assert res.stats["slots"] == 2 and res.stats["admissions"] >= 2
     assert res.tokens == [eng.generate([p], mode="parse", max_new_tokens=6).tokens[0] for p in prompts]
+
+
+@pytest.mark.parametrize("threshold", [0.0, None])
+def test_caches_sized_for_real_tokens_write_what_roomy_ones_write(engine, threshold, monkeypatch):
+    """Multi-round caches hold a block's real tokens, not its padding (`verify/round.later_block_reach`): at a
+    threshold that accepts every draft whole (the longest blocks, rows running to their budgets' ends) and at one
+    that accepts part-way, each prompt alone and served gives the tokens and acceptances a cache 256 positions
+    larger gives."""
+    import parse_jax.modes.parse_multi as multi
+
+    eng = engine if threshold is None else ParseEngine(TARGET, DRAFT, ParseConfig(**SETTINGS, threshold=threshold))
+
+    def run():
+        alone = [eng.generate([p], mode="parse", max_new_tokens=b) for p, b in zip(PROMPTS[:4], BUDGETS[:4])]
+        req = eng.request(PROMPTS, "parse", max(BUDGETS), 0.0, 0, 0, 1.0, None)
+        served = serve_multi(eng.context, req, 3, budgets=BUDGETS)
+        return ([r.tokens[0] for r in alone], [r.stats["accepted_tokens"] for r in alone], served.tokens,
+                served.stats["accepted_per_request"])
+
+    tight = run()
+    reach = multi.later_block_reach
+    monkeypatch.setattr(multi, "later_block_reach", lambda *a: reach(*a) + 256)
+    assert multi.multi_shape(eng.context, 16, 14).cache_len > 256
+    assert run() == tight

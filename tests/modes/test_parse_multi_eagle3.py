@@ -109,6 +109,23 @@ def test_eagle3_steps_give_multi_round_parse_tokens_at_any_threshold(partial):
         assert single.generate(prompts, mode="parse+eagle3", max_new_tokens=24).stats.get("rounds") is None
 
 
+def test_a_step_that_is_one_last_token_runs_no_eagle3():
+    """Threshold 0 accepts each draft whole: a budget one past the draft leaves every row one token, which the
+    target's verification pass already gives. The round emits it without EAGLE-3 (no head pass, no proposals),
+    and the tokens are multi-round parse's (greedy), alone and in a batch."""
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(**SETTINGS, threshold=0.0), eagle3=HEAD)
+    budget = SETTINGS["max_draft_tokens"] + 1
+    for prompts in (PROMPTS[:1], PROMPTS):
+        plain = eng.generate(prompts, mode="parse", max_new_tokens=budget)
+        res = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=budget)
+        assert res.tokens == plain.tokens and all(len(t) == budget for t in res.tokens)
+        assert res.stats["rounds"] == 1 and res.stats["eagle3_draft_tokens"] == 0
+        # one token more: every row's step runs EAGLE-3 again, and still writes parse's tokens
+        more = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=budget + 1)
+        assert more.tokens == eng.generate(prompts, mode="parse", max_new_tokens=budget + 1).tokens
+        assert more.stats["eagle3_draft_tokens"] > 0
+
+
 def test_served_parse_eagle3_equals_each_prompt_alone(partial):
     eng = _engine(partial)
     budgets = [20, 8, 14]

@@ -2,6 +2,9 @@
 record; a job is charged what is left of the figure found, a speculative choice never measured an expected setup,
 and a choice nothing once a batch of it set nothing up."""
 
+import dataclasses
+import json
+
 import pytest
 
 from parse_jax.schedule.setup import EMA, UNMEASURED_SECONDS, SetupCosts, SetupLedger, ledger
@@ -47,3 +50,80 @@ def test_a_setup_paid_in_parts_is_charged_what_is_left_and_recorded_whole():
 def test_engines_of_one_process_share_the_ledger_of_their_setup_file(tmp_path):
     a = SetupCosts(path=tmp_path / "a.json")
     assert ledger(a) is ledger(SetupCosts(path=tmp_path / "a.json")) is not ledger(SetupCosts(path=tmp_path / "b.json"))
+
+
+def test_where_the_compile_cache_is_on_the_warm_figure_is_expected_and_recorded(tmp_path):
+    """A process that compiled a choice's programs put them into the compile cache: the next one expects what
+    loading them costs (the warm figure), measured or estimated; without a compile cache, the figure paid."""
+    cold = SetupCosts(path=tmp_path / "s.json", cache_on=False)
+    costs = SetupLedger().pay(cold, "parse-single", 8, 36.0, speculative=True, warm=None)  # no cache: no twin
+    assert costs.get_warm("parse-single", 8) is None and costs.expected("parse-single", 8) == costs.get(
+        "parse-single", 8)
+    book = SetupLedger()
+    costs = book.pay(dataclasses.replace(cold, cache_on=True), "parse-single", 8, 36.0, speculative=True, warm=6.0)
+    assert costs.get("parse-single", 8) == pytest.approx(EMA * 36.0 + (1 - EMA) * UNMEASURED_SECONDS)
+    # one partial payment is no full figure, warm or not: averaged with the prior
+    assert costs.get_warm("parse-single", 8) == pytest.approx(EMA * 6.0 + (1 - EMA) * UNMEASURED_SECONDS)
+    costs = book.pay(costs, "parse-single", 8, 2.0, speculative=True, warm=1.0)  # new shapes: the totals grow
+    warm = EMA * 7.0 + (1 - EMA) * UNMEASURED_SECONDS
+    assert costs.get_warm("parse-single", 8) == pytest.approx(warm)
+    # the next process with the cache on expects the warm figure, and is charged it; one without, the one paid
+    assert SetupLedger().left(costs, "parse-single", 8, speculative=True) == pytest.approx(warm)
+    off = dataclasses.replace(costs, cache_on=False)
+    assert SetupLedger().left(off, "parse-single", 8, speculative=True) == pytest.approx(costs.get("parse-single", 8))
+    # a process that loaded every program: its seconds are the warm figure's, and leave the figure paid alone
+    later = SetupLedger()
+    after = later.pay(costs, "parse-single", 8, 5.0, speculative=True, warm=5.0, compiled=False)
+    assert after.get_warm("parse-single", 8) == pytest.approx(EMA * 5.0 + (1 - EMA) * warm)
+    assert after.get("parse-single", 8) == costs.get("parse-single", 8)
+    assert later.left(after, "parse-single", 8, speculative=True) == pytest.approx(warm - 5.0)
+    after.save()
+    stored = json.loads((tmp_path / "s.json").read_text())
+    assert stored["warm_seconds"] == {"parse-single@8": after.get_warm("parse-single", 8)}
+
+
+def test_a_compiled_setup_is_scaled_to_what_loading_it_costs():
+    from parse_jax.runtime.programs import SetupSplit
+
+    paid = SetupSplit(events=3, seconds=20.0, compiled=16.0)
+    process = SetupSplit(events=9, seconds=30.0, compiled=16.0, loaded=3.5, timed_loads=3.0, timed_compiles=12.0)
+    assert paid.warm(process) == pytest.approx(20.0 - 16.0 * 0.75)  # loading: a quarter of compiling
+    loaded = SetupSplit(seconds=5.0, compiled=0.2, loaded=4.0)
+    assert loaded.loaded_all and loaded.warm(process) == 5.0  # all loaded: what it paid
+    assert paid.warm(SetupSplit(seconds=20.0, compiled=16.0)) is None  # nothing timed yet: nothing to scale by
+    assert (process - paid) == SetupSplit(events=6, seconds=10.0, compiled=0.0, loaded=3.5, timed_loads=3.0,
+                                          timed_compiles=12.0)
+
+
+def test_jax_s_setup_events_are_split_into_compiled_and_loaded():
+    """The listener reads jax's events as jax 0.10 sends them: a load reports the compile seconds it saved (the
+    stored whole seconds less its retrieval), then its retrieval, then the backend's duration around it."""
+    from parse_jax.runtime import programs
+
+    saved = programs._SETUP[0]
+    try:
+        programs._SETUP[0] = programs.SetupSplit()
+        for event, seconds in ((programs._SAVED, 2.7), (programs._LOADED, 0.3), (programs._BACKEND, 0.35),
+                               (programs._SAVED, -0.01), (programs._LOADED, 0.01), (programs._BACKEND, 0.02),
+                               ("/jax/core/compile/jaxpr_trace_duration", 1.0), (programs._BACKEND, 4.0)):
+            programs._count_setup(event, seconds)
+        split = programs.setup_split()
+        assert split.events == 4 and split.seconds == pytest.approx(5.37)
+        assert split.loaded == pytest.approx(0.31) and split.compiled == pytest.approx(4.06)
+        # only the load whose compiling jax recorded (3 s) times loading against compiling
+        assert split.timed_loads == pytest.approx(0.3) and split.timed_compiles == pytest.approx(3.5)
+    finally:
+        programs._SETUP[0] = saved
+
+
+def test_warm_figures_are_read_back_with_the_models_fingerprint(tmp_path):
+    from parse_jax.schedule.setup import load_setup_costs
+    from parse_jax.utils import compile_cache
+    from tests.random_models import random_model
+
+    target = random_model("llama3", 5)
+    costs = load_setup_costs(target, folder=tmp_path)
+    assert costs.warm == {} and costs.cache_on == compile_cache.active()
+    costs.with_total("parse-single", 4, 9.0, None).with_warm("parse-single", 4, 2.5, None).save()
+    again = load_setup_costs(target, folder=tmp_path)
+    assert again.get("parse-single", 4) == 9.0 and again.get_warm("parse-single", 4) == 2.5

@@ -66,3 +66,33 @@ def test_no_compile_cache_flag_and_env_leave_jax_alone(pair_dir, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     assert not cache.exists()
+
+
+_SPLIT = """
+import sys, jax, jax.numpy as jnp
+from parse_jax.utils import compile_cache
+from parse_jax.runtime.programs import setup_split
+compile_cache.enable(sys.argv[1])
+f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum(axis=0).cumsum())
+f(jnp.ones((64, 32))).block_until_ready()
+s = setup_split()
+print(compile_cache.active(), s.compiled, s.loaded, s.seconds)
+"""
+
+
+@pytest.mark.subprocess
+def test_setup_is_split_into_compiled_and_loaded_programs(tmp_path):
+    """jax's durations, attributed as `SetupSplit` reads them: a fresh cache compiles (nothing loaded), and the same
+    programs in the next process are loaded (what is left of their backend's durations, the cache key's hashing,
+    is a fraction of compiling them)."""
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", _SPLIT, str(tmp_path / "cache")], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        active, *figures = r.stdout.split()
+        runs.append((active, *map(float, figures)))
+    (active1, compiled1, loaded1, seconds1), (active2, compiled2, loaded2, seconds2) = runs
+    assert active1 == active2 == "True"
+    assert compiled1 > 0 and loaded1 == 0 and compiled1 <= seconds1
+    assert loaded2 > 0 and compiled2 < 0.5 * compiled1 and loaded2 <= seconds2

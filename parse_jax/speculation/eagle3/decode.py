@@ -57,7 +57,8 @@ from parse_jax.speculation.eagle3.tree import (
 @struct.dataclass
 class EagleState:
     target_cache: KVCache
-    head_cache: KVCache      # one entry per committed target position (same lengths as the target's)
+    head_cache: KVCache      # one entry per committed target position (same lengths as the target's; left empty
+                             # by a start whose every row ended at its first token, `eagle_start`)
     h_last: jax.Array        # [B, d] head output at the last committed position: drafts the token after `last`
     logits_last: jax.Array   # [B, V] its logits
     tokens: jax.Array        # [B, width] emitted ids
@@ -134,7 +135,10 @@ def first_token(first_logits: jax.Array, sampler: Sampler, args: SamplingArgs) -
 def eagle_start(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop: EagleLoop, max_new: jax.Array,
                 eos_ids: jax.Array, sampler: Sampler, args: SamplingArgs) -> EagleState:
     """From a target cache holding `ctx.length` context tokens and the target's taps at those positions: emit the
-    first token from `ctx.first_logits` and fill the head's cache (one head pass over the context)."""
+    first token from `ctx.first_logits` and fill the head's cache (one head pass over the context). Where every
+    row ends at that token (EOS, a budget of one: an answer PARSE accepted whole), nothing reads the head's state:
+    the pass is skipped (`lax.cond`), the head cache left as it was and `h_last`/`logits_last` zero, unless the
+    loop's head cache is read on (`EagleLoop.carries_head`)."""
     _, head_apply, lm = fns
     first_logits, ctx_tokens, ctx_feats, n = ctx.first_logits, ctx.tokens, ctx.features, ctx.length
     head_cache = KVCache.init(loop.config.layer, first_logits.shape[0], target_cache.max_len)
