@@ -328,8 +328,9 @@ class ParseEngine:
                                                                  longest=longest)
                 ledger(self._setup_costs()).ready.add((choice.name, bucket(len(batch.ids), 1)))
             elif choice is not None:  # it set up programs: what jax reported that took (and would, loaded)
-                costs, paid = self._setup_costs(), setup_split() - setup_before
-                warm = paid.warm(setup_split()) if costs.cache_on else None
+                costs, now = self._setup_costs(), setup_split()
+                paid = now - setup_before
+                warm = paid.warm(now) if costs.cache_on else None
                 self._setup = ledger(costs).pay(costs, choice.name, bucket(len(batch.ids), 1), paid.seconds,
                                                 speculative=choice.speculate, warm=warm,
                                                 compiled=not (costs.cache_on and paid.loaded_all))

@@ -218,12 +218,10 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         return Step(tokens, count, es.target_cache.set_lengths(lengths), es.head_cache.set_lengths(lengths), state,
                     es.rounds, es.accepted, es.proposed)
 
-    def first_only(x: RoundInputs, s: MultiState, v: Verified, cache: KVCache, remaining, stop: StepStop,
-                   args: SamplingArgs) -> Step:
-        """`eagle_step` where every row's step is its first token, or nothing (each row then finishes: EOS, or its
+    def first_only(s: MultiState, first: jax.Array, cache: KVCache, remaining, stop: StepStop) -> Step:
+        """`eagle_step` where every row's step is its `first` token, or nothing (each row then finishes: EOS, or its
         budget's last token): that token is the target's, read off the verification pass, and the head's pass over
         the block, which only later rounds would read, is not run."""
-        first = first_token(v.first_logits, sampler, args)
         count = jnp.minimum(remaining, 1)
         tokens = jnp.full((count.shape[0], shape.segment), PAD_ID, jnp.int32).at[:, 0].set(
             jnp.where(count > 0, first, PAD_ID))
@@ -233,10 +231,10 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
 
     def eagle_or_first(x: RoundInputs, s: MultiState, v: Verified, cache: KVCache, remaining, stop: StepStop,
                        args: SamplingArgs) -> Step:
-        ends = (remaining <= 0) | ((s.max_new - s.num_new - v.accepted <= 1)
-                                   | is_eos(first_token(v.first_logits, sampler, args), x.eos_ids))
+        first = first_token(v.first_logits, sampler, args)  # what EAGLE-3 would emit first
+        ends = (remaining <= 0) | (s.max_new - s.num_new - v.accepted <= 1) | is_eos(first, x.eos_ids)
         step = functools.partial(eagle_step, x, s, v, cache, remaining, stop, args)
-        return jax.lax.cond(jnp.all(ends), lambda: first_only(x, s, v, cache, remaining, stop, args), step)
+        return jax.lax.cond(jnp.all(ends), lambda: first_only(s, first, cache, remaining, stop), step)
 
     write_step = plain_step if eagle is None else eagle_or_first
 

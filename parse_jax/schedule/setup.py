@@ -115,11 +115,15 @@ def _averaged(figures: Mapping[str, float], name: str, seconds: float, earlier: 
     return out
 
 
-def expected_setup(costs: SetupCosts, choice: str, batch_bucket: int, *, speculative: bool) -> float | None:
-    """The figure on record (`SetupCosts.expected`), else `UNMEASURED_SECONDS` for a speculative choice (None for
-    plain decoding, the baseline every mode's programs share)."""
-    figure = costs.expected(choice, batch_bucket)
+def _or_prior(figure: float | None, speculative: bool) -> float | None:
+    """`figure`, else `UNMEASURED_SECONDS` for a speculative choice (None for plain decoding, the baseline every
+    mode's programs share)."""
     return UNMEASURED_SECONDS if figure is None and speculative else figure
+
+
+def expected_setup(costs: SetupCosts, choice: str, batch_bucket: int, *, speculative: bool) -> float | None:
+    """The figure on record (`SetupCosts.expected`), else the prior (`_or_prior`)."""
+    return _or_prior(costs.expected(choice, batch_bucket), speculative)
 
 
 class SetupLedger:
@@ -158,9 +162,8 @@ class SetupLedger:
         partial payment is no full figure)."""
         key = (choice, batch_bucket)
         self.found.setdefault(key, expected_setup(costs, choice, batch_bucket, speculative=speculative))
-        prior = UNMEASURED_SECONDS if speculative else None
-        cold, hot = costs.get(choice, batch_bucket), costs.get_warm(choice, batch_bucket)
-        self.earlier.setdefault(key, (prior if cold is None else cold, prior if hot is None else hot))
+        self.earlier.setdefault(key, (_or_prior(costs.get(choice, batch_bucket), speculative),
+                                      _or_prior(costs.get_warm(choice, batch_bucket), speculative)))
         self.paid[key] = self.paid.get(key, 0.0) + max(float(seconds), 0.0)
         if compiled:
             self.paid_cold[key] = self.paid_cold.get(key, 0.0) + max(float(seconds), 0.0)
