@@ -9,7 +9,11 @@ How each part is found (the method the brief lets us name):
 - draft, verification, continuation: the request's own counters (draft tokens written, verification passes and
   their tokens, the target's other passes, EAGLE-3 proposals) times the per-pass costs of
   `parse_jax/schedule/costs.py` (`pass_costs`: the cached profile of each model when there is one, else its
-  roofline; the md says which), at batch 1 and the request's cache bucket;
+  roofline; the md says which), at batch 1 and the request's cache bucket, less the cost of dispatching a pass from
+  the host: a profile times each pass as its own program, and inside a request's program no pass is dispatched.
+  That cost is measured here: the draft's one-token pass as profiled, less what a step of the draft costs inside
+  its own decode loop (the draft alone below; its compute is a small part of either). The target alone, timed the
+  same way, checks it: its in-loop step against its profiled one-token pass less the dispatch;
 - commit and the rest: device - (draft + verification + continuation): acceptance, commits, segmentation, sampling,
   loop control, and the cost model's own error (it can come out negative where the model overstates a pass).
 - ceiling: the draft alone writing the same budget on the same prompts; each mode's tokens/s as a share of it.
@@ -52,25 +56,29 @@ def launch_of(eng: ParseEngine, label: str, prompt: str):
     return launch.program, jax.device_put(launch.args)
 
 
-def modelled(costs, eng: ParseEngine, stats: dict, prompt_len: int, multi: bool) -> dict:
-    """Seconds of draft, verification and continuation of one request: its counters times the per-pass costs."""
+def modelled(costs, eng: ParseEngine, stats: dict, prompt_len: int, multi: bool, dispatch: float) -> dict:
+    """Seconds of draft, verification and continuation of one request: its counters times the per-pass costs, each
+    less `dispatch` (the passes run inside the request's program)."""
     cache = length_bucket(prompt_len + MAX_NEW + 64)
     cfg = eng.config
+
+    def pass_s(model: str, tokens: int) -> float:
+        return max(costs.seconds(model, 1, tokens, cache) - dispatch, 0.0)
+
     verify_passes = stats["verify_passes"]
     block = max(1, round(stats["verify_tokens"] / max(verify_passes, 1)))
-    draft = stats["draft_tokens"] * costs.seconds("draft", 1, 1, cache)
+    draft = stats["draft_tokens"] * pass_s("draft", 1)
     if multi:  # each later round the draft reads the target's last step in one pass
-        draft += max(verify_passes - 1, 0) * costs.seconds("draft", 1, cfg.max_segment + 2, cache)
-    verification = verify_passes * costs.seconds("target", 1, block, cache)
+        draft += max(verify_passes - 1, 0) * pass_s("draft", cfg.max_segment + 2)
+    verification = verify_passes * pass_s("target", block)
     cont_passes = stats["target_passes"] - verify_passes
     if stats.get("eagle3_draft_tokens") is not None:  # chains of gamma (+ tree leaves) verified per target pass
         g, tree = cfg.eagle3.gamma, cfg.eagle3.tree
-        continuation = (cont_passes * (costs.seconds("target", 1, g + 1 + tree, cache)
-                                       + g * costs.seconds("eagle3", 1, 1, cache)
-                                       + costs.seconds("eagle3", 1, g + 1 + tree, cache))
-                        + verify_passes * costs.seconds("eagle3", 1, block, cache))  # the head reads each block
+        continuation = (cont_passes * (pass_s("target", g + 1 + tree) + g * pass_s("eagle3", 1)
+                                       + pass_s("eagle3", g + 1 + tree))
+                        + verify_passes * pass_s("eagle3", block))  # the head reads each block
     else:
-        continuation = cont_passes * costs.seconds("target", 1, 1, cache)
+        continuation = cont_passes * pass_s("target", 1)
     return {"draft": draft, "verification": verification, "continuation": continuation}
 
 
@@ -89,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     draft_req = engines["parse"].request(problems[:1], "target", MAX_NEW, 0.0, 0, 0, 1.0, None)
     sums = {m: {k: 0.0 for k in ("wall", "device", "tokens", "accepted", "draft", "verification", "continuation")}
             for m in MODES}
-    draft_time = draft_tokens = 0.0
+    alone = {"draft": [0.0, 0], "target": [0.0, 0]}  # seconds and tokens of each model alone (its decode loop)
+    requests = []  # (label, stats, prompt length, multi) of every counted request
     for label in MODES:  # compile every bucket the problems use
         for p in problems[:4]:
             engines[label].generate([p], mode=MODES[label][0], max_new_tokens=MAX_NEW)
@@ -97,15 +106,16 @@ def main(argv: list[str] | None = None) -> int:
             jax.block_until_ready(program(*a))
     for rep in range(args.repeats):
         for i, p in enumerate(problems):
-            program, a = generate_launch(draft, [ids[i]], MAX_NEW, draft_req.sampling, draft_req.eos,
-                                         draft.config.max_position_embeddings)
-            a = jax.device_put(a)
-            jax.block_until_ready(program(*a))  # compiled (and warm) before it is timed
-            t0 = time.perf_counter()
-            out = jax.block_until_ready(program(*a))
-            if rep:  # the first repeat warms
-                draft_time += time.perf_counter() - t0
-                draft_tokens += int(np.asarray(out[1]).sum())
+            for role, model in (("draft", draft), ("target", target)):
+                program, a = generate_launch(model, [ids[i]], MAX_NEW, draft_req.sampling, draft_req.eos,
+                                             model.config.max_position_embeddings)
+                a = jax.device_put(a)
+                jax.block_until_ready(program(*a))  # compiled (and warm) before it is timed
+                t0 = time.perf_counter()
+                out = jax.block_until_ready(program(*a))
+                if rep:  # the first repeat warms
+                    alone[role][0] += time.perf_counter() - t0
+                    alone[role][1] += int(np.asarray(out[1]).sum())
             for label, (mode, rounds) in MODES.items():
                 eng = engines[label]
                 t0 = time.perf_counter()
@@ -122,9 +132,14 @@ def main(argv: list[str] | None = None) -> int:
                 s["device"] += device
                 s["tokens"] += res.stats["new_tokens"]
                 s["accepted"] += res.stats["accepted_tokens"]
-                for k, v in modelled(costs, eng, res.stats, len(ids[i]), rounds == "multi").items():
-                    s[k] += v
-    ceiling = draft_tokens / draft_time
+                requests.append((label, res.stats, len(ids[i]), rounds == "multi"))
+    ceiling = alone["draft"][1] / alone["draft"][0]
+    step = {role: t / n for role, (t, n) in alone.items()}  # seconds per token inside each model's own loop
+    cache = length_bucket(len(ids[0]) + MAX_NEW + 64)
+    dispatch = max(costs.seconds("draft", 1, 1, cache) - step["draft"], 0.0)
+    for label, stats, prompt_len, multi in requests:
+        for k, v in modelled(costs, engines[label], stats, prompt_len, multi, dispatch).items():
+            sums[label][k] += v
     rows = {}
     for label, s in sums.items():
         parts = {k: s[k] for k in ("draft", "verification", "continuation")}
@@ -138,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                        "share_of_wall": {k: parts[k] / s["wall"] for k in PARTS}}
     command = "python benchmarks/bench_ceiling.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {"command": command.strip(), "max_new_tokens": MAX_NEW, "draft_ceiling_tokens_per_s": ceiling,
-              "cost_sources": costs.sources, "modes": rows,
+              "cost_sources": costs.sources, "modes": rows, "dispatch_ms": 1e3 * dispatch,
+              "in_loop_step_ms": {role: 1e3 * v for role, v in step.items()},
+              "profiled_one_token_ms": {role: 1e3 * costs.seconds(role, 1, 1, cache) for role in step},
               "provenance": provenance({"n": args.n, "repeats": args.repeats})}
     text = report(result)
     print(text)
@@ -150,13 +167,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(result: dict) -> str:
     prov = result["provenance"]
+    step, prof = result["in_loop_step_ms"], result["profiled_one_token_ms"]
     lines = ["# Where a batch-1 request's time goes, embedded pair", "", f"Command: `{result['command']}`", "",
              f"{prov['config']['n']} held-out problems, batch 1, greedy, at most {result['max_new_tokens']} new "
              f"tokens, {prov['config']['repeats']} repeats (the first warms and is not counted), modes interleaved "
              "per problem. Wall: `generate`; device: the request's program alone on its inputs; host = wall - "
              "device. Draft / verification / continuation: the request's counters times the per-pass costs of "
-             f"parse_jax/schedule/costs.py (sources: {result['cost_sources']}); commit and rest = device - those "
-             "three (acceptance, commits, segmentation, sampling, loop control, and the cost model's error).",
+             f"parse_jax/schedule/costs.py (sources: {result['cost_sources']}), each pass less the "
+             f"{result['dispatch_ms']:.2f} ms of dispatching it alone (the draft's profiled one-token pass, "
+             f"{prof['draft']:.2f} ms, less its step in its own loop, {step['draft']:.3f} ms; check: the target's "
+             f"step in its own loop {step['target']:.2f} ms against {prof['target']:.2f} - "
+             f"{result['dispatch_ms']:.2f} = {prof['target'] - result['dispatch_ms']:.2f} ms predicted); commit and "
+             "rest = device - those three (acceptance, commits, segmentation, sampling, loop control, and the cost "
+             "model's error).",
              "", f"Draft-only ceiling: {result['draft_ceiling_tokens_per_s']:.0f} tokens/s (the draft alone, same "
              "prompts and budget, program alone).", "",
              "| mode | tok/s | share of draft ceiling | accepted fraction | wall ms | draft | verification | "

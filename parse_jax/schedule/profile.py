@@ -4,8 +4,8 @@
 tokens per pass, cache length): compile excluded, a warm-up pass, then the median of `repeats`. Passes of more than
 `max_block_tokens` rows x tokens are not timed (on a CPU they are compute-bound: seconds each); `CostTable` fills
 them in proportion to tokens. The embedded pair's whole profile (`Grid()` for the target, `DRAFTER_GRID` for
-the draft and the head: 52 shapes) is mostly compilation, about a second per shape of the 8-layer target on an idle
-2-core CPU; `pass_costs(measure=True)` runs it once and caches it.
+the draft and the head: 144 shapes) is mostly compilation, about a second per shape of the 8-layer target on an
+idle 2-core CPU; `pass_costs(measure=True)` runs it once and caches it.
 
 Tables are JSON files in `profiles/` next to the persistent compile cache (`profiles_dir`), named by a fingerprint
 of the model (config and param shapes/dtypes), the device kind and count (on a CPU, the processor too:
@@ -39,17 +39,23 @@ from parse_jax.utils.validation import check_int
 from parse_jax.utils.version import package_version
 
 FORMAT = 1  # bump when the file layout or what is measured changes
+WARMUP = 2  # untimed passes after compiling: the first ones after a compile ran up to 40% slower on a CPU
 
 
 @dataclasses.dataclass(frozen=True)
 class Grid:
     """Where to measure: every (batch, tokens, cache) with batch x tokens <= `max_block_tokens` (tokens 1 always)."""
 
-    batches: tuple[int, ...] = (1, 4, 16, 64)
-    tokens: tuple[int, ...] = (1, 8, 32, 128)
-    caches: tuple[int, ...] = (128, 512)
-    max_block_tokens: int = 512
-    repeats: int = 3
+    # the batch sizes the commands run (eval's default 8 among them), and the tokens per pass and cache lengths
+    # programs run: one token (decode steps) and the verification blocks' length buckets
+    # (`runtime/programs.length_bucket`). Between grid points a pass's cost on a CPU is far from linear (XLA picks
+    # kernels per shape: a 48-token pass of the embedded target measured 8.2 ms, under a 32-token one's 9.8 ms; a
+    # one-token step 2.4 ms over a 256-slot cache, 4.5 ms over 512), so the points are the shapes programs run
+    batches: tuple[int, ...] = (1, 4, 8, 16, 64)
+    tokens: tuple[int, ...] = (1, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+    caches: tuple[int, ...] = (128, 256, 512)
+    max_block_tokens: int = 1024
+    repeats: int = 5
 
     def __post_init__(self) -> None:
         check_axes(self, "profile grid")
@@ -102,11 +108,11 @@ def _time_pass(model: Model, batch: int, tokens: int, cache_len: int, repeats: i
     cache = model.init_cache(batch, cache_len).set_lengths(lengths)
     compiled = fn.lower(model.params, ids, positions, cache, limit, group).compile()
     times = []
-    for i in range(repeats + 1):  # the first is a warm-up
+    for i in range(repeats + WARMUP):
         start = time.perf_counter()
         logits, cache, _ = compiled(model.params, ids, positions, cache, limit, group)
         logits.block_until_ready()
-        if i:
+        if i >= WARMUP:
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 

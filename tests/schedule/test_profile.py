@@ -75,3 +75,19 @@ def test_grid_refuses_bad_axes():
         Grid(batches=(4, 1))
     with pytest.raises(parse_jax.ConfigError, match="repeats must be >= 1"):
         Grid(repeats=0)
+
+
+def test_the_default_grid_times_the_shapes_programs_run():
+    """Between grid points a CPU pass's cost is not the line between them, so the default profile times what the
+    engine runs: a one-token step and every verification-block bucket up to 128 tokens, the batch sizes the commands
+    use, the caches a batch-1 request meets."""
+    from parse_jax.runtime.programs import length_bucket
+    from parse_jax.verify.round import block_lengths
+
+    grid = Grid()
+    assert set(block_lengths(128)) | {1} == set(grid.tokens)
+    assert all(length_bucket(t) == t for t in grid.tokens if t > 1)
+    assert {1, 4, 8, 16, 64} <= set(grid.batches)  # bench, eval (8), sweep and calibrate (16), the table's 64
+    assert {128, 256, 512} <= set(grid.caches)
+    # a verification block of 128 tokens is timed at batch 8; batch 64 stops at 16 tokens (filled in proportion)
+    assert grid.timed(8, 128) and grid.timed(64, 16) and not grid.timed(64, 24)
