@@ -9,11 +9,12 @@ How each part is found (the method the brief lets us name):
 - draft, verification, continuation: the request's own counters (draft tokens written, verification passes and
   their tokens, the target's other passes, EAGLE-3 proposals) times the per-pass costs of
   `parse_jax/schedule/costs.py` (`pass_costs`: the cached profile of each model when there is one, else its
-  roofline; the md says which), at batch 1 and the request's cache bucket, less the cost of dispatching a pass from
-  the host: a profile times each pass as its own program, and inside a request's program no pass is dispatched.
-  That cost is measured here: the draft's one-token pass as profiled, less what a step of the draft costs inside
-  its own decode loop (the draft alone below; its compute is a small part of either). The target alone, timed the
-  same way, checks it: its in-loop step against its profiled one-token pass less the dispatch;
+  roofline; the md says which), at batch 1 and the request's cache bucket, each less what a pass of that model
+  costs alone beyond a step inside a program: a profile times each pass as its own program (dispatched from the
+  host), and inside a request's program no pass is. Measured here per model (`loop_step`): its one-token pass as
+  profiled, less its step inside its own decode loop (the loop timed at two budgets with no EOS, the difference
+  over the extra steps, so that the prefill is left out). The EAGLE-3 head, a one-layer model, is charged the
+  draft's figure;
 - commit and the rest: device - (draft + verification + continuation): acceptance, commits, segmentation, sampling,
   loop control, and the cost model's own error (it can come out negative where the model overstates a pass).
 - ceiling: the draft alone writing the same budget on the same prompts; each mode's tokens/s as a share of it.
@@ -24,6 +25,7 @@ How each part is found (the method the brief lets us name):
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,7 +38,7 @@ from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.harness.provenance import provenance
 from parse_jax.modes.parse import multi_launch, single_launch
 from parse_jax.runtime.decode import generate_launch
-from parse_jax.runtime.programs import length_bucket
+from parse_jax.runtime.programs import bucket, length_bucket
 from parse_jax.schedule.profile import pass_costs
 from parse_jax.utils import atomic
 
@@ -56,14 +58,37 @@ def launch_of(eng: ParseEngine, label: str, prompt: str):
     return launch.program, jax.device_put(launch.args)
 
 
-def modelled(costs, eng: ParseEngine, stats: dict, prompt_len: int, multi: bool, dispatch: float) -> dict:
+def loop_step(model, prompts: list[list[int]], sampling, budgets=(32, 64), repeats: int = 5) -> tuple[float, int]:
+    """(seconds of one step of `model`'s own decode loop at batch 1, the cache it ran over): the loop timed at two
+    budgets with no EOS (every step runs), the difference of the medians over the extra steps, averaged over
+    `prompts`; the prefill and the program's fixed cost cancel."""
+    never = np.array([-1], np.int32)  # no token is -1: every row runs its whole budget
+    steps, caches = [], []
+    for ids in prompts:
+        times = []
+        for n in budgets:
+            program, a = generate_launch(model, [ids], n, sampling, never, model.config.max_position_embeddings)
+            a = jax.device_put(a)
+            jax.block_until_ready(program(*a))  # compiled and warm
+            runs = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                jax.block_until_ready(program(*a))
+                runs.append(time.perf_counter() - t0)
+            times.append(statistics.median(runs))
+        steps.append((times[1] - times[0]) / (budgets[1] - budgets[0]))
+        caches.append(length_bucket(bucket(len(ids)) + bucket(budgets[1], 16)))
+    return statistics.mean(steps), max(caches)
+
+
+def modelled(costs, eng: ParseEngine, stats: dict, prompt_len: int, multi: bool, alone: dict) -> dict:
     """Seconds of draft, verification and continuation of one request: its counters times the per-pass costs, each
-    less `dispatch` (the passes run inside the request's program)."""
+    less `alone[model]` (what a pass costs alone beyond a step inside a program: these passes run inside one)."""
     cache = length_bucket(prompt_len + MAX_NEW + 64)
     cfg = eng.config
 
     def pass_s(model: str, tokens: int) -> float:
-        return max(costs.seconds(model, 1, tokens, cache) - dispatch, 0.0)
+        return max(costs.seconds(model, 1, tokens, cache) - alone[model], 0.0)
 
     verify_passes = stats["verify_passes"]
     block = max(1, round(stats["verify_tokens"] / max(verify_passes, 1)))
@@ -94,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                for label, (_, rounds) in MODES.items()}
     costs = pass_costs(target, draft, head=target.eagle3)
     ids = [engines["parse"].request([p], "parse", MAX_NEW, 0.0, 0, 0, 1.0, None).ids[0] for p in problems]
-    draft_req = engines["parse"].request(problems[:1], "target", MAX_NEW, 0.0, 0, 0, 1.0, None)
+    alone_req = engines["parse"].request(problems[:1], "target", MAX_NEW, 0.0, 0, 0, 1.0, None)
     sums = {m: {k: 0.0 for k in ("wall", "device", "tokens", "accepted", "draft", "verification", "continuation")}
             for m in MODES}
-    alone = {"draft": [0.0, 0], "target": [0.0, 0]}  # seconds and tokens of each model alone (its decode loop)
+    draft_time = draft_tokens = 0.0
     requests = []  # (label, stats, prompt length, multi) of every counted request
     for label in MODES:  # compile every bucket the problems use
         for p in problems[:4]:
@@ -106,16 +131,15 @@ def main(argv: list[str] | None = None) -> int:
             jax.block_until_ready(program(*a))
     for rep in range(args.repeats):
         for i, p in enumerate(problems):
-            for role, model in (("draft", draft), ("target", target)):
-                program, a = generate_launch(model, [ids[i]], MAX_NEW, draft_req.sampling, draft_req.eos,
-                                             model.config.max_position_embeddings)
-                a = jax.device_put(a)
-                jax.block_until_ready(program(*a))  # compiled (and warm) before it is timed
-                t0 = time.perf_counter()
-                out = jax.block_until_ready(program(*a))
-                if rep:  # the first repeat warms
-                    alone[role][0] += time.perf_counter() - t0
-                    alone[role][1] += int(np.asarray(out[1]).sum())
+            program, a = generate_launch(draft, [ids[i]], MAX_NEW, alone_req.sampling, alone_req.eos,
+                                         draft.config.max_position_embeddings)
+            a = jax.device_put(a)
+            jax.block_until_ready(program(*a))  # compiled (and warm) before it is timed
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(program(*a))
+            if rep or args.repeats == 1:  # the first of several repeats warms
+                draft_time += time.perf_counter() - t0
+                draft_tokens += int(np.asarray(out[1]).sum())
             for label, (mode, rounds) in MODES.items():
                 eng = engines[label]
                 t0 = time.perf_counter()
@@ -133,12 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                 s["tokens"] += res.stats["new_tokens"]
                 s["accepted"] += res.stats["accepted_tokens"]
                 requests.append((label, res.stats, len(ids[i]), rounds == "multi"))
-    ceiling = alone["draft"][1] / alone["draft"][0]
-    step = {role: t / n for role, (t, n) in alone.items()}  # seconds per token inside each model's own loop
-    cache = length_bucket(len(ids[0]) + MAX_NEW + 64)
-    dispatch = max(costs.seconds("draft", 1, 1, cache) - step["draft"], 0.0)
+    ceiling = draft_tokens / draft_time
+    steps = {}  # role: (step inside its own loop, its one-token pass as profiled at that cache)
+    for role, model in (("draft", draft), ("target", target)):
+        step, cache = loop_step(model, ids[:4], alone_req.sampling)
+        steps[role] = (step, costs.seconds(role, 1, 1, cache))
+    alone = {role: max(prof - step, 0.0) for role, (step, prof) in steps.items()}
+    alone["eagle3"] = alone["draft"]
     for label, stats, prompt_len, multi in requests:
-        for k, v in modelled(costs, engines[label], stats, prompt_len, multi, dispatch).items():
+        for k, v in modelled(costs, engines[label], stats, prompt_len, multi, alone).items():
             sums[label][k] += v
     rows = {}
     for label, s in sums.items():
@@ -153,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
                        "share_of_wall": {k: parts[k] / s["wall"] for k in PARTS}}
     command = "python benchmarks/bench_ceiling.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {"command": command.strip(), "max_new_tokens": MAX_NEW, "draft_ceiling_tokens_per_s": ceiling,
-              "cost_sources": costs.sources, "modes": rows, "dispatch_ms": 1e3 * dispatch,
-              "in_loop_step_ms": {role: 1e3 * v for role, v in step.items()},
-              "profiled_one_token_ms": {role: 1e3 * costs.seconds(role, 1, 1, cache) for role in step},
+              "cost_sources": costs.sources, "modes": rows,
+              "in_loop_step_ms": {role: 1e3 * step for role, (step, _) in steps.items()},
+              "profiled_one_token_ms": {role: 1e3 * prof for role, (_, prof) in steps.items()},
+              "alone_ms": {role: 1e3 * v for role, v in alone.items()},
               "provenance": provenance({"n": args.n, "repeats": args.repeats})}
     text = report(result)
     print(text)
@@ -167,19 +195,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(result: dict) -> str:
     prov = result["provenance"]
-    step, prof = result["in_loop_step_ms"], result["profiled_one_token_ms"]
+    step, prof, alone = result["in_loop_step_ms"], result["profiled_one_token_ms"], result["alone_ms"]
     lines = ["# Where a batch-1 request's time goes, embedded pair", "", f"Command: `{result['command']}`", "",
              f"{prov['config']['n']} held-out problems, batch 1, greedy, at most {result['max_new_tokens']} new "
              f"tokens, {prov['config']['repeats']} repeats (the first warms and is not counted), modes interleaved "
              "per problem. Wall: `generate`; device: the request's program alone on its inputs; host = wall - "
              "device. Draft / verification / continuation: the request's counters times the per-pass costs of "
-             f"parse_jax/schedule/costs.py (sources: {result['cost_sources']}), each pass less the "
-             f"{result['dispatch_ms']:.2f} ms of dispatching it alone (the draft's profiled one-token pass, "
-             f"{prof['draft']:.2f} ms, less its step in its own loop, {step['draft']:.3f} ms; check: the target's "
-             f"step in its own loop {step['target']:.2f} ms against {prof['target']:.2f} - "
-             f"{result['dispatch_ms']:.2f} = {prof['target'] - result['dispatch_ms']:.2f} ms predicted); commit and "
-             "rest = device - those three (acceptance, commits, segmentation, sampling, loop control, and the cost "
-             "model's error).",
+             f"parse_jax/schedule/costs.py (sources: {result['cost_sources']}), each pass less what a pass of "
+             "that model costs alone beyond a step inside a program: its one-token pass as profiled less its step "
+             f"inside its own decode loop (draft {prof['draft']:.3f} - {step['draft']:.3f} = "
+             f"{alone['draft']:.3f} ms, target {prof['target']:.2f} - {step['target']:.2f} = "
+             f"{alone['target']:.2f} ms; the EAGLE-3 head is charged the draft's); commit and rest = device - those "
+             "three (acceptance, commits, segmentation, sampling, loop control, and the cost model's error).",
              "", f"Draft-only ceiling: {result['draft_ceiling_tokens_per_s']:.0f} tokens/s (the draft alone, same "
              "prompts and budget, program alone).", "",
              "| mode | tok/s | share of draft ceiling | accepted fraction | wall ms | draft | verification | "

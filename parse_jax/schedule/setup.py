@@ -48,8 +48,8 @@ UNMEASURED_SECONDS = 10.0
 
 def setup_key(target, draft=None, head=None) -> dict[str, Any]:
     """Everything a setup figure depends on: the models (configs, param shapes), device and versions (the profile's
-    fingerprint without its grid: a change of what a profile times leaves setup figures as they are)."""
-    target_key = {k: v for k, v in fingerprint(target, Grid()).items() if k != "grid"}
+    fingerprint without its grid and format: a change of what a profile times leaves setup figures as they are)."""
+    target_key = {k: v for k, v in fingerprint(target, Grid()).items() if k not in ("grid", "format")}
     key: dict[str, Any] = {"format": FORMAT, "target": target_key}
     if draft is not None:
         key["draft"] = fingerprint(draft, Grid())["params"]

@@ -127,3 +127,17 @@ def test_warm_figures_are_read_back_with_the_models_fingerprint(tmp_path):
     costs.with_total("parse-single", 4, 9.0, None).with_warm("parse-single", 4, 2.5, None).save()
     again = load_setup_costs(target, folder=tmp_path)
     assert again.get("parse-single", 4) == 9.0 and again.get_warm("parse-single", 4) == 2.5
+
+
+def test_setup_figures_outlive_a_change_of_what_a_profile_times(monkeypatch):
+    """The setup key is the models, device and versions: a new profile grid or file format keeps the figures."""
+    from parse_jax.schedule import profile, setup
+    from tests.random_models import random_model
+
+    target, draft = random_model("llama3", 5), random_model("qwen3", 6)
+    key = setup.setup_key(target, draft)
+    monkeypatch.setattr(setup, "Grid", lambda: profile.Grid(batches=(1, 2), tokens=(1, 4), caches=(16,)))
+    monkeypatch.setattr(profile, "FORMAT", profile.FORMAT + 1)
+    assert profile.fingerprint(target, profile.Grid()) != profile.fingerprint(target, setup.Grid())
+    assert setup.setup_key(target, draft) == key
+    assert setup.setup_key(random_model("llama3", intermediate_size=64), draft) != key  # another target
