@@ -51,7 +51,7 @@ class Grid:
     # programs run: one token (decode steps) and the verification blocks' length buckets
     # (`runtime/programs.length_bucket`). Between such points a pass's cost on a CPU is not the line between them:
     # XLA compiles each shape to its own kernels (benchmarks/results/profile_pair_default, the embedded target at
-    # batch 1, cache 128: 16 tokens 3.77 ms under 12 tokens' 4.67; 48 tokens 7.74 ms under 32 tokens' 8.67)
+    # batch 1, cache 256: 48 tokens 8.72 ms under 32 tokens' 10.53; 16 tokens 5.87 under 12 tokens' 6.06)
     batches: tuple[int, ...] = (1, 4, 8, 16, 64)
     tokens: tuple[int, ...] = (1, 8, 12, 16, 24, 32, 48, 64, 96, 128)
     caches: tuple[int, ...] = (128, 256, 512)
