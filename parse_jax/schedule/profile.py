@@ -6,7 +6,7 @@ slower than the same one with more rows or a longer cache is timed again. Passes
 rows x tokens are not timed (on a CPU they are compute-bound: seconds each); `CostTable` fills them in proportion
 to tokens. The embedded pair's whole profile (`Grid()` for the target, `DRAFTER_GRID` for the draft and the head:
 210 shapes, 126 of them the target's) is mostly compilation, about a second per shape of the 8-layer target on an
-idle 2-core CPU (2.5 minutes in all on the AVX-512 one); `pass_costs(measure=True)` runs it once and caches it.
+idle 2-core CPU (about 2 minutes in all on the AVX-512 one); `pass_costs(measure=True)` runs it once and caches it.
 
 Tables are JSON files in `profiles/` next to the persistent compile cache (`profiles_dir`), named by a fingerprint
 of the model (config and param shapes/dtypes), the device kind and count (on a CPU, the processor too:
@@ -39,7 +39,7 @@ from parse_jax.utils.progress import logger
 from parse_jax.utils.validation import check_int
 from parse_jax.utils.version import package_version
 
-FORMAT = 2  # bump when the file layout or what is measured changes (2: `WARMUP` passes)
+FORMAT = 2  # bump when the file layout or what is measured changes (2: `WARMUP` passes, suspects re-timed)
 WARMUP = 2  # untimed passes after compiling: the first ones after a compile ran up to 40% slower on a CPU
 
 
