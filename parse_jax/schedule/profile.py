@@ -77,20 +77,25 @@ def profiles_dir() -> Path:
     return compile_cache.default_dir().parent / "profiles"
 
 
-def fingerprint(model: Model, grid: Grid) -> dict[str, Any]:
-    """Everything a table depends on: a different model, device (on a CPU, processor), library version or grid
-    measures anew."""
+def model_fingerprint(model: Model) -> dict[str, Any]:
+    """What any measurement of `model` here depends on: its config and param shapes, the device (on a CPU, the
+    processor), the library versions. JSON-shaped, as it reads back from a file (lists, not tuples)."""
     import jaxlib
 
     leaves = jax.tree_util.tree_flatten_with_path(model.params)[0]
     params = sorted([jax.tree_util.keystr(path), list(np.shape(x)), str(np.dtype(x.dtype))] for path, x in leaves)
-    key = {"format": FORMAT, "config": model.config.to_dict(), "attention_impl": model.attention_impl,
-           "params": params, "device_kind": current_device_kind(), "device_count": jax.device_count(),
-           "jax": jax.__version__, "jaxlib": jaxlib.__version__, "parse_jax": package_version(),
-           "grid": dataclasses.asdict(grid)}
+    key = {"config": model.config.to_dict(), "attention_impl": model.attention_impl, "params": params,
+           "device_kind": current_device_kind(), "device_count": jax.device_count(), "jax": jax.__version__,
+           "jaxlib": jaxlib.__version__, "parse_jax": package_version()}
     if jax.devices()[0].platform == "cpu":  # jax names every processor "cpu"
         key["host"] = cpu_identity()
-    return json.loads(json.dumps(key))  # as it reads back from its file (lists, not tuples)
+    return json.loads(json.dumps(key))
+
+
+def fingerprint(model: Model, grid: Grid) -> dict[str, Any]:
+    """Everything a table depends on: a different model, device (on a CPU, processor), library version, file
+    format or grid measures anew."""
+    return {"format": FORMAT, **model_fingerprint(model), "grid": json.loads(json.dumps(dataclasses.asdict(grid)))}
 
 
 def profile_path(key: dict[str, Any], folder: Path | None = None) -> Path:

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from parse_jax.schedule.profile import Grid, fingerprint, profiles_dir
+from parse_jax.schedule.profile import model_fingerprint, profiles_dir
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.progress import logger
 
@@ -47,12 +47,11 @@ UNMEASURED_SECONDS = 10.0
 
 
 def setup_key(target, draft=None, head=None) -> dict[str, Any]:
-    """Everything a setup figure depends on: the models (configs, param shapes), device and versions (the profile's
-    fingerprint without its grid and format: a change of what a profile times leaves setup figures as they are)."""
-    target_key = {k: v for k, v in fingerprint(target, Grid()).items() if k not in ("grid", "format")}
-    key: dict[str, Any] = {"format": FORMAT, "target": target_key}
+    """Everything a setup figure depends on: the models (configs, param shapes), device and versions (not what a
+    profile times: a new profile grid or format leaves setup figures as they are)."""
+    key: dict[str, Any] = {"format": FORMAT, "target": model_fingerprint(target)}
     if draft is not None:
-        key["draft"] = fingerprint(draft, Grid())["params"]
+        key["draft"] = model_fingerprint(draft)["params"]
     if head is not None:
         key["head"] = [repr(head.config), sorted(str(np.shape(x)) for x in jax.tree_util.tree_leaves(head.params))]
     return json.loads(json.dumps(key))
@@ -135,8 +134,7 @@ class SetupLedger:
     by every engine in it (`ledger`). Host-side bookkeeping, mutated in place like `runtime.slots.SlotBook`."""
 
     def __init__(self) -> None:
-        self.found: dict[tuple[str, int], float | None] = {}
-        self.earlier: dict[tuple[str, int], tuple[float | None, float | None]] = {}
+        self.found: dict[tuple[str, int], SetupCosts] = {}  # the figures on record before this process paid any
         self.paid: dict[tuple[str, int], float] = {}
         self.paid_cold: dict[tuple[str, int], float] = {}
         self.paid_warm: dict[tuple[str, int], float] = {}
@@ -150,9 +148,8 @@ class SetupLedger:
         key = (choice, batch_bucket)
         if key in self.ready:
             return None
-        # the figure found on record (possibly None), else what is expected (looked up only then)
-        figure = (self.found[key] if key in self.found
-                  else expected_setup(costs, choice, batch_bucket, speculative=speculative))
+        # the figure found on record (possibly None), else what is expected now
+        figure = expected_setup(self.found.get(key, costs), choice, batch_bucket, speculative=speculative)
         return None if figure is None else max(figure - self.paid.get(key, 0.0), 0.0)
 
     def pay(self, costs: SetupCosts, choice: str, batch_bucket: int, seconds: float, *, speculative: bool,
@@ -163,16 +160,16 @@ class SetupLedger:
         averaged with the figure of its kind it found, else with `UNMEASURED_SECONDS` for a speculative choice (one
         partial payment is no full figure)."""
         key = (choice, batch_bucket)
-        self.found.setdefault(key, expected_setup(costs, choice, batch_bucket, speculative=speculative))
-        self.earlier.setdefault(key, (_or_prior(costs.get(choice, batch_bucket), speculative),
-                                      _or_prior(costs.get_warm(choice, batch_bucket), speculative)))
+        found = self.found.setdefault(key, costs)
         self.paid[key] = self.paid.get(key, 0.0) + max(float(seconds), 0.0)
         if compiled:
             self.paid_cold[key] = self.paid_cold.get(key, 0.0) + max(float(seconds), 0.0)
-            costs = costs.with_total(choice, batch_bucket, self.paid_cold[key], self.earlier[key][0])
+            costs = costs.with_total(choice, batch_bucket, self.paid_cold[key],
+                                     _or_prior(found.get(choice, batch_bucket), speculative))
         if warm is not None:
             self.paid_warm[key] = self.paid_warm.get(key, 0.0) + max(float(warm), 0.0)
-            costs = costs.with_warm(choice, batch_bucket, self.paid_warm[key], self.earlier[key][1])
+            costs = costs.with_warm(choice, batch_bucket, self.paid_warm[key],
+                                    _or_prior(found.get_warm(choice, batch_bucket), speculative))
         return costs
 
 

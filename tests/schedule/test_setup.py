@@ -132,12 +132,13 @@ def test_warm_figures_are_read_back_with_the_models_fingerprint(tmp_path):
 def test_setup_figures_outlive_a_change_of_what_a_profile_times(monkeypatch):
     """The setup key is the models, device and versions: a new profile grid or file format keeps the figures."""
     from parse_jax.schedule import profile, setup
+    from parse_jax.schedule.profile import Grid as profile_grid
     from tests.random_models import random_model
 
     target, draft = random_model("llama3", 5), random_model("qwen3", 6)
-    key = setup.setup_key(target, draft)
-    monkeypatch.setattr(setup, "Grid", lambda: profile.Grid(batches=(1, 2), tokens=(1, 4), caches=(16,)))
+    key, before = setup.setup_key(target, draft), profile.fingerprint(target, profile.Grid())
+    monkeypatch.setattr(profile, "Grid", lambda: profile_grid(batches=(1, 2), tokens=(1, 4), caches=(16,)))
     monkeypatch.setattr(profile, "FORMAT", profile.FORMAT + 1)
-    assert profile.fingerprint(target, profile.Grid()) != profile.fingerprint(target, setup.Grid())
+    assert profile.fingerprint(target, profile.Grid()) != before
     assert setup.setup_key(target, draft) == key
     assert setup.setup_key(random_model("llama3", intermediate_size=64), draft) != key  # another target
