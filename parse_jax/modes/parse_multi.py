@@ -37,7 +37,6 @@ from parse_jax.runtime.slots import SlotBook, warm_admissions
 from parse_jax.speculation.eagle3 import (
     Eagle3Config,
     EagleContext,
-    EagleFns,
     EagleLoop,
     eagle_loop,
     first_token,
@@ -169,21 +168,6 @@ class Step:
     eagle_proposed: jax.Array
 
 
-def after_cache(fns: EagleFns, head_cache: KVCache) -> EagleFns:
-    """`fns` whose first head call (`eagle_loop`'s prefill of its context, over a fresh cache) writes after the
-    entries of `head_cache` instead, at positions shifted by their count: the context then holds only the positions
-    the head has not read yet (a multi-round verification block), not the whole sequence."""
-    pending = [head_cache]
-
-    def head(tokens, hidden, fuse, positions, cache, limit, group):
-        if pending:
-            base = pending.pop()
-            cache, positions = base, positions + base.lengths[:, None]
-        return fns.head(tokens, hidden, fuse, positions, cache, limit, group)
-
-    return fns._replace(head=head)
-
-
 @functools.cache
 def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler, eagle: EagleSpec | None = None):
     """(first_round, later_round): the two kinds of round, traced inside the programs below."""
@@ -203,14 +187,15 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
                    args: SamplingArgs) -> Step:
         """The target writes its step with EAGLE-3 from the taps of the verification pass, the head continuing its
         own cache; the chains stop by themselves at EOS and single-token step ends, and are cut at the first step
-        end the automaton sees (a delimiter written over two tokens)."""
-        fns = after_cache(head_applies(pair.target, eagle.config, pair.target_impl, x.target_params, x.weights[2]),
-                          s.head_cache)
+        end the automaton sees (a delimiter written over two tokens). Where every row's step is one last token (EOS,
+        or its budget's last: an answer accepted whole), no head pass runs (`eagle_start`)."""
+        fns = head_applies(pair.target, eagle.config, pair.target_impl, x.target_params, x.weights[2])
+        first = first_token(v.first_logits, sampler, args)  # what the loop emits first
+        finishes = (remaining <= 0) | (s.max_new - s.num_new - v.accepted <= 1) | is_eos(first, x.eos_ids)
         ctx = EagleContext(tokens=v.tokens, features=v.features, length=cache.lengths - s.head_cache.lengths,
-                           first_logits=v.first_logits)
-        loop = dataclasses.replace(EagleLoop.of(eagle.config, eagle, num_new=shape.segment), carries_head=True)
-        es = eagle_loop(fns, cache, ctx, loop=loop, max_new=remaining, eos_ids=x.seg_stop, sampler=sampler,
-                        args=args)
+                           first_logits=v.first_logits, head_cache=s.head_cache, finishes=finishes)
+        es = eagle_loop(fns, cache, ctx, loop=EagleLoop.of(eagle.config, eagle, num_new=shape.segment),
+                        max_new=remaining, eos_ids=x.seg_stop, sampler=sampler, args=args)
         tokens = es.tokens[:, :shape.segment]
         count, state = cut_at_step_end(tokens, es.num_new, stop.table, stop.state)
         # both caches hold the step's tokens but its last (a chain commits past an EOS or a cut: rolled back)
@@ -218,25 +203,7 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         return Step(tokens, count, es.target_cache.set_lengths(lengths), es.head_cache.set_lengths(lengths), state,
                     es.rounds, es.accepted, es.proposed)
 
-    def first_only(s: MultiState, first: jax.Array, cache: KVCache, remaining, stop: StepStop) -> Step:
-        """`eagle_step` where every row's step is its `first` token, or nothing (each row then finishes: EOS, or its
-        budget's last token): that token is the target's, read off the verification pass, and the head's pass over
-        the block, which only later rounds would read, is not run."""
-        count = jnp.minimum(remaining, 1)
-        tokens = jnp.full((count.shape[0], shape.segment), PAD_ID, jnp.int32).at[:, 0].set(
-            jnp.where(count > 0, first, PAD_ID))
-        _, state = cut_at_step_end(tokens, count, stop.table, stop.state)
-        zeros = jnp.zeros_like(count)
-        return Step(tokens, count, cache, s.head_cache, state, jnp.int32(0), zeros, zeros)
-
-    def eagle_or_first(x: RoundInputs, s: MultiState, v: Verified, cache: KVCache, remaining, stop: StepStop,
-                       args: SamplingArgs) -> Step:
-        first = first_token(v.first_logits, sampler, args)  # what EAGLE-3 would emit first
-        ends = (remaining <= 0) | (s.max_new - s.num_new - v.accepted <= 1) | is_eos(first, x.eos_ids)
-        step = functools.partial(eagle_step, x, s, v, cache, remaining, stop, args)
-        return jax.lax.cond(jnp.all(ends), lambda: first_only(s, first, cache, remaining, stop), step)
-
-    write_step = plain_step if eagle is None else eagle_or_first
+    write_step = plain_step if eagle is None else eagle_step
 
     def round_(x: RoundInputs, s: MultiState, args: SamplingArgs, prompt: jax.Array | None, draft_cache: KVCache,
                draft_first: jax.Array) -> MultiState:

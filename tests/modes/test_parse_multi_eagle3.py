@@ -13,7 +13,7 @@ from parse_jax.models.cache import KVCache
 from parse_jax.models.decoder import causal_metadata
 from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
-from parse_jax.modes.parse_multi import after_cache, serve_multi
+from parse_jax.modes.parse_multi import serve_multi
 from parse_jax.runtime.decode import generate
 from parse_jax.runtime.programs import setup_events
 from parse_jax.runtime.requests import SamplingParams
@@ -48,12 +48,13 @@ def partial() -> float:
 
 
 def test_the_head_cache_carried_over_equals_one_prefill():
-    """`after_cache`: EAGLE-3 started from a head cache that holds the first m positions and a context of the rest
-    gives the head state of one prefill over the whole context (same head outputs, same cache entries)."""
+    """`EagleContext.head_cache`: EAGLE-3 started from a head cache that holds the first m positions and a context
+    of the rest gives the head state of one prefill over the whole context (same head outputs, same cache
+    entries), though every row ends at its first token (it does not finish: the head's pass runs)."""
     rng = np.random.default_rng(3)
     b, n, m, cache_len = 2, 12, 5, 32
     tokens = jnp.asarray(rng.integers(4, V, (b, n)), jnp.int32)
-    loop = EagleLoop(config=HEAD.config, gamma=3, num_new=4, carries_head=True)  # as multi-round PARSE's steps
+    loop = EagleLoop(config=HEAD.config, gamma=3, num_new=4)
     greedy, args = Sampler(greedy=True), SamplingParams(0.0, 0, 1.0, 0).args()
     none = jnp.zeros((b,), jnp.int32)  # no tokens to write: the head's state right after its prefill
 
@@ -63,16 +64,16 @@ def test_the_head_cache_carried_over_equals_one_prefill():
         pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
         logits, t_cache, feats = fns.target(tokens, pos, KVCache.init(TARGET.config, b, cache_len), limit, group)
 
-        def start(ctx_tokens, ctx_feats, length, first_logits, f):
+        def start(ctx_tokens, ctx_feats, length, first_logits, head_cache=None):
             ctx = EagleContext(tokens=ctx_tokens, features=ctx_feats, length=jnp.full((b,), length, jnp.int32),
-                               first_logits=first_logits)
-            return eagle_loop(f, t_cache.commit(length), ctx, loop=loop, max_new=none,
+                               first_logits=first_logits, head_cache=head_cache, finishes=jnp.zeros((b,), bool))
+            return eagle_loop(fns, t_cache.commit(length), ctx, loop=loop, max_new=none,
                               eos_ids=jnp.zeros((1,), jnp.int32) - 1, sampler=greedy, args=args)
 
-        whole = start(tokens, feats, n, logits[:, n - 1], fns)
+        whole = start(tokens, feats, n, logits[:, n - 1])
         forced = jax.nn.one_hot(tokens[:, m], V) * 100.0  # the first m positions' "next token" is the real one
-        first = start(tokens[:, :m], feats[:, :m], m, forced, fns)
-        rest = start(tokens[:, m:], feats[:, m:], n - m, logits[:, n - 1], after_cache(fns, first.head_cache))
+        first = start(tokens[:, :m], feats[:, :m], m, forced)
+        rest = start(tokens[:, m:], feats[:, m:], n - m, logits[:, n - 1], first.head_cache)
         return whole, rest
 
     whole, rest = jax.jit(run)(TARGET.params, HEAD.params)

@@ -121,8 +121,9 @@ def test_greedy_identity_with_eos_and_budgets():
 
 def test_a_start_whose_every_row_ends_at_its_first_token_skips_the_heads_pass():
     """`eagle_start` fills the head's cache with one pass over the context, unless every row ends at its first token
-    (its budget, or EOS: an answer a PARSE verification accepted whole), where nothing would read it; a loop whose
-    head cache is read on (`carries_head`, multi-round PARSE) always runs the pass. The first token is the same."""
+    (its budget, or EOS: an answer a PARSE verification accepted whole), where nothing would read it; where a row
+    ends there without finishing (`EagleContext.finishes`: a multi-round PARSE step end, whose next round reads the
+    head's cache on), the pass runs. The first token is the same."""
     from parse_jax.runtime.requests import SamplingParams
     from parse_jax.runtime.sampling import Sampler
     from parse_jax.speculation.eagle3.decode import EagleContext, EagleLoop, eagle_start, first_token
@@ -133,29 +134,30 @@ def test_a_start_whose_every_row_ends_at_its_first_token_skips_the_heads_pass():
     tokens = jnp.asarray(np.random.default_rng(1).integers(3, target.config.vocab_size, (b, n)), jnp.int32)
     greedy, args = Sampler(greedy=True), SamplingParams(0.0, 0, 1.0, 0).args()
 
-    def start(tp, hp, max_new, eos, carries):
+    def start(tp, hp, max_new, eos, finishes):
         fns = head_applies(target.config, head.config, "xla", tp, hp)
         limit, group = causal_metadata(b, n)
         pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
         logits, cache, feats = fns.target(tokens, pos, KVCache.init(target.config, b, 32), limit, group)
         ctx = EagleContext(tokens=tokens, features=feats, length=jnp.full((b,), n, jnp.int32),
-                           first_logits=logits[:, n - 1])
-        loop = EagleLoop(config=head.config, gamma=3, num_new=4, carries_head=carries)
+                           first_logits=logits[:, n - 1], finishes=finishes)
+        loop = EagleLoop(config=head.config, gamma=3, num_new=4)
         st = eagle_start(fns, cache.commit(n), ctx, loop=loop, max_new=max_new, eos_ids=eos, sampler=greedy,
                          args=args)
         return st, first_token(ctx.first_logits, greedy, args)
 
-    run = jax.jit(start, static_argnums=4)
+    run = jax.jit(start)
     no_eos = jnp.asarray([-1], jnp.int32)
     p = (target.params, head.params)
-    cont, first = run(*p, jnp.asarray([1, 5], jnp.int32), no_eos, False)  # one row goes on: the pass runs
+    every, one = jnp.asarray([True, True]), jnp.asarray([True, False])
+    cont, first = run(*p, jnp.asarray([1, 5], jnp.int32), no_eos, every)  # one row goes on: the pass runs
     assert cont.head_cache.lengths.tolist() == [n, n] and cont.tokens[:, 0].tolist() == first.tolist()
     assert float(jnp.abs(cont.logits_last).sum()) > 0
     for max_new, eos in ((jnp.asarray([1, 1], jnp.int32), no_eos), (jnp.asarray([5, 7], jnp.int32), first)):
-        done, _ = run(*p, max_new, eos, False)  # every row ends at its first token: no pass
+        done, _ = run(*p, max_new, eos, every)  # every row ends at its first token and finishes: no pass
         assert done.done.tolist() == [True, True] and done.head_cache.lengths.tolist() == [0, 0]
         assert done.tokens[:, 0].tolist() == first.tolist()
-        carried, _ = run(*p, max_new, eos, True)  # the head cache is read on: the pass runs
+        carried, _ = run(*p, max_new, eos, one)  # one row's head cache is read on: the pass runs
         assert carried.head_cache.lengths.tolist() == [n, n]
         np.testing.assert_allclose(carried.logits_last, cont.logits_last, atol=1e-5)
 

@@ -85,12 +85,19 @@ class EagleFns(NamedTuple):
 @struct.dataclass
 class EagleContext:
     """What the target has read before the loop starts: its tokens [B, L] and taps [B, L, 3d], how many count per
-    row [B], and the target's next-token logits after them [B, V]."""
+    row [B], and the target's next-token logits after them [B, V].
+
+    `head_cache`: the head's cache the context continues (its entries come first, the context's positions after
+    them: a multi-round PARSE step, whose head carries from round to round); None, a fresh one. `finishes` [B]:
+    the rows whose answer ends if they end at their first token (None: every row); where a row stops at its first
+    token without finishing (a step end), a later call reads the head's cache, so its pass over the context runs."""
 
     tokens: jax.Array
     features: jax.Array
     length: jax.Array
     first_logits: jax.Array
+    head_cache: KVCache | None = None
+    finishes: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,9 +113,6 @@ class EagleLoop:
     first_pass: int = 0    # target passes already made: 1 after a prefill, 0 from a PARSE boundary
     tree_top_k: int = 4    # tree: children per node (and frontier nodes per depth, unless tree_width)
     tree_width: int = 0    # tree: frontier nodes per depth (0: tree_top_k; 1: the spine, `tree.expand_spine`)
-    # the head's cache is read after the loop (multi-round PARSE: its steps end at delimiters, its next round reads
-    # on): the head's pass over the context runs even where every row ends at its first token
-    carries_head: bool = False
 
     @classmethod
     def of(cls, config: Eagle3Config, settings: Eagle3Settings, *, num_new: int, first_pass: int = 0) -> EagleLoop:
@@ -135,14 +139,17 @@ def first_token(first_logits: jax.Array, sampler: Sampler, args: SamplingArgs) -
 def eagle_start(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop: EagleLoop, max_new: jax.Array,
                 eos_ids: jax.Array, sampler: Sampler, args: SamplingArgs) -> EagleState:
     """From a target cache holding `ctx.length` context tokens and the target's taps at those positions: emit the
-    first token from `ctx.first_logits` and fill the head's cache (one head pass over the context). Where every
-    row ends at that token (EOS, a budget of one: an answer PARSE accepted whole), nothing reads the head's state:
-    the pass is skipped (`lax.cond`), the head cache left as it was and `h_last`/`logits_last` zero, unless the
-    loop's head cache is read on (`EagleLoop.carries_head`)."""
+    first token from `ctx.first_logits` and fill the head's cache (one head pass over the context, after the
+    entries of `ctx.head_cache` where given). Where every row ends at that token and its answer with it (EOS, a
+    budget of one: an answer PARSE accepted whole; `ctx.finishes`), nothing reads the head's state: the pass is
+    skipped (`lax.cond`), the head cache left as it was and `h_last`/`logits_last` zero."""
     _, head_apply, lm = fns
     first_logits, ctx_tokens, ctx_feats, n = ctx.first_logits, ctx.tokens, ctx.features, ctx.length
-    head_cache = KVCache.init(loop.config.layer, first_logits.shape[0], target_cache.max_len)
     b = first_logits.shape[0]
+    if ctx.head_cache is None:
+        head_cache, base = KVCache.init(loop.config.layer, b, target_cache.max_len), 0
+    else:
+        head_cache, base = ctx.head_cache, ctx.head_cache.lengths[:, None]
     rows = jnp.arange(b)
     width = loop.num_new + loop.gamma + 1
     first = first_token(first_logits, sampler, args)
@@ -151,8 +158,9 @@ def eagle_start(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop
     shifted = shifted.at[rows, n - 1].set(first)
     length = ctx_tokens.shape[1]
     limit, group = causal_metadata(b, length)
-    positions = jnp.broadcast_to(jnp.arange(1, length + 1, dtype=jnp.int32), (b, length))
+    positions = jnp.arange(1, length + 1, dtype=jnp.int32)[None, :] + base + jnp.zeros((b, 1), jnp.int32)
     done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
+    finished = done if ctx.finishes is None else done & ctx.finishes
 
     def fill(cache: KVCache):
         out, normed, cache = head_apply(shifted, ctx_feats, True, positions, cache, limit, group)
@@ -162,10 +170,8 @@ def eagle_start(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop
         _, h, logits = jax.eval_shape(fill, cache)
         return cache, jnp.zeros(h.shape, h.dtype), jnp.zeros(logits.shape, logits.dtype)
 
-    if loop.carries_head:
-        head_cache, h_last, logits_last = fill(head_cache)
-    else:  # a batch whose every row ends at its first token (an answer accepted whole) reads nothing more
-        head_cache, h_last, logits_last = jax.lax.cond(jnp.all(done), skip, fill, head_cache)
+    # a batch whose every row ends here (an answer accepted whole) reads nothing more
+    head_cache, h_last, logits_last = jax.lax.cond(jnp.all(finished), skip, fill, head_cache)
     tokens = jnp.full((b, width), PAD_ID, jnp.int32).at[:, 0].set(jnp.where(max_new > 0, first, PAD_ID))
     zeros = jnp.zeros((b,), jnp.int32)
     return EagleState(target_cache=target_cache, head_cache=head_cache, h_last=h_last, logits_last=logits_last,
