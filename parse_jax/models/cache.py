@@ -43,6 +43,12 @@ class KVCache:
         """Roll back (or forward) to explicit per-row lengths; slots past them become invisible."""
         return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
 
+    def padded(self, max_len: int) -> KVCache:
+        """The same cache in buffers of `max_len` slots (empty past the old end): a program whose first phase
+        needs fewer slots than its later ones runs that phase over the smaller buffers."""
+        pad = ((0, 0), (0, 0), (0, max_len - self.max_len), (0, 0))
+        return self.replace(k=tuple(jnp.pad(x, pad) for x in self.k), v=tuple(jnp.pad(x, pad) for x in self.v))
+
 
 def write_block(buf: jax.Array, block: jax.Array, lengths: jax.Array) -> jax.Array:
     """Write block [B, T, KV, D] into buf [B, KV, S, D] at slots lengths[b] + j; slots past S are dropped (never

@@ -191,7 +191,7 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         or its budget's last: an answer accepted whole), no head pass runs (`eagle_start`)."""
         fns = head_applies(pair.target, eagle.config, pair.target_impl, x.target_params, x.weights[2])
         first = first_token(v.first_logits, sampler, args)  # what the loop emits first
-        finishes = (remaining <= 0) | (s.max_new - s.num_new - v.accepted <= 1) | is_eos(first, x.eos_ids)
+        finishes = finishing_rows(remaining, s.max_new - s.num_new - v.accepted, first, x.eos_ids)
         ctx = EagleContext(tokens=v.tokens, features=v.features, length=cache.lengths - s.head_cache.lengths,
                            first_logits=v.first_logits, head_cache=s.head_cache, finishes=finishes)
         es = eagle_loop(fns, cache, ctx, loop=EagleLoop.of(eagle.config, eagle, num_new=shape.segment),
@@ -265,8 +265,10 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         """A fresh state for `prompts` after their first round."""
         prompt, prompt_lens = prompts.tokens, prompts.lens
         b = prompt.shape[0]
+        # the first round's draft reads the prompt and writes one draft: it runs over a cache of that size (as
+        # single round's does), grown to the later rounds' size after it
         d_cache, d_first = prefill(forward_fn(draft, x.draft_params), pair.draft, prompt, prompt_lens,
-                                   shape.cache_len)
+                                   min(length_bucket(p + d), shape.cache_len))
         zeros = jnp.zeros((b,), jnp.int32)
         state = MultiState(target_cache=KVCache.init(pair.target, b, shape.cache_len), draft_cache=d_cache,
                            seq=jnp.zeros((b, p + shape.num_new + d), jnp.int32).at[:, :p].set(prompt),
@@ -276,7 +278,8 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
                            drafted=zeros, block_tokens=zeros, prefixes=zeros, **step_counters(spec, b),
                            delim=zeros, eagle_accepted=zeros, eagle_proposed=zeros,
                            head_cache=fresh_head(eagle, b, shape.cache_len))
-        return round_(x, state, args, prompt, d_cache, d_first)
+        s = round_(x, state, args, prompt, d_cache, d_first)
+        return s.replace(draft_cache=s.draft_cache.padded(shape.cache_len))
 
     def later_round(x: RoundInputs, s: MultiState, args: SamplingArgs) -> MultiState:
         """The draft reads what it has not seen (the target's last segment), then a round over both caches."""
@@ -291,6 +294,13 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         return round_(x, s, args, None, dc.commit(n_pend), logits[jnp.arange(b), jnp.maximum(n_pend - 1, 0)])
 
     return first_round, later_round
+
+
+def finishing_rows(remaining: jax.Array, left: jax.Array, first: jax.Array, eos_ids: jax.Array) -> jax.Array:
+    """[B] the rows whose answer ends if their step ends at its `first` token: no step left to write, the budget's
+    last token (`left` tokens of budget), or EOS. A step end that is not EOS (a delimiter) ends only the step: the
+    next round's EAGLE-3 reads the head's cache on, so the head's pass over the block must run."""
+    return (remaining <= 0) | (left <= 1) | is_eos(first, eos_ids)
 
 
 def fresh_head(eagle: EagleSpec | None, b: int, cache_len: int) -> KVCache | None:

@@ -159,3 +159,43 @@ def test_the_trained_head_keeps_its_acceptance_across_rounds():
         res = eng.generate(prompts, mode="parse+eagle3", max_new_tokens=32)
         rates[rounds] = res.stats["eagle3_accepted_tokens"] / res.stats["eagle3_draft_tokens"]
     assert rates["single"] > 0.5 and rates["multi"] > 0.8 * rates["single"], rates
+
+
+def test_a_step_that_ends_at_a_delimiter_keeps_the_heads_cache(monkeypatch):
+    """A round whose step ends at its first token without ending the answer (the token is a delimiter) still runs
+    the head's pass over the block, which the next round reads on: after the first round the head's cache equals
+    that of a round whose head pass never skips. Threshold 0 accepts the draft whole, and the delimiter is the token
+    the target writes right after it, so the round's step is that one token."""
+    import parse_jax as pj
+    from parse_jax.modes import parse_multi
+    from parse_jax.modes.context import PairSpec
+    from parse_jax.runtime.programs import bucket
+
+    target, draft = pj.load_pair()
+    prompt = pj.load_task().problems(1, 9)[0][0]
+    fixed = dict(schedule="fixed", rounds="multi", threshold=0.0, max_draft_tokens=8)
+    tokens = ParseEngine(target, draft, ParseConfig(**fixed)).generate([prompt], mode="parse", max_new_tokens=32)
+    eng = ParseEngine(target, draft, ParseConfig(**fixed, delimiter=target.tokenizer.decode([tokens.tokens[0][8]])))
+    ctx = eng.context
+    req = eng.request([prompt], "parse+eagle3", 32, 0.0, 0, 0, 1.0, None)
+    launch = parse_multi.multi_launch(ctx, req, eagle=True)
+    eagle = parse_multi.eagle_spec(ctx)
+    shape = parse_multi.multi_shape(ctx, bucket(len(req.ids[0])), 32, eagle)
+
+    def first_round_state():
+        parse_multi._rounds.cache_clear()
+        first_round, _ = parse_multi._rounds(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, eagle)
+        weights, prompts, eos_ids, seg_stop, judge, args = launch.args
+        run = jax.jit(lambda w, p, e, s, j, a: first_round(parse_multi.RoundInputs(w, e, s, j), p, a))
+        return run(weights, prompts, eos_ids, seg_stop, judge, args)
+
+    got = first_round_state()
+    monkeypatch.setattr(parse_multi, "finishing_rows", lambda remaining, *_: jnp.zeros(remaining.shape, bool))
+    never_skips = first_round_state()
+    parse_multi._rounds.cache_clear()
+    assert int(got.num_new[0]) == 9 and not bool(got.done[0])  # the draft's 8 tokens and the delimiter; not done
+    n = int(got.head_cache.lengths[0])
+    assert n == int(got.target_cache.lengths[0]) == int(never_skips.head_cache.lengths[0])
+    for a, b in zip(got.head_cache.k + got.head_cache.v, never_skips.head_cache.k + never_skips.head_cache.v):
+        np.testing.assert_allclose(np.asarray(a)[:, :, :n], np.asarray(b)[:, :, :n], atol=1e-6)
+    assert float(jnp.abs(got.head_cache.k[0][:, :, :n]).sum()) > 0

@@ -134,13 +134,13 @@ def test_a_start_whose_every_row_ends_at_its_first_token_skips_the_heads_pass():
     tokens = jnp.asarray(np.random.default_rng(1).integers(3, target.config.vocab_size, (b, n)), jnp.int32)
     greedy, args = Sampler(greedy=True), SamplingParams(0.0, 0, 1.0, 0).args()
 
-    def start(tp, hp, max_new, eos, finishes):
+    def start(tp, hp, max_new, eos, finishes, head_cache=None):
         fns = head_applies(target.config, head.config, "xla", tp, hp)
         limit, group = causal_metadata(b, n)
         pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
         logits, cache, feats = fns.target(tokens, pos, KVCache.init(target.config, b, 32), limit, group)
         ctx = EagleContext(tokens=tokens, features=feats, length=jnp.full((b,), n, jnp.int32),
-                           first_logits=logits[:, n - 1], finishes=finishes)
+                           first_logits=logits[:, n - 1], finishes=finishes, head_cache=head_cache)
         loop = EagleLoop(config=head.config, gamma=3, num_new=4)
         st = eagle_start(fns, cache.commit(n), ctx, loop=loop, max_new=max_new, eos_ids=eos, sampler=greedy,
                          args=args)
@@ -160,6 +160,14 @@ def test_a_start_whose_every_row_ends_at_its_first_token_skips_the_heads_pass():
         carried, _ = run(*p, max_new, eos, one)  # one row's head cache is read on: the pass runs
         assert carried.head_cache.lengths.tolist() == [n, n]
         np.testing.assert_allclose(carried.logits_last, cont.logits_last, atol=1e-5)
+        by_default, _ = run(*p, max_new, eos, None)  # no `finishes`: every row that ends finishes
+        assert by_default.head_cache.lengths.tolist() == [0, 0]
+    # a head cache the context continues, where every row ends and finishes: handed back as it was
+    given = KVCache.init(head.config.layer, b, 32)
+    given = given.replace(k=tuple(x + 1.0 for x in given.k)).set_lengths(jnp.asarray([2, 3], jnp.int32))
+    kept, _ = run(*p, jnp.asarray([1, 1], jnp.int32), no_eos, every, given)
+    assert kept.head_cache.lengths.tolist() == [2, 3]
+    np.testing.assert_array_equal(kept.head_cache.k[0], given.k[0])
 
 
 def test_sampling_follows_the_target_distribution():

@@ -57,8 +57,9 @@ from parse_jax.speculation.eagle3.tree import (
 @struct.dataclass
 class EagleState:
     target_cache: KVCache
-    head_cache: KVCache      # one entry per committed target position (same lengths as the target's; left empty
-                             # by a start whose every row ended at its first token, `eagle_start`)
+    head_cache: KVCache      # one entry per committed target position (same lengths as the target's; left as
+                             # given, `EagleContext.head_cache` or empty, by a start whose every row ended at its
+                             # first token and finished, `eagle_start`)
     h_last: jax.Array        # [B, d] head output at the last committed position: drafts the token after `last`
     logits_last: jax.Array   # [B, V] its logits
     tokens: jax.Array        # [B, width] emitted ids
