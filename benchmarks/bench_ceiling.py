@@ -37,8 +37,8 @@ import parse_jax as pj
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.harness.provenance import provenance
 from parse_jax.modes.parse import multi_launch, single_launch
-from parse_jax.runtime.decode import generate_launch
-from parse_jax.runtime.programs import bucket, length_bucket
+from parse_jax.runtime.decode import generate_cache_len, generate_launch
+from parse_jax.runtime.programs import length_bucket
 from parse_jax.schedule.profile import pass_costs
 from parse_jax.utils import atomic
 
@@ -67,10 +67,11 @@ def loop_step(costs, role: str, model, prompts: list[list[int]], sampling, budge
     (a drafter's profile has one cache length, 256)."""
     never = np.array([-1], np.int32)  # the library's "no stop ids": every row runs its whole budget
     steps, alone = [], []
+    capacity = model.config.max_position_embeddings
     for ids in prompts:
         times = []
         for n in budgets:
-            program, a = generate_launch(model, [ids], n, sampling, never, model.config.max_position_embeddings)
+            program, a = generate_launch(model, [ids], n, sampling, never, capacity)
             a = jax.device_put(a)
             jax.block_until_ready(program(*a))  # compiled and warm
             runs = []
@@ -80,9 +81,8 @@ def loop_step(costs, role: str, model, prompts: list[list[int]], sampling, budge
                 runs.append(time.perf_counter() - t0)
             times.append(statistics.median(runs))
         step = (times[1] - times[0]) / (budgets[1] - budgets[0])
-        cache = length_bucket(bucket(len(ids)) + bucket(budgets[1], 16))  # as generate_launch sizes it
         steps.append(step)
-        alone.append(max(costs.seconds(role, 1, 1, cache) - step, 0.0))
+        alone.append(max(costs.seconds(role, 1, 1, generate_cache_len([ids], budgets[1], capacity)) - step, 0.0))
     return statistics.mean(steps), statistics.mean(alone)
 
 

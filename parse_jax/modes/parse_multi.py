@@ -93,6 +93,8 @@ class MultiShape:
     segment: int       # bucket of segment_cap
     num_new: int       # the output buffer (bucket of max_new_tokens)
     cache_len: int     # both caches (and the EAGLE-3 head's)
+    first_draft_cache: int  # the draft's cache in the first round (prompt + one draft, as single round's), grown
+                            # to `cache_len` after it
 
 
 @struct.dataclass
@@ -265,10 +267,8 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         """A fresh state for `prompts` after their first round."""
         prompt, prompt_lens = prompts.tokens, prompts.lens
         b = prompt.shape[0]
-        # the first round's draft reads the prompt and writes one draft: it runs over a cache of that size (as
-        # single round's does), grown to the later rounds' size after it
         d_cache, d_first = prefill(forward_fn(draft, x.draft_params), pair.draft, prompt, prompt_lens,
-                                   min(length_bucket(p + d), shape.cache_len))
+                                   shape.first_draft_cache)
         zeros = jnp.zeros((b,), jnp.int32)
         state = MultiState(target_cache=KVCache.init(pair.target, b, shape.cache_len), draft_cache=d_cache,
                            seq=jnp.zeros((b, p + shape.num_new + d), jnp.int32).at[:, :p].set(prompt),
@@ -357,7 +357,8 @@ def multi_shape(ctx: ModeContext, prompt_bucket: int, max_new: int, eagle: Eagle
     return MultiShape(prompt=p, draft_cap=cap, draft_new=d, segment_cap=seg_cap, pending=bucket(seg + 2, 8),
                       first_lengths=first_lengths, lengths=lengths, segment=bucket(seg, 16),
                       num_new=bucket(max_new, 16),
-                      cache_len=length_bucket(max(first_lengths[-1], written, reach)))
+                      cache_len=length_bucket(max(first_lengths[-1], written, reach)),
+                      first_draft_cache=length_bucket(p + d))
 
 
 def _seg_stop(ctx: ModeContext, req: Request) -> np.ndarray:

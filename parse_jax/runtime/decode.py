@@ -141,6 +141,11 @@ def check_capacity(ids: list[list[int]], max_new_tokens: int, capacity: int) -> 
                 f"{len(p) + max_new_tokens} cache slots but the cache holds {capacity}")
 
 
+def generate_cache_len(ids: list[list[int]], max_new_tokens: int, capacity: int) -> int:
+    """The cache slots of `generate_launch`'s program for these prompts and budget."""
+    return min(length_bucket(bucket(max(len(x) for x in ids)) + bucket(max_new_tokens, 16)), capacity)
+
+
 def generate_launch(model, ids: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
                     eos: np.ndarray, capacity: int):
     """(program, args) of target-only generation for prompts already as ids (checked against `capacity`)."""
@@ -149,7 +154,7 @@ def generate_launch(model, ids: list[list[int]], max_new_tokens: int, sampling: 
     b = bucket(len(ids), 1)
     p = bucket(max(len(x) for x in ids))
     n = bucket(max_new_tokens, 16)
-    cache_len = min(length_bucket(p + n), capacity)
+    cache_len = generate_cache_len(ids, max_new_tokens, capacity)
     prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
     program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.sampler)
     prompt, lens, max_new = (model.place_rows(x) for x in (prompt, lens, max_new))  # sharded: over `data`

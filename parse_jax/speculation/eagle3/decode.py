@@ -159,7 +159,7 @@ def eagle_start(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop
     shifted = shifted.at[rows, n - 1].set(first)
     length = ctx_tokens.shape[1]
     limit, group = causal_metadata(b, length)
-    positions = jnp.arange(1, length + 1, dtype=jnp.int32)[None, :] + base + jnp.zeros((b, 1), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(1, length + 1, dtype=jnp.int32)[None, :] + base, (b, length))
     done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
     finished = done if ctx.finishes is None else done & ctx.finishes
 
