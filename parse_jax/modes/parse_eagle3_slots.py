@@ -21,7 +21,7 @@ from parse_jax.modes.context import ModeContext, PairSpec, parse_result
 from parse_jax.modes.parse import EagleSpec, SingleShape, eagle_spec, single_round_program, single_shape
 from parse_jax.modes.parse_multi import serve_multi
 from parse_jax.modes.verified_slots import ROW_STATS, AheadBook, AheadSlots, place, run_ahead
-from parse_jax.runtime.programs import bucket, register_program
+from parse_jax.runtime.programs import bucket, committed, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import Admission, admission, request_budgets, rows_by_request
@@ -94,7 +94,8 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     # the park: rows shaped as the slots', each leaf its own buffer (the state is donated); only rows below the
     # parked count are read
     park = jax.tree.map(lambda x: jnp.zeros((book.park, *x.shape[1:]) if jnp.ndim(x) else (), x.dtype), empty)
-    state = AheadSlots(slots=empty, park=park, parked=jnp.int32(0), capacity=jnp.int32(used))
+    state = committed(AheadSlots(slots=empty, park=park, parked=jnp.int32(0), capacity=jnp.int32(used)),
+                      weights)
 
     t0 = time.perf_counter()
     run, admissions, counters = run_ahead(

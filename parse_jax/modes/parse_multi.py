@@ -30,7 +30,7 @@ from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.modes.context import Launch, ModeContext, PairSpec, parse_result
 from parse_jax.runtime.decode import decode_loop, is_eos, prefill
 from parse_jax.runtime.metrics import SCORE_BINS
-from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
+from parse_jax.runtime.programs import bucket, committed, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts, pad_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import SlotBook, warm_admissions
@@ -480,7 +480,7 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     args = req.sampling.args()
     first_args, loop_args = args.fold(1), args.fold(2)
     seg_stop = _seg_stop(ctx, req)
-    state = empty_slots(pair, ctx.round_spec, shape, slots, es)
+    state = committed(empty_slots(pair, ctx.round_spec, shape, slots, es), weights)
     book = SlotBook(len(ids), slots, capacity)
     rows: dict[str, list] = {k: [None] * len(ids) for k in ("tokens", *fields)}
     admissions = 0

@@ -32,7 +32,7 @@ from flax import struct
 from parse_jax.models.decoder import Decoder
 from parse_jax.modes.context import ModeContext, PairSpec, parse_result
 from parse_jax.runtime.decode import is_eos
-from parse_jax.runtime.programs import bucket, fetch, forward_fn, register_program
+from parse_jax.runtime.programs import bucket, committed, fetch, forward_fn, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import (
@@ -260,6 +260,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     state = AheadSlots(slots=empty_state(pair.target, slots, width, cache_len),
                        park=empty_state(pair.target, book.park, width, cache_len), parked=jnp.int32(0),
                        capacity=jnp.int32(used))
+    state = committed(state, params)
 
     t0 = time.perf_counter()
     run, admissions, counters = run_ahead(

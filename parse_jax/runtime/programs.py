@@ -62,6 +62,20 @@ def register_program(program):
     return program
 
 
+def committed(state, weights):
+    """A served run's first state, made outside any program, committed where its programs' outputs will be: on the
+    device of the first committed array of `weights` (every weight the run's programs take), else on its own device
+    (left as it is where that weight spans several devices). jit sets a program up again for an argument that comes
+    back from a call committed where it went in uncommitted: the first admission of every served run did."""
+    ref = next((x for x in jax.tree.leaves(weights) if isinstance(x, jax.Array) and x.committed), None)
+    if ref is None:
+        ref = next(x for x in jax.tree.leaves(state) if isinstance(x, jax.Array))
+    devices = ref.devices()
+    if len(devices) > 1:
+        return state
+    return jax.device_put(state, jax.sharding.SingleDeviceSharding(next(iter(devices))))
+
+
 def forward_fn(module: Decoder, params, return_hidden: bool = False):
     """`(tokens, positions, cache, limit, group) -> (logits, cache)` of `module` with `params` (inside a jit);
     with `return_hidden`, `(logits, cache, hiddens)` (see `Decoder`)."""

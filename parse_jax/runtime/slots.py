@@ -29,7 +29,7 @@ from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.runtime.decode import is_eos, prefill
-from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
+from parse_jax.runtime.programs import bucket, committed, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, GenerationStats, Request, SamplingParams
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 
@@ -262,7 +262,7 @@ def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: Sampling
     args = sampling.args()
     t0 = time.perf_counter()
     rows, admissions, run = serve_loop(
-        SlotBook(len(ids), slots, capacity), empty_state(cfg, slots, n, cache_len),
+        SlotBook(len(ids), slots, capacity), committed(empty_state(cfg, slots, n, cache_len), model.params),
         admit=lambda st, batch, where, i: admit(model.params, st, admission(ids, batch, where, prompt_len=p,
                                                                              max_new=max_new, index=i), eos, args),
         advance=lambda st, free: decode(model.params, st, free, eos, args),

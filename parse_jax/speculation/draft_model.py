@@ -24,7 +24,7 @@ from parse_jax.errors import InputError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import Decoder, causal_metadata
-from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
+from parse_jax.runtime.programs import bucket, committed, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import (
     PAD_ID,
     GenerateResult,
@@ -251,7 +251,7 @@ def serve_speculation(target, draft, req: Request, *, gamma: int, max_batch: int
     budgets = request_budgets(req, budgets)
     t0 = time.perf_counter()
     rows, admissions, run = serve_loop(
-        SlotBook(len(ids), slots, used), empty_spec_state(shape, slots),
+        SlotBook(len(ids), slots, used), committed(empty_spec_state(shape, slots), (target.params, draft.params)),
         admit=lambda st, batch, where, i: admit(target.params, draft.params, st,
                                                 admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i),
                                                 eos, args),

@@ -17,7 +17,7 @@ import numpy as np
 from flax import struct
 
 from parse_jax.models.config import ModelConfig
-from parse_jax.runtime.programs import bucket, register_program
+from parse_jax.runtime.programs import bucket, committed, register_program
 from parse_jax.runtime.requests import GenerateResult, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, request_budgets, serve_loop
@@ -128,7 +128,7 @@ def serve_eagle3(target, head: Eagle3, req: Request, eagle: Eagle3Settings, *, m
     p = sb.prompt.shape[1]
     params = (target.params, head.params)
     t0 = time.perf_counter()
-    state = empty_slots(shape, *params, bucket(used, 1), p, eos, args)
+    state = committed(empty_slots(shape, *params, bucket(used, 1), p, eos, args), params)
     rows, admissions, run = serve_loop(
         SlotBook(len(ids), bucket(used, 1), used), state,
         admit=lambda st, batch, where, i: admit(*params, st, admission(ids, batch, where, prompt_len=p,
