@@ -22,6 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from parse_jax.harness.provenance import provenance
+from parse_jax.utils import atomic
+
 MODES = (("target", "single"), ("parse", "single"), ("parse", "multi"),
          ("parse+eagle3", "single"))
 
@@ -77,18 +80,13 @@ def main() -> int:
                 runs[label].append(run(codes[label], cache, mode, rounds, args.n))
         if "before" in runs and runs["before"][0]["tokens"] != runs["now"][0]["tokens"]:
             raise SystemExit(f"{name}: the two checkouts wrote different tokens")
-        rows[name] = {}
-        for label, got in runs.items():
-            rows[name][label] = {"first_seconds": statistics.median(x["first"]["seconds"] for x in got),
-                                 "first_setup": statistics.median(x["first"]["setup"] for x in got),
-                                 "second_seconds": statistics.median(x["second"]["seconds"] for x in got),
-                                 "programs": got[0]["programs"],
-                                 "first_runs": [round(x["first"]["seconds"], 2) for x in got]}
+        rows[name] = {label: {"first_seconds": statistics.median(x["first"]["seconds"] for x in got),
+                              "first_setup": statistics.median(x["first"]["setup"] for x in got),
+                              "second_seconds": statistics.median(x["second"]["seconds"] for x in got),
+                              "programs": got[0]["programs"],
+                              "first_runs": [round(x["first"]["seconds"], 2) for x in got]}
+                      for label, got in runs.items()}
         print(name, json.dumps(rows[name]), flush=True)
-    sys.path.insert(0, str(here))
-    from parse_jax.harness.provenance import provenance
-    from parse_jax.utils import atomic
-
     shutil.rmtree(cache, ignore_errors=True)
     before = None
     if args.before:
