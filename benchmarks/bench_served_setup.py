@@ -3,11 +3,13 @@
 As a user meets it: `ParseEngine.generate(prompts, max_batch=8)` over held-out problems, schedule fixed, the
 persistent compile cache warm. Reported per mode: the first call's wall seconds, the setup jax reports in it
 (tracing, lowering, loading), the programs the process set up, and the second call's seconds. With `--before DIR`
-(a checkout of an earlier commit), each mode runs there too, interleaved, each run in a process of its own.
+(a checkout of an earlier commit), each mode runs there too, interleaved, each run in a process of its own; with
+`--executables`, each mode runs with the executable cache (runtime/executables) too, beside jax's compile cache alone.
 
     git worktree add /tmp/before COMMIT
     python benchmarks/bench_served_setup.py --n 64 --repeats 2 --before /tmp/before \
         --out benchmarks/results/served_setup
+    python benchmarks/bench_served_setup.py --n 64 --repeats 2 --executables --out benchmarks/results/executables
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ CHILD = r"""
 import json, sys, time
 from parse_jax.utils import compile_cache
 compile_cache.enable(sys.argv[1])
+if sys.argv[5] == "on":
+    from parse_jax.runtime import executables
+    executables.use(sys.argv[1] + "/executables")
 import parse_jax as pj
 from parse_jax.runtime.programs import _PROGRAMS, setup_split
 mode, rounds, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -50,9 +55,9 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run(code: Path, cache: Path, mode: str, rounds: str, n: int) -> dict:
+def run(code: Path, cache: Path, mode: str, rounds: str, n: int, exe: str = "off") -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(cache), mode, rounds, str(n)], env=env,
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(cache), mode, rounds, str(n), exe], env=env,
                           capture_output=True, text=True, cwd=code)
     if proc.returncode:
         raise SystemExit(f"{mode}-{rounds} in {code} failed:\n{proc.stderr[-3000:]}")
@@ -64,22 +69,25 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", default=None, help="a checkout of the earlier code to run interleaved")
+    ap.add_argument("--executables", action="store_true", help="each mode with the executable cache too")
     ap.add_argument("--out", default="benchmarks/results/served_setup")
     args = ap.parse_args()
     here = Path(__file__).resolve().parents[1]
-    codes = {"now": here, **({"before": Path(args.before).resolve()} if args.before else {})}
+    codes = {"now": (here, "off"), **({"before": (Path(args.before).resolve(), "off")} if args.before else {}),
+             **({"executables": (here, "on")} if args.executables else {})}
     cache = Path(tempfile.mkdtemp(prefix="parse-jax-served-setup-"))
     rows = {}
     for mode, rounds in MODES:
         name = f"{mode}-{rounds}"
-        for code in codes.values():  # untimed: fills the compile cache with this code's programs
-            run(code, cache, mode, rounds, args.n)
+        for code, exe in codes.values():  # untimed: fills the compile cache with this code's programs
+            run(code, cache, mode, rounds, args.n, exe)
         runs = {label: [] for label in codes}
         for r in range(args.repeats):
             for label in (list(codes) if r % 2 == 0 else list(codes)[::-1]):
-                runs[label].append(run(codes[label], cache, mode, rounds, args.n))
-        if "before" in runs and runs["before"][0]["tokens"] != runs["now"][0]["tokens"]:
-            raise SystemExit(f"{name}: the two checkouts wrote different tokens")
+                code, exe = codes[label]
+                runs[label].append(run(code, cache, mode, rounds, args.n, exe))
+        if any(got[0]["tokens"] != runs["now"][0]["tokens"] for got in runs.values()):
+            raise SystemExit(f"{name}: {' and '.join(runs)} wrote different tokens")
         rows[name] = {label: {"first_seconds": statistics.median(x["first"]["seconds"] for x in got),
                               "first_setup": statistics.median(x["first"]["setup"] for x in got),
                               "second_seconds": statistics.median(x["second"]["seconds"] for x in got),

@@ -22,6 +22,9 @@ if _TEST_CACHE.lower() in compile_cache.OFF_VALUES:
 else:
     os.environ[compile_cache.ENV_VAR] = _TEST_CACHE  # CLI subprocesses and in-process main() calls
     compile_cache.enable(_TEST_CACHE)  # library calls in this process
+# no executable cache in the CLI commands the suite runs: they would compile apart from the programs the library tests
+# compile into the cache above (its tests, tests/runtime/test_executables.py, turn it on themselves)
+os.environ[compile_cache.EXECUTABLES_VAR] = "0"
 
 
 @pytest.fixture(scope="session")

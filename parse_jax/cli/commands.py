@@ -109,9 +109,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = run_settings(args, eos_ids=eos_ids_from_args(args, target))
     res = run_bench(eng, task, settings, modes=modes, models=model_desc(args), skip_unavailable="all" in names)
     res["command"] = command_line(args)
+    from parse_jax.runtime import executables
     from parse_jax.utils import compile_cache
 
     res["compile_cache"] = compile_cache.stats()  # hits: programs loaded from disk, misses: compiled here
+    res["executables"] = executables.stats()  # loads: programs loaded untraced (runtime/executables), compiles: here
     if not writes_results():
         return 0
     if args.json is not None:

@@ -40,12 +40,16 @@ def _run(argv: list[str] | None, watch: InterruptWatch) -> int:
         check_args(args, parser)
         folder = compile_cache.cache_dir(disabled=args.no_compile_cache)
         if folder is not None:  # before the first compilation: JAX decides once per process
-            compile_cache.enable(folder)
+            folder = compile_cache.enable(folder)
         if hasattr(args, "mesh"):  # multi-host start-up and the device mesh, before anything touches a device
             from parse_jax.distributed.multihost import initialize_from_args
 
             args.mesh_obj = initialize_from_args(args)
-        rc = args.func(args)
+        from parse_jax.runtime import executables
+
+        exe = folder / executables.SUBFOLDER if folder is not None and compile_cache.executables_on() else None
+        with executables.using(exe):
+            rc = args.func(args)
         if watch.seen.is_set():  # Ctrl-C came, and something swallowed its KeyboardInterrupt
             raise KeyboardInterrupt
         return rc

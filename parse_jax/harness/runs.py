@@ -18,6 +18,7 @@ from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.eval.report import wilson
 from parse_jax.modes.table import MODE_TABLE
+from parse_jax.runtime import executables
 from parse_jax.runtime.decode import generate, target_request
 from parse_jax.runtime.metrics import combine
 from parse_jax.runtime.programs import compiled_programs, setup_events
@@ -332,6 +333,9 @@ def _programs_note() -> str:
     note = f"{compiled_programs()} programs"
     if cache["dir"] is not None:
         note += f"; executables: {cache['hits']} loaded from the compile cache, {cache['misses']} compiled"
+    exe = executables.stats()
+    if exe["dir"] is not None:
+        note += f"; programs: {exe['loads']} loaded from the executable cache, {exe['compiles']} compiled for it"
     return note
 
 

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from parse_jax.models.decoder import Decoder
+from parse_jax.runtime.executables import LOAD_EVENT, Program
 
 
 def bucket(n: int, minimum: int = 8) -> int:
@@ -56,8 +57,10 @@ def to_host(x) -> np.ndarray:
 _PROGRAMS: list = []
 
 
-def register_program(program):
-    """Record a jitted program so that `compiled_programs` counts its compilations."""
+def register_program(program) -> Program:
+    """Record a jitted program so that `compiled_programs` counts its compilations; it runs from the executable
+    cache where one is on (`runtime.executables`)."""
+    program = Program(program)
     _PROGRAMS.append(program)
     return program
 
@@ -152,6 +155,8 @@ def _count_setup(event: str, duration: float, *args, **kwargs) -> None:
         # a load reports its retrieval first, then the backend's duration around it (compiled: less the retrieval)
         compiled = s.compiled + (d if event == _BACKEND else 0.0)
         _SETUP[0] = dataclasses.replace(s, events=s.events + 1, seconds=s.seconds + d, compiled=compiled)
+    elif event == LOAD_EVENT:  # an executable loaded from the executable cache: no tracing, lowering or compiling
+        _SETUP[0] = dataclasses.replace(s, events=s.events + 1, seconds=s.seconds + d, loaded=s.loaded + d)
     elif event == _SAVED:
         _SAVED_BEFORE[0] = d
     elif event == _LOADED:

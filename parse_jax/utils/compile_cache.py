@@ -16,6 +16,7 @@ from pathlib import Path
 from parse_jax.utils.progress import logger
 
 ENV_VAR = "PARSE_JAX_COMPILE_CACHE"
+EXECUTABLES_VAR = "PARSE_JAX_EXECUTABLES"
 OFF_VALUES = ("0", "off", "false", "no", "none")
 _EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
 _state: dict = {"dir": None, "hits": 0, "misses": 0, "listening": False}
@@ -26,6 +27,13 @@ def default_dir(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "parse-jax" / "jax"
+
+
+def executables_on(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the CLI keeps executables beside the compile cache (`runtime.executables`): yes unless
+    `PARSE_JAX_EXECUTABLES` is one of `OFF_VALUES` (the test suite's processes, which patch functions)."""
+    env = os.environ if env is None else env
+    return env.get(EXECUTABLES_VAR, "").strip().lower() not in OFF_VALUES
 
 
 def cache_dir(disabled: bool = False, env: Mapping[str, str] | None = None) -> Path | None:

@@ -32,8 +32,8 @@ def test_an_unusable_cache_folder_is_a_warning_not_an_error(tmp_path, capsys):
     assert "compile cache off" in capsys.readouterr().err
 
 
-def _bench(pair_dir: Path, out: Path, cache: Path) -> tuple[subprocess.CompletedProcess, dict]:
-    env = {**os.environ, compile_cache.ENV_VAR: str(cache)}
+def _bench(pair_dir: Path, out: Path, cache: Path, **env_vars) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {**os.environ, compile_cache.ENV_VAR: str(cache), **env_vars}
     cmd = [sys.executable, "-m", "parse_jax.cli", "bench", "--pair", str(pair_dir), "--n", "2", "--modes",
            "target,parse", "--max-new-tokens", "6", "--batch-size", "2", "--repeats", "1", "--json", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -54,6 +54,22 @@ def test_a_second_bench_in_a_fresh_process_compiles_nothing(pair_dir, tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == entries  # nothing new was written
     assert second["compile_cache"]["misses"] == 0 and second["compile_cache"]["hits"] > 0
     assert "loaded from the compile cache, 0 compiled" in r2.stderr
+    assert second["modes"]["parse"]["new_tokens"] == first["modes"]["parse"]["new_tokens"]
+
+
+@pytest.mark.subprocess
+def test_a_second_bench_loads_its_programs_from_the_executable_cache(pair_dir, tmp_path):
+    """As a user runs it (the suite turns the executable cache off elsewhere): the first process compiles and stores
+    its programs, the second loads them without compiling and writes the same tokens."""
+    cache = tmp_path / "cache"
+    on = {compile_cache.EXECUTABLES_VAR: "1"}
+    _, first = _bench(pair_dir, tmp_path / "a.json", cache, **on)
+    stored = sorted(p.name for p in (cache / "executables").rglob("*.exe"))
+    assert first["executables"]["compiles"] == len(stored) > 0 and first["executables"]["loads"] == 0
+    r2, second = _bench(pair_dir, tmp_path / "b.json", cache, **on)
+    assert second["executables"]["compiles"] == 0 and second["executables"]["loads"] == len(stored)
+    assert sorted(p.name for p in (cache / "executables").rglob("*.exe")) == stored
+    assert f"{len(stored)} loaded from the executable cache, 0 compiled for it" in r2.stderr
     assert second["modes"]["parse"]["new_tokens"] == first["modes"]["parse"]["new_tokens"]
 
 
