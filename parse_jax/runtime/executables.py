@@ -36,6 +36,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from parse_jax.errors import InputError
 from parse_jax.utils import atomic
 from parse_jax.utils.progress import logger
 
@@ -44,19 +45,25 @@ LOAD_EVENT = "/parse_jax/executables/load_duration"  # seconds to load one execu
 _MAX_DEPTH = 24
 _MAX_ARRAY = 1 << 20  # bytes of an array a closure may hold and still be described (hashed)
 _LIBRARIES = ("jax", "jaxlib", "flax", "numpy", "optax", "builtins", "math", "operator", "functools")
-_CONFIG = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion",
-           "jax_default_prng_impl", "jax_threefry_partitionable", "jax_enable_checks", "jax_debug_nans")
+_PACKAGES = ("parse_jax", "pallas_kernels")  # the source a traced program reads (the key's digest)
+_JIT_OPTIONS_SKIPPED = ("fun_sourceinfo", "fun_signature")  # of jit's options: what the description has already
 FRESH = {"xla_embed_ir_in_executable": False}  # the default: a compile that no in-memory cache of jax holds
-_state: dict = {"dir": None, "loads": 0, "stores": 0, "compiles": 0}
-
-
 SUBFOLDER = "executables"  # the CLI's, inside its compile cache's folder
 KEEP_DAYS = 7  # a generation (package source and versions) not used for this long is removed at the next store
+_GENERATION = re.compile(r"^[0-9a-f]{16}$")
+_state: dict = {"dir": None, "loads": 0, "stores": 0, "compiles": 0, "store_failed": False}
 
 
 def use(folder: str | Path | None) -> Path | None:
-    """Keep executables in `folder` (created on the first store); None turns the cache off. Returns the folder."""
-    _state["dir"] = None if folder is None else Path(folder).expanduser().absolute()
+    """Keep executables in `folder`; None turns the cache off. A folder that cannot be written is a warning and
+    leaves the cache off (every program would otherwise compile without jax's cache, to be stored nowhere). Returns
+    the folder, or None."""
+    _state["dir"], _state["store_failed"] = None, False
+    if folder is not None:
+        try:
+            _state["dir"] = atomic.check_writable(Path(folder).expanduser().absolute())
+        except InputError as e:
+            logger.warning(f"executable cache off: {e}")
     return _state["dir"]
 
 
@@ -72,6 +79,7 @@ def using(folder: str | Path | None):
 
 
 def folder() -> Path | None:
+    """Where executables are kept now (None: off)."""
     return _state["dir"]
 
 
@@ -109,6 +117,8 @@ def describe(obj, depth: int = 0):
         return ["dict", sorted(([describe(k, d), describe(v, d)] for k, v in obj.items()), key=json.dumps)]
     if isinstance(obj, (np.dtype, np.generic)):
         return ["np", type(obj).__name__, repr(obj)]
+    if isinstance(obj, jax.core.Tracer):
+        raise Undescribable("a traced value")
     if isinstance(obj, (np.ndarray, jax.Array)):
         return _describe_array(obj)
     if isinstance(obj, Program) or (type(obj).__module__.startswith("jaxlib") and
@@ -154,15 +164,16 @@ def _code_digest(code: types.CodeType) -> str:
     """The bytecode, names and constants of `code` (nested functions' too): two functions of one name differ here."""
     h = hashlib.sha256(code.co_code)
     h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_firstlineno)).encode())
-    for c in code.co_consts:
-        h.update(_code_digest(c).encode() if isinstance(c, types.CodeType) else repr(c).encode())
+    for c in code.co_consts:  # a frozenset's repr follows the hash seed: sorted
+        text = sorted(map(repr, c)) if isinstance(c, frozenset) else c
+        h.update(_code_digest(c).encode() if isinstance(c, types.CodeType) else repr(text).encode())
     return h.hexdigest()
 
 
 def _describe_array(x) -> list:
+    if x.nbytes > _MAX_ARRAY or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        raise Undescribable(f"an array of {x.nbytes} bytes")  # checked before any copy to the host
     x = np.asarray(x)
-    if x.nbytes > _MAX_ARRAY:
-        raise Undescribable(f"an array of {x.nbytes} bytes")
     return ["array", str(x.dtype), list(x.shape), hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()]
 
 
@@ -202,12 +213,16 @@ def _sharding_text(s: jax.sharding.Sharding) -> str:
 
 @functools.cache
 def source_digest() -> str:
-    """A digest of every Python file of this package: any change to its code makes every key new."""
-    root = Path(__file__).resolve().parents[1]
+    """A digest of every Python file of the packages traced programs read (this one and its kernels): any change to
+    their code makes every key new."""
+    import importlib.util
+
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
+    for package in _PACKAGES:
+        root = Path(importlib.util.find_spec(package).origin).parent
+        for path in sorted(root.rglob("*.py")):
+            h.update(f"{package}/{path.relative_to(root)}".encode())
+            h.update(path.read_bytes())
     return h.hexdigest()
 
 
@@ -225,7 +240,7 @@ def _prune(root: Path, keep: str) -> None:
     cutoff = time.time() - KEEP_DAYS * 86400
     for old in root.iterdir() if root.is_dir() else ():
         with contextlib.suppress(OSError):
-            if old.is_dir() and old.name != keep and old.stat().st_mtime < cutoff:
+            if _GENERATION.match(old.name) and old.is_dir() and old.name != keep and old.stat().st_mtime < cutoff:
                 shutil.rmtree(old)
 
 
@@ -239,8 +254,27 @@ def environment() -> dict:
             "platform": backend.platform, "platform_version": backend.platform_version,
             "devices": sorted({d.device_kind for d in jax.devices()}), "device_count": jax.device_count(),
             "process": [jax.process_index(), jax.process_count()],
-            "config": {k: str(getattr(jax.config, k, None)) for k in _CONFIG},
+            "trace_context": _trace_context_text(),
             "xla_flags": os.environ.get("XLA_FLAGS", ""), "source": source_digest()}
+
+
+def _trace_context() -> tuple:
+    """jax's settings that jit keys its programs on (x64, precision, default device, the abstract mesh, ...)."""
+    from jax._src import config
+
+    return config.trace_context()
+
+
+def _trace_context_text() -> list[str]:
+    return [re.sub(r" at 0x[0-9a-f]+", "", repr(v)) for v in _trace_context()]
+
+
+def _jit_options(jitted) -> dict:
+    """The options a program was jitted with (donation, static arguments, shardings, compiler options)."""
+    info = getattr(jitted, "_jit_info", None)
+    if info is None:
+        raise Undescribable("a program without jit's options")
+    return {k: repr(getattr(info, k)) for k in info._fields if k not in _JIT_OPTIONS_SKIPPED}
 
 
 class Program:
@@ -257,51 +291,73 @@ class Program:
         self._describable = True
 
     def __getattr__(self, name):
-        return getattr(self.__dict__["jitted"], name)
+        try:
+            jitted = self.__dict__["jitted"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(jitted, name)
 
     def _cache_size(self) -> int:
         return self.jitted._cache_size() + len(self._ready)
 
-    def __call__(self, *args):
-        if _state["dir"] is None or not self._describable:
-            return self.jitted(*args)
+    def __call__(self, *args, **kwargs):
+        """The executable of these arguments' signature; jit itself where the cache is off, the program cannot be
+        described, it is called with keywords or inside another program."""
+        if _state["dir"] is None or not self._describable or kwargs:
+            return self.jitted(*args, **kwargs)
         try:
-            sig = signature(args)
+            sig = (signature(args), _trace_context())
             hash(sig)
         except (Undescribable, TypeError):
             return self.jitted(*args)
         run = self._ready.get(sig)
+        if run is not None:
+            return run(*args)
+        run, path = self._set_up(args, sig)
         if run is None:
-            run = self._ready[sig] = self._set_up(args, sig)
+            return self.jitted(*args)
+        if path is not None:  # loaded: a file that loads but cannot run is removed, never run again
+            try:
+                out = run(*args)
+            except Exception:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                logger.warning(f"executable cache: {path} failed to run; removed (the next run compiles it)")
+                raise
+            self._ready[sig] = run
+            return out
+        self._ready[sig] = run
         return run(*args)
 
     def description(self) -> list | None:
         """`describe` of the function this program jits, None where it cannot be described (computed once)."""
         if self._describable and self._description is None:
             try:
-                self._description = describe(self.__wrapped__)
+                self._description = [describe(self.__wrapped__), _jit_options(self.jitted)]
             except Undescribable as e:
                 logger.debug(f"executable cache: {self.__name__} not stored ({e})")
                 self._describable = False
         return self._description
 
     def _set_up(self, args: tuple, sig: tuple):
+        """(executable, its file where it was loaded from one, else None); (None, None) where the program cannot be
+        described or an earlier store failed (it runs as jit runs it from then on)."""
         description = self.description()
-        if description is None:
-            return self.jitted
-        key = hashlib.sha256(json.dumps([description, _signature_text(sig), environment()], sort_keys=True,
+        if description is None or _state["store_failed"]:
+            return None, None
+        key = hashlib.sha256(json.dumps([description, _signature_text(sig[0]), environment()], sort_keys=True,
                                         default=str).encode()).hexdigest()
         path = _state["dir"] / generation() / f"{re.sub(r'[^A-Za-z0-9_]', '_', self.__name__)}-{key[:40]}.exe"
         loaded = _load(path, key)
         if loaded is not None:
-            return loaded
+            return loaded, path
         with _compile_cache_off():  # XLA:CPU serializes an executable it loaded without its fused functions (that
             # copy then fails to run), so store only one compiled here: not from jax's persistent cache, nor from its
             # in-memory one (a compile option set to its default makes the compile new)
             compiled = self.jitted.lower(*args).compile(compiler_options=FRESH)
         _state["compiles"] += 1
         _store(path, key, compiled)
-        return compiled
+        return compiled, None
 
 
 @contextlib.contextmanager
@@ -344,10 +400,14 @@ def _load(path: Path, key: str):
         return None
     jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - start)
     _state["loads"] += 1
+    with contextlib.suppress(OSError):
+        os.utime(path.parent)  # this generation is in use
     return compiled
 
 
 def _store(path: Path, key: str, compiled) -> None:
+    """Write `compiled` under `key`; a failure is a warning, and this process stores nothing more (nor compiles for
+    the cache: its programs run as jit runs them)."""
     from jax.experimental import serialize_executable
 
     try:
@@ -356,5 +416,6 @@ def _store(path: Path, key: str, compiled) -> None:
         _state["stores"] += 1
         os.utime(path.parent)  # this generation is in use
         _prune(path.parent.parent, keep=path.parent.name)
-    except Exception as e:  # a read-only folder, a backend that cannot serialize: the run goes on uncached
-        logger.warning(f"executable cache: {path.name} not stored ({type(e).__name__}: {e})")
+    except Exception as e:  # a full disk, a backend that cannot serialize: the run goes on uncached
+        _state["store_failed"] = True
+        logger.warning(f"executable cache: {path.name} not stored ({type(e).__name__}: {e}); storing no more")
