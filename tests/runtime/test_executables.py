@@ -18,6 +18,7 @@ from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.runtime import executables
 from parse_jax.runtime.executables import Undescribable, describe
 from parse_jax.runtime.programs import _PROGRAMS, register_program, setup_split
+from parse_jax.utils import progress
 from tests.modes.test_parse_multi_eagle3 import DRAFT, HEAD, PROMPTS, SETTINGS, TARGET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,10 +106,11 @@ def test_the_key_reads_the_kernels_source_and_a_new_generation_prunes_only_old_o
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fedcba9876543210", "not-a-generation"]
 
 
-def test_a_folder_that_cannot_be_written_leaves_the_cache_off(tmp_path, caplog):
+def test_a_folder_that_cannot_be_written_leaves_the_cache_off(tmp_path, capsys):
     (tmp_path / "file").write_text("")
+    progress.configure(0)  # warnings on stderr, as the CLI shows them
     with executables.using(tmp_path / "file" / "exe"):
-        assert executables.folder() is None and "executable cache off" in caplog.text
+        assert executables.folder() is None and "executable cache off" in capsys.readouterr().err
         np.testing.assert_allclose(scaled(0.25)(jnp.ones((3, 4)), jnp.ones((4, 2))), np.tanh(4.0) * 0.25, rtol=1e-6)
 
 
@@ -138,14 +140,15 @@ def test_a_program_over_something_it_cannot_describe_runs_as_jit_and_stores_noth
     assert _exe_files(tmp_path) == [] and program.description() is None
 
 
-def test_a_broken_file_is_compiled_again_never_run(tmp_path, caplog):
+def test_a_broken_file_is_compiled_again_never_run(tmp_path, capsys):
     x, w = jnp.ones((3, 4)), jnp.ones((4, 2))
+    progress.configure(0)
     with executables.using(tmp_path):
         scaled(0.5)(x, w)
         (path,) = _exe_files(tmp_path)
         path.write_bytes(path.read_bytes()[:100])  # truncated
         np.testing.assert_allclose(scaled(0.5)(x, w), np.tanh(4.0) * 0.5, rtol=1e-6)
-        assert "ignored" in caplog.text and len(path.read_bytes()) > 100  # stored again whole
+        assert "ignored" in capsys.readouterr().err and len(path.read_bytes()) > 100  # stored again whole
     with executables.using(None):
         assert executables.folder() is None
 
