@@ -326,12 +326,14 @@ class ParseEngine:
                 longest = None if served else max(1, max(len(t) for t in res.tokens))  # a fixed batch's rows idle
                 self.schedule_state = self.schedule_state.record(choice.name, min(size, len(res.tokens)), res.stats,
                                                                  longest=longest)
-                ledger(self._setup_costs()).ready.add((choice.name, bucket(len(batch.ids), 1)))
+                ledger(self._setup_costs()).ready.add((self._setup_name(choice.run, choice.rounds),
+                                                       bucket(len(batch.ids), 1)))
             elif choice is not None:  # it set up programs: what jax reported that took (and would, loaded)
                 costs, now = self._setup_costs(), setup_split()
                 paid = now - setup_before
                 warm = paid.warm(now) if costs.cache_on else None
-                self._setup = ledger(costs).pay(costs, choice.name, bucket(len(batch.ids), 1), paid.seconds,
+                self._setup = ledger(costs).pay(costs, self._setup_name(choice.run, choice.rounds),
+                                                bucket(len(batch.ids), 1), paid.seconds,
                                                 speculative=choice.speculate, warm=warm,
                                                 compiled=not (costs.cache_on and paid.loaded_all))
             parts.append(res)
@@ -375,13 +377,21 @@ class ParseEngine:
         if self._job_left is None:
             return None
         b = bucket(size, 1)
-        names = [PLAIN_CHOICE] + [choice_name(mode, r) for r in rounds]
+        names = {PLAIN_CHOICE: PLAIN_CHOICE, **{choice_name(mode, r): self._setup_name(mode, r) for r in rounds}}
         setup = self._setup_costs()
         led = ledger(setup)
-        left = {m: led.left(setup, m, b, speculative=m != PLAIN_CHOICE) for m in names}
+        left = {m: led.left(setup, kept, b, speculative=m != PLAIN_CHOICE) for m, kept in names.items()}
         rows = max(self._job_left - start, size)
         steps = rows * (self._row_tokens or max_new) / size
         return SetupCharge({m: v for m, v in left.items() if v is not None}, steps)
+
+    def _setup_name(self, run: str, rounds: str | None) -> str:
+        """The name a choice's setup figure is kept under: its mode and the rounds its programs run, explicit rounds
+        included, so that one command's figure is found by another (bench's `parse`, single round by setting, sets
+        up what eval's `parse-single` does)."""
+        if rounds is None and MODE_TABLE[run].honours_rounds:
+            rounds = self.context.config.rounds
+        return choice_name(run, rounds)
 
     def _setup_costs(self) -> SetupCosts:
         """The setup figures of this engine's models, read from disk the first time they are needed."""

@@ -10,7 +10,7 @@ from parse_jax.errors import InputError
 from parse_jax.runtime.decode import generate
 from parse_jax.runtime.programs import bucket
 from parse_jax.schedule.auto import EXPLORE_FILLS, EXPLORE_MIN_PROMPTS, SPECULATION_MARGIN, ScheduleState
-from parse_jax.schedule.setup import load_setup_costs
+from parse_jax.schedule.setup import UNMEASURED_SECONDS, load_setup_costs
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
 from tests.test_engine import DRAFT, TARGET
 
@@ -146,7 +146,7 @@ def test_a_close_call_is_measured_again_only_where_the_work_left_pays_for_its_wi
     in a long job, or in an engine that has already run many prompts (as many expected to come) outside a job, it
     measures plain decoding again first; a short job does not. Each engine starts from the same figures."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the setup file of this test: nothing to charge a job
-    load_setup_costs(TARGET, DRAFT).with_figure("parse", 1, 0.0).with_figure("target", 1, 0.0).save()
+    load_setup_costs(TARGET, DRAFT).with_figure("parse-single", 1, 0.0).with_figure("target", 1, 0.0).save()
     state = _measured({"parse": 0.1, "target": 0.13 / (1 - SPECULATION_MARGIN)}, 1)
 
     def engine(prompts_run=0):
@@ -167,6 +167,25 @@ def test_a_close_call_is_measured_again_only_where_the_work_left_pays_for_its_wi
     with one_off.job(len(PROMPTS)):
         res = one_off.generate(PROMPTS, mode="parse", max_new_tokens=6, max_batch=1)
     assert [(c["ran"], c["why"]) for c in res.stats["schedule"]] == [("parse", "measured")]
+
+
+def test_a_setup_figure_is_kept_under_the_rounds_its_programs_ran(tmp_path, monkeypatch):
+    """An engine whose rounds are set (bench's `parse` is single round) keeps its setup figure under the name an
+    engine with rounds="auto" looks up for the same programs (`parse-single`), so one command's figure is another's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    explicit = _engine(schedule="auto", rounds="single")
+    explicit._costs = costs(MEMORY_BOUND, eagle3=False)  # parse predicted to win
+    with explicit.job(10**9):  # long enough to pay an unmeasured setup
+        res = explicit.generate(PROMPTS, mode="parse", max_new_tokens=6, max_batch=2)
+    assert "parse" in {c["ran"] for c in res.stats["schedule"]}
+    kept = load_setup_costs(TARGET, DRAFT)
+    names = set(kept.seconds) | set(kept.warm)
+    assert "parse-single@2" in names and not any(n.startswith("parse@") for n in names)
+    auto = _engine(schedule="auto", rounds="auto")
+    with auto.job(4):
+        charge = auto._charge("parse", ("multi", "single"), 2, 6, 0).seconds
+    assert charge["parse-multi"] == UNMEASURED_SECONDS  # never set up: the prior
+    assert charge.get("parse-single") != UNMEASURED_SECONDS  # its figure, or nothing left (set up in this process)
 
 
 @pytest.mark.parametrize("faster", ["multi", "single"])

@@ -5,7 +5,8 @@ it pays for it.
 `schedule="auto"` charges this cost to a one-off job (`ParseEngine.job`): a choice whose setup the job's remaining
 rows cannot pay back is not run, nor explored (docs/design.md §7). On a CPU the setup of PARSE's programs is tens of
 seconds against a few seconds of generation for a 256-problem eval, so an eval would otherwise lose to the target
-on setup alone. Figures are keyed by choice name ("parse-single", "target") and batch bucket, in one JSON file per
+on setup alone. Figures are keyed by the mode and the rounds its programs run ("parse-single", also where rounds
+were set rather than chosen; "target") and batch bucket, in one JSON file per
 (target, draft, head) fingerprint, device and versions. A figure is what one process paid in all for the choice at
 that bucket, as jax reports its setup durations (its runs meet new shapes one by one: `SetupLedger`), averaged with
 the figure it found (`EMA`); a speculative choice never measured is expected to cost `UNMEASURED_SECONDS`.
