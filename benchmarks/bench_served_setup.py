@@ -36,7 +36,7 @@ from parse_jax.utils import compile_cache
 compile_cache.enable(sys.argv[1])
 if sys.argv[5] == "on":
     from parse_jax.runtime import executables
-    executables.use(sys.argv[1] + "/executables")
+    executables.use(sys.argv[1] + "/" + executables.SUBFOLDER)
 import parse_jax as pj
 from parse_jax.runtime.programs import _PROGRAMS, setup_split
 mode, rounds, n = sys.argv[2], sys.argv[3], int(sys.argv[4])

@@ -35,9 +35,10 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from jax._src.config import trace_context as _trace_context  # what jit keys its programs on, beyond the arguments
 
 from parse_jax.errors import InputError
-from parse_jax.utils import atomic
+from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.progress import logger
 
 FORMAT = 1
@@ -226,13 +227,19 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def generation() -> str:
-    """The subfolder of this package's source and versions: what an upgrade or an edit leaves behind as a whole."""
+@functools.cache
+def _versions() -> dict:
+    """The format, versions and source an executable was built from (a process's: computed once)."""
     import flax
     import jaxlib
 
-    return hashlib.sha256(f"{FORMAT} {jax.__version__} {jaxlib.__version__} {flax.__version__} "
-                          f"{source_digest()}".encode()).hexdigest()[:16]
+    return {"format": FORMAT, "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+            "source": source_digest()}
+
+
+def generation() -> str:
+    """The subfolder of this package's source and versions: what an upgrade or an edit leaves behind as a whole."""
+    return hashlib.sha256(json.dumps(_versions(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _prune(root: Path, keep: str) -> None:
@@ -246,26 +253,17 @@ def _prune(root: Path, keep: str) -> None:
 
 def environment() -> dict:
     """The versions, devices and settings an executable was built for."""
-    import flax
-    import jaxlib
-
     backend = jax.extend.backend.get_backend()
-    return {"format": FORMAT, "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-            "platform": backend.platform, "platform_version": backend.platform_version,
+    return {**_versions(), "platform": backend.platform, "platform_version": backend.platform_version,
             "devices": sorted({d.device_kind for d in jax.devices()}), "device_count": jax.device_count(),
             "process": [jax.process_index(), jax.process_count()],
             "trace_context": _trace_context_text(),
-            "xla_flags": os.environ.get("XLA_FLAGS", ""), "source": source_digest()}
-
-
-def _trace_context() -> tuple:
-    """jax's settings that jit keys its programs on (x64, precision, default device, the abstract mesh, ...)."""
-    from jax._src import config
-
-    return config.trace_context()
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def _trace_context_text() -> list[str]:
+    """`_trace_context` (jax's settings that jit keys its programs on: x64, precision, default device, the abstract
+    mesh...) as text that is equal across processes."""
     return [re.sub(r" at 0x[0-9a-f]+", "", repr(v)) for v in _trace_context()]
 
 
@@ -316,18 +314,16 @@ class Program:
         run, path = self._set_up(args, sig)
         if run is None:
             return self.jitted(*args)
-        if path is not None:  # loaded: a file that loads but cannot run is removed, never run again
-            try:
-                out = run(*args)
-            except Exception:
+        try:
+            out = run(*args)
+        except Exception:
+            if path is not None:  # loaded: a file that loads but cannot run is removed, never run again
                 with contextlib.suppress(OSError):
                     path.unlink()
                 logger.warning(f"executable cache: {path} failed to run; removed (the next run compiles it)")
-                raise
-            self._ready[sig] = run
-            return out
+            raise
         self._ready[sig] = run
-        return run(*args)
+        return out
 
     def description(self) -> list | None:
         """`describe` of the function this program jits, None where it cannot be described (computed once)."""
@@ -351,28 +347,13 @@ class Program:
         loaded = _load(path, key)
         if loaded is not None:
             return loaded, path
-        with _compile_cache_off():  # XLA:CPU serializes an executable it loaded without its fused functions (that
+        with compile_cache.paused():  # XLA:CPU serializes an executable it loaded without its fused functions (that
             # copy then fails to run), so store only one compiled here: not from jax's persistent cache, nor from its
             # in-memory one (a compile option set to its default makes the compile new)
             compiled = self.jitted.lower(*args).compile(compiler_options=FRESH)
         _state["compiles"] += 1
         _store(path, key, compiled)
         return compiled, None
-
-
-@contextlib.contextmanager
-def _compile_cache_off():
-    """jax's persistent compile cache off for what runs inside (it decides once per process: reset around)."""
-    from jax.experimental.compilation_cache import compilation_cache
-
-    was = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", was)
-        compilation_cache.reset_cache()
 
 
 def _load(path: Path, key: str):

@@ -9,8 +9,9 @@ deleting the folder is always safe. The library itself (`import parse_jax`) leav
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from parse_jax.utils.progress import logger
@@ -87,3 +88,20 @@ def active() -> bool:
 def stats() -> dict:
     """{"dir": folder or None, "hits": programs loaded from the cache, "misses": programs compiled} so far."""
     return {"dir": _state["dir"], "hits": _state["hits"], "misses": _state["misses"]}
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """jax's persistent compile cache off for what runs inside, then as it was (jax decides once per process whether
+    it uses the cache: reset around). Programs compiled inside are neither read from nor written to it."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
+        compilation_cache.reset_cache()
