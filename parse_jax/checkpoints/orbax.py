@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import glob
 import json
+import logging
 import os
 import re
 import shutil
@@ -211,27 +212,53 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
         raise
     except Exception as e:  # Orbax/TensorStore raise many types (some bare Exception) for damaged data
         problem = _orbax_problem(e)
-    _drop_failed_reads()
+    _drop_failed_reads(params_dir)
     raise CheckpointError(f"cannot restore {where}: {problem}")
 
 
 
-def _drop_failed_reads() -> None:
+def _drop_failed_reads(params_dir: Path) -> None:
     """Orbax leaves the other reads of a failed restore as coroutines that raise when collected, each printing
     a 60-line TensorStore dump ("Exception ignored in ..."): collect them now, and drop the ones collected later
     (a read still referenced by a pending task is collected at exit), so the user sees one line.
     Reads still in flight may complete after Orbax closed their event loop, and their callbacks then print
     `RuntimeError: Event loop is closed` at some later moment (seen under load): that one error is dropped too.
+    Under load, asyncio also logs the reads' futures whose errors nobody retrieved ("Future exception was never
+    retrieved", through the `asyncio` logger): those that name this folder or passed through Orbax are dropped.
     Every other error is printed as before."""
+    _FAILED_FOLDERS.add(str(params_dir))
     _quiet_orbax_leftovers()
     gc.collect()
+
+
+_FAILED_FOLDERS: set[str] = set()  # params folders whose restore failed in this process
 
 
 def _is_orbax_leftover(obj: Any, value: BaseException | None) -> bool:
     code = getattr(obj, "cr_code", None)
     if code is not None and "orbax" in code.co_filename:
         return True
-    return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+    if value is None:
+        return False
+    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+        return True
+    text = str(value)
+    if any(folder in text for folder in _FAILED_FOLDERS):
+        return True
+    tb = value.__traceback__
+    while tb is not None:
+        if "orbax" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+class _OrbaxLeftoverFilter(logging.Filter):
+    """Drops asyncio's "exception was never retrieved" records for a failed restore's reads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        value = record.exc_info[1] if record.exc_info else None
+        return not (_FAILED_FOLDERS and value is not None and _is_orbax_leftover(None, value))
 
 
 def _quiet_orbax_leftovers() -> None:
@@ -256,6 +283,7 @@ def _quiet_orbax_leftovers() -> None:
     unraisablehook.drops_orbax_leftovers = True
     sys.unraisablehook, sys.excepthook = unraisablehook, excepthook
     threading.excepthook = thread_excepthook
+    logging.getLogger("asyncio").addFilter(_OrbaxLeftoverFilter())
 
 
 

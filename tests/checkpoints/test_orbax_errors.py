@@ -4,6 +4,9 @@ a damaged Orbax data file named by its param."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
 import os
 import subprocess
 import sys
@@ -79,8 +82,7 @@ def test_stale_temporaries_of_killed_saves_are_cleaned(model, tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ckpt", live.name, other.name])
 
 
-@pytest.mark.subprocess
-def test_damaged_orbax_data_names_the_tensor(model, tmp_path) -> None:
+def _damaged_checkpoint(model: Model, tmp_path: Path) -> Path:
     path = save_model(model, tmp_path / "ckpt")
     data = [p for p in (path / PARAMS_DIR).rglob("*") if p.is_file() and p.parent.name == "d"]
     biggest = max(data, key=lambda p: p.stat().st_size)
@@ -88,6 +90,12 @@ def test_damaged_orbax_data_names_the_tensor(model, tmp_path) -> None:
     for i in range(64, len(raw), 5):
         raw[i] ^= 0xFF
     biggest.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.subprocess
+def test_damaged_orbax_data_names_the_tensor(model, tmp_path) -> None:
+    path = _damaged_checkpoint(model, tmp_path)
     with pytest.raises(CheckpointError, match=r"the data of param [\w/]+/(kernel|embedding|scale) is damaged") as info:
         load_model(path)
     message = str(info.value)
@@ -102,6 +110,31 @@ def test_damaged_orbax_data_names_the_tensor(model, tmp_path) -> None:
                           text=True, timeout=300)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("CheckpointError cannot restore"), proc.stderr[-3000:]
+
+
+
+def test_unretrieved_read_errors_of_a_failed_restore_are_not_logged(model, tmp_path) -> None:
+    """Under load, asyncio logs the failed reads' futures that nobody awaited ("Future exception was never
+    retrieved", 60 lines each): those naming the failed folder are dropped, any other is still logged."""
+    path = _damaged_checkpoint(model, tmp_path)
+    with pytest.raises(CheckpointError, match="is damaged"):
+        load_model(path)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    asyncio_logger = logging.getLogger("asyncio")
+    asyncio_logger.addHandler(handler)
+    loop = asyncio.new_event_loop()
+    try:
+        for message in (f'Error reading "x.kernel/0.0" at local file "{path / PARAMS_DIR}/"', "someone else's"):
+            future = loop.create_future()
+            future.set_exception(ValueError(message))
+            del future
+            gc.collect()
+    finally:
+        loop.close()
+        asyncio_logger.removeHandler(handler)
+    assert [str(r.exc_info[1]) for r in records] == ["someone else's"]
 
 
 KILLED_SAVE = """
