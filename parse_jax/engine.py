@@ -338,17 +338,22 @@ class ParseEngine:
                                                 compiled=not (costs.cache_on and paid.loaded_all))
             parts.append(res)
             start += len(res.tokens)
+            self._count_row_tokens(res.tokens)
         res = parts[0] if len(parts) == 1 else merge_results(parts)
         if choices:
             res.stats["schedule"] = choices
-        written = sum(len(t) for t in res.tokens) / max(len(res.tokens), 1)
-        self._row_tokens = written if self._row_tokens is None else 0.5 * written + 0.5 * self._row_tokens
         self._prompts_run += n
         if self._job_left is not None:
             self._job_left = max(self._job_left - n, 0)
         if self._setup is not None and self._setup is not setup_known:
             self._setup.save()
         return res
+
+    def _count_row_tokens(self, tokens: Sequence[Sequence[int]]) -> None:
+        """Count a finished batch's answers into the tokens a row writes on average (each batch weighs half the
+        figure): what the schedule expects a row to write, in place of the budget (`_choose`, `_charge`)."""
+        written = sum(len(t) for t in tokens) / max(len(tokens), 1)
+        self._row_tokens = written if self._row_tokens is None else 0.5 * written + 0.5 * self._row_tokens
 
     @staticmethod
     def _explore_prompts(n: int, start: int, size: int) -> int:
@@ -417,8 +422,11 @@ class ParseEngine:
         cfg = self.context.config
         knobs = Knobs(draft_tokens=cfg.max_draft_tokens, prefixes=cfg.max_prefixes, rounds=cfg.rounds,
                       gamma=cfg.speculation.gamma, eagle3_gamma=cfg.eagle3.gamma)  # settings are kept as given
+        # the tokens a row is expected to write: what rows have written so far (answers end long before the budget:
+        # the embedded task's about 21 of 256), else the budget
+        expected = req.max_new if self._row_tokens is None else min(req.max_new, max(1, round(self._row_tokens)))
         workload = Workload(batch=len(req.ids), cache_len=self._cache_len(req),
-                            suffix_tokens=len(self.suffix_ids), remaining_tokens=req.max_new)
+                            suffix_tokens=len(self.suffix_ids), remaining_tokens=expected)
         return choose(self.schedule_state, self._cost_model(), mode=mode, knobs=knobs, workload=workload, rounds=rounds,
                       explore=explore, outlook=outlook)
 

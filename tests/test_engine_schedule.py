@@ -275,3 +275,22 @@ def test_a_job_decodes_plainly_where_the_mode_s_setup_would_not_pay_back(tmp_pat
     with pytest.raises(InputError, match="prompts must be"):
         with eng.job(0):
             pass
+
+
+def test_the_schedule_expects_a_row_to_write_what_rows_have_written_not_the_budget(monkeypatch):
+    """Answers end long before the budget (the embedded task's about 21 tokens of 256): priced at the budget, a
+    single round that drafts the whole answer looked no faster than plain decoding. Each decision after the first
+    batch expects a row to write the mean of what rows wrote (each batch half the figure), capped at the budget."""
+    import parse_jax.engine as engine_module
+
+    workloads, real = [], engine_module.choose
+    monkeypatch.setattr(engine_module, "choose", lambda *a, **k: workloads.append(k["workload"]) or real(*a, **k))
+    eng = _engine(schedule="auto", rounds="single")
+    eng._costs = costs(MEMORY_BOUND, eagle3=False)
+    written = [t for row in generate(TARGET, PROMPTS[:6], max_new_tokens=48).tokens for t in row]
+    stop = max(set(written), key=written.count)  # the tiny model's commonest token ends its answers early
+    calls = [eng.generate(PROMPTS[i:i + 2], mode="parse", max_new_tokens=48, eos_ids=[stop]) for i in (0, 2, 4)]
+    means = [sum(map(len, r.tokens)) / len(r.tokens) for r in calls]
+    assert max(means) < 48
+    expected = [48, round(means[0]), round(0.5 * means[1] + 0.5 * means[0])]
+    assert [w.remaining_tokens for w in workloads] == expected
