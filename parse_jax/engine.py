@@ -351,9 +351,15 @@ class ParseEngine:
 
     def _count_row_tokens(self, tokens: Sequence[Sequence[int]]) -> None:
         """Count a finished batch's answers into the tokens a row writes on average (each batch weighs half the
-        figure): what the schedule expects a row to write, in place of the budget (`_choose`, `_charge`)."""
+        figure; `_expected_row_tokens`)."""
         written = sum(len(t) for t in tokens) / max(len(tokens), 1)
         self._row_tokens = written if self._row_tokens is None else 0.5 * written + 0.5 * self._row_tokens
+
+    def _expected_row_tokens(self, max_new: int) -> int:
+        """The tokens a row of a `max_new` budget is expected to write: what rows have written on average, capped at
+        the budget (answers end long before it: the embedded task's about 21 tokens of 256); the budget before any
+        batch has finished."""
+        return max_new if self._row_tokens is None else min(max_new, max(1, round(self._row_tokens)))
 
     @staticmethod
     def _explore_prompts(n: int, start: int, size: int) -> int:
@@ -387,7 +393,7 @@ class ParseEngine:
         led = ledger(setup)
         left = {m: led.left(setup, kept, b, speculative=m != PLAIN_CHOICE) for m, kept in names.items()}
         rows = max(self._job_left - start, size)
-        steps = rows * (self._row_tokens or max_new) / size
+        steps = rows * self._expected_row_tokens(max_new) / size
         return SetupCharge({m: v for m, v in left.items() if v is not None}, steps)
 
     def _setup_name(self, run: str, rounds: str | None) -> str:
@@ -422,11 +428,8 @@ class ParseEngine:
         cfg = self.context.config
         knobs = Knobs(draft_tokens=cfg.max_draft_tokens, prefixes=cfg.max_prefixes, rounds=cfg.rounds,
                       gamma=cfg.speculation.gamma, eagle3_gamma=cfg.eagle3.gamma)  # settings are kept as given
-        # the tokens a row is expected to write: what rows have written so far (answers end long before the budget:
-        # the embedded task's about 21 of 256), else the budget
-        expected = req.max_new if self._row_tokens is None else min(req.max_new, max(1, round(self._row_tokens)))
-        workload = Workload(batch=len(req.ids), cache_len=self._cache_len(req),
-                            suffix_tokens=len(self.suffix_ids), remaining_tokens=expected)
+        workload = Workload(batch=len(req.ids), cache_len=self._cache_len(req), suffix_tokens=len(self.suffix_ids),
+                            remaining_tokens=self._expected_row_tokens(req.max_new))
         return choose(self.schedule_state, self._cost_model(), mode=mode, knobs=knobs, workload=workload, rounds=rounds,
                       explore=explore, outlook=outlook)
 

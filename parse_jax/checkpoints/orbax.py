@@ -224,44 +224,49 @@ def _drop_failed_reads(params_dir: Path) -> None:
     Reads still in flight may complete after Orbax closed their event loop, and their callbacks then print
     `RuntimeError: Event loop is closed` at some later moment (seen under load): that one error is dropped too.
     Under load, asyncio also logs the reads' futures whose errors nobody retrieved ("Future exception was never
-    retrieved", through the `asyncio` logger): those that name this folder or passed through Orbax are dropped.
-    Every other error is printed as before."""
-    _FAILED_FOLDERS.add(str(params_dir))
+    retrieved", through the `asyncio` logger): those naming this folder or raised in Orbax are dropped
+    (`_UnretrievedReadFilter`). Every other error is printed as before."""
+    _FAILED_FOLDERS.add(os.path.join(str(params_dir), ""))
     _quiet_orbax_leftovers()
     gc.collect()
 
 
-_FAILED_FOLDERS: set[str] = set()  # params folders whose restore failed in this process
+_FAILED_FOLDERS: set[str] = set()  # params folders (with a trailing separator) whose restore failed in this process
+_ORBAX_PACKAGE = os.path.join("orbax", "checkpoint", "")  # in the path of Orbax's own modules
 
 
 def _is_orbax_leftover(obj: Any, value: BaseException | None) -> bool:
     code = getattr(obj, "cr_code", None)
     if code is not None and "orbax" in code.co_filename:
         return True
-    if value is None:
-        return False
-    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
-        return True
-    text = str(value)
-    if any(folder in text for folder in _FAILED_FOLDERS):
+    return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+
+def _is_failed_read(value: BaseException) -> bool:
+    """An error of one of a failed restore's reads: TensorStore's names the folder it read, Orbax's (a gather of
+    reads) was raised in Orbax's modules."""
+    if any(folder in str(value) for folder in _FAILED_FOLDERS):
         return True
     tb = value.__traceback__
     while tb is not None:
-        if "orbax" in tb.tb_frame.f_code.co_filename:
+        if _ORBAX_PACKAGE in tb.tb_frame.f_code.co_filename:
             return True
         tb = tb.tb_next
     return False
 
 
-class _OrbaxLeftoverFilter(logging.Filter):
-    """Drops asyncio's "exception was never retrieved" records for a failed restore's reads."""
+class _UnretrievedReadFilter(logging.Filter):
+    """Drops asyncio's "exception was never retrieved" records of a failed restore's reads."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         value = record.exc_info[1] if record.exc_info else None
-        return not (_FAILED_FOLDERS and value is not None and _is_orbax_leftover(None, value))
+        return value is None or not _is_failed_read(value)
 
 
 def _quiet_orbax_leftovers() -> None:
+    asyncio_logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _UnretrievedReadFilter) for f in asyncio_logger.filters):
+        asyncio_logger.addFilter(_UnretrievedReadFilter())
     previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
     if getattr(previous_unraisable, "drops_orbax_leftovers", False):
         return
@@ -283,7 +288,6 @@ def _quiet_orbax_leftovers() -> None:
     unraisablehook.drops_orbax_leftovers = True
     sys.unraisablehook, sys.excepthook = unraisablehook, excepthook
     threading.excepthook = thread_excepthook
-    logging.getLogger("asyncio").addFilter(_OrbaxLeftoverFilter())
 
 
 
