@@ -277,18 +277,22 @@ def test_a_job_decodes_plainly_where_the_mode_s_setup_would_not_pay_back(tmp_pat
             pass
 
 
-def test_the_schedule_expects_a_row_to_write_what_rows_have_written_not_the_budget(monkeypatch):
+def test_the_schedule_expects_a_row_to_write_what_rows_have_written_not_the_budget(tmp_path, monkeypatch):
     """Answers end long before the budget (the embedded task's about 21 tokens of 256): priced at the budget, a
     single round that drafts the whole answer looked no faster than plain decoding. Each decision after the first
-    batch expects a row to write the mean of what rows wrote (each batch half the figure), capped at the budget."""
-    workloads = []
-    monkeypatch.setattr("parse_jax.engine.choose", lambda *a, **k: workloads.append(k["workload"]) or choose(*a, **k))
+    batch expects a row to write the mean of what rows wrote (each batch half the figure), capped at the budget; a
+    job's setup charge spreads over its rows x that figure / the rows at once."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the setup file of this test's job
+    seen = []
+    monkeypatch.setattr("parse_jax.engine.choose", lambda *a, **k: seen.append(k) or choose(*a, **k))
     eng = _engine(schedule="auto", rounds="single")
     eng._costs = costs(MEMORY_BOUND, eagle3=False)
     written = [t for row in generate(TARGET, PROMPTS[:6], max_new_tokens=48).tokens for t in row]
     stop = max(set(written), key=written.count)  # the tiny model's commonest token ends its answers early
-    calls = [eng.generate(PROMPTS[i:i + 2], mode="parse", max_new_tokens=48, eos_ids=[stop]) for i in (0, 2, 4)]
+    with eng.job(6):
+        calls = [eng.generate(PROMPTS[i:i + 2], mode="parse", max_new_tokens=48, eos_ids=[stop]) for i in (0, 2, 4)]
     means = [sum(map(len, r.tokens)) / len(r.tokens) for r in calls]
     assert max(means) < 48
     expected = [48, max(1, round(means[0])), max(1, round(0.5 * means[1] + 0.5 * means[0]))]
-    assert [w.remaining_tokens for w in workloads] == expected
+    assert [k["workload"].remaining_tokens for k in seen] == expected
+    assert [k["outlook"].charge.steps for k in seen] == [rows * e / 2 for rows, e in zip((6, 4, 2), expected)]

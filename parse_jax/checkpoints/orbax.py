@@ -224,9 +224,10 @@ def _drop_failed_reads(params_dir: Path) -> None:
     Reads still in flight may complete after Orbax closed their event loop, and their callbacks then print
     `RuntimeError: Event loop is closed` at some later moment (seen under load): that one error is dropped too.
     Under load, asyncio also logs the reads' futures whose errors nobody retrieved ("Future exception was never
-    retrieved", through the `asyncio` logger): those naming this folder or raised in Orbax are dropped
-    (`_UnretrievedReadFilter`). Every other error is printed as before."""
-    _FAILED_FOLDERS.add(os.path.join(str(params_dir), ""))
+    retrieved", through the `asyncio` logger): from then on, such records of errors naming this folder or raised in
+    Orbax's modules are dropped (`_UnretrievedReadFilter`). Every other error is printed as before."""
+    # as TensorStore writes it: absolute, `..` resolved, links kept
+    _FAILED_FOLDERS.add(os.path.join(os.path.abspath(params_dir), ""))
     _quiet_orbax_leftovers()
     gc.collect()
 
@@ -256,11 +257,15 @@ def _is_failed_read(value: BaseException) -> bool:
 
 
 class _UnretrievedReadFilter(logging.Filter):
-    """Drops asyncio's "exception was never retrieved" records of a failed restore's reads."""
+    """Drops asyncio's "exception was never retrieved" records of a failed restore's reads, and its records of the
+    reads' callbacks that found Orbax's event loop closed (`_is_orbax_leftover`, as the hooks drop them)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         value = record.exc_info[1] if record.exc_info else None
-        return value is None or not _is_failed_read(value)
+        if value is None:
+            return True
+        unretrieved = "exception was never retrieved" in str(record.msg)
+        return not ((unretrieved and _is_failed_read(value)) or _is_orbax_leftover(None, value))
 
 
 def _quiet_orbax_leftovers() -> None:
