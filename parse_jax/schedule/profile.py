@@ -31,7 +31,7 @@ import numpy as np
 
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import causal_metadata
-from parse_jax.models.model import Model, decoder_fn, init_params
+from parse_jax.models.model import Model, decoder_fn, expected_params, init_params, unflatten
 from parse_jax.schedule.costs import CostTable, PassCosts, check_axes, current_device_kind, roofline
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.host import cpu_identity
@@ -159,10 +159,19 @@ def _suspects(timed: dict[tuple[int, int, int], float]) -> list[tuple[int, int, 
 
 
 def head_model(layer: ModelConfig) -> Model:
-    """A one-layer decoder of an EAGLE-3 head's layer config with random params: what `profile_model` times for the
-    head (the head's fusion and 2d-wide q/k/v add a few percent that the timing leaves out)."""
+    """A one-layer decoder of an EAGLE-3 head's layer config: what `profile_model` times for the head (the head's
+    fusion and 2d-wide q/k/v add a few percent that the timing leaves out). Its params are shapes only, all a
+    profile's lookup reads (`model_fingerprint`); `load_or_profile` draws random ones where it measures. Drawing
+    them compiled Flax's init, about a second of every engine's first `generate` on a CPU."""
     layer = layer.replace(num_layers=1)
-    return Model(layer, init_params(layer))
+    return Model(layer, unflatten(expected_params(layer)))
+
+
+def _with_weights(model: Model) -> Model:
+    """`model` with random params in place of shapes (`head_model`'s), to time its passes."""
+    if not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(model.params)):
+        return model
+    return Model(model.config, init_params(model.config), attention_impl=model.attention_impl)
 
 
 def load_or_profile(model: Model, *, measure: bool = False, grid: Grid = Grid(),
@@ -183,7 +192,7 @@ def load_or_profile(model: Model, *, measure: bool = False, grid: Grid = Grid(),
     if not measure:
         return None
     start = time.perf_counter()
-    table = profile_model(model, grid)
+    table = profile_model(_with_weights(model), grid)
     logger.info(f"profiled {model!r} in {time.perf_counter() - start:.1f} s -> {path}")
     atomic.write_json(path, {"fingerprint": key, "table": table.to_dict()})
     return table

@@ -116,3 +116,22 @@ def test_a_pass_slower_than_a_larger_one_is_timed_again_and_the_lower_figure_kep
     assert table.seconds(1, 4, 16) == pytest.approx(1e-3 * 4 * 2)  # the clean second reading
     assert table.seconds(2, 4, 16) == pytest.approx(1e-3 * 8 * 2 * 10)  # the first, lower than the second
     assert table.seconds(2, 4, 32) == pytest.approx(1e-3 * 8 * 3)  # timed once
+
+
+def test_the_heads_model_is_looked_up_without_compiling_and_measured_with_weights(model, tmp_path):
+    """An engine's cost model looks the EAGLE-3 head's profile up by a one-layer model's fingerprint: its params as
+    shapes, so the lookup compiles nothing (drawing random ones compiled Flax's init, about a second of the first
+    `generate`); the fingerprint is the one of the same model with weights, and measuring draws them."""
+    from parse_jax.models.model import Model, init_params
+    from parse_jax.runtime.programs import setup_split
+
+    layer = model.config.replace(hidden_size=48, num_heads=4, num_kv_heads=2, head_dim=12)
+    before = setup_split()
+    shapes = profile.head_model(layer)
+    assert setup_split().compiled == before.compiled
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(shapes.params))
+    one = layer.replace(num_layers=1)
+    assert profile.fingerprint(shapes, TINY) == profile.fingerprint(Model(one, init_params(one)), TINY)
+    table = load_or_profile(shapes, measure=True, grid=TINY, folder=tmp_path)
+    assert all(x > 0 for p in table.seconds_grid for r in p for x in r)
+    assert load_or_profile(profile.head_model(layer), grid=TINY, folder=tmp_path) == table
