@@ -125,7 +125,9 @@ def _time_pass(model: Model, batch: int, tokens: int, cache_len: int, repeats: i
 
 def profile_model(model: Model, grid: Grid = Grid()) -> CostTable:
     """Time `model`'s passes on `grid` (see the module docstring), then time again each pass that took longer than
-    the same pass with more rows or over a longer cache (`_suspects`), keeping the lower figure."""
+    the same pass with more rows or over a longer cache (`_suspects`), keeping the lower figure. A model whose
+    params are shapes (`head_model`'s) is timed with random ones."""
+    model = _with_weights(model)
     timed = {(i, j, k): _time_pass(model, b, t, max(c, t), grid.repeats)
              for i, b in enumerate(grid.batches) for j, t in enumerate(grid.tokens) if grid.timed(b, t)
              for k, c in enumerate(grid.caches)}
@@ -161,7 +163,7 @@ def _suspects(timed: dict[tuple[int, int, int], float]) -> list[tuple[int, int, 
 def head_model(layer: ModelConfig) -> Model:
     """A one-layer decoder of an EAGLE-3 head's layer config: what `profile_model` times for the head (the head's
     fusion and 2d-wide q/k/v add a few percent that the timing leaves out). Its params are shapes only, all a
-    profile's lookup reads (`model_fingerprint`); `load_or_profile` draws random ones where it measures. Drawing
+    profile's lookup reads (`model_fingerprint`); `profile_model` draws random ones where it measures. Drawing
     them compiled Flax's init, about a second of every engine's first `generate` on a CPU."""
     layer = layer.replace(num_layers=1)
     return Model(layer, unflatten(expected_params(layer)))
@@ -171,7 +173,7 @@ def _with_weights(model: Model) -> Model:
     """`model` with random params in place of shapes (`head_model`'s), to time its passes."""
     if not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(model.params)):
         return model
-    return Model(model.config, init_params(model.config), attention_impl=model.attention_impl)
+    return model.with_params(init_params(model.config))
 
 
 def load_or_profile(model: Model, *, measure: bool = False, grid: Grid = Grid(),
@@ -192,7 +194,7 @@ def load_or_profile(model: Model, *, measure: bool = False, grid: Grid = Grid(),
     if not measure:
         return None
     start = time.perf_counter()
-    table = profile_model(_with_weights(model), grid)
+    table = profile_model(model, grid)
     logger.info(f"profiled {model!r} in {time.perf_counter() - start:.1f} s -> {path}")
     atomic.write_json(path, {"fingerprint": key, "table": table.to_dict()})
     return table

@@ -132,6 +132,10 @@ def test_the_heads_model_is_looked_up_without_compiling_and_measured_with_weight
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(shapes.params))
     one = layer.replace(num_layers=1)
     assert profile.fingerprint(shapes, TINY) == profile.fingerprint(Model(one, init_params(one)), TINY)
+    weighted = profile._with_weights(shapes)
+    assert weighted.attention_impl == shapes.attention_impl and weighted.config == shapes.config
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(weighted.params))
+    assert profile.profile_model(shapes, TINY).batches == TINY.batches  # timed with weights drawn
     table = load_or_profile(shapes, measure=True, grid=TINY, folder=tmp_path)
     assert all(x > 0 for p in table.seconds_grid for r in p for x in r)
     assert load_or_profile(profile.head_model(layer), grid=TINY, folder=tmp_path) == table
