@@ -55,7 +55,7 @@ def main() -> int:
             print(mode, round(s, 1), summary["accuracy"], flush=True)
     med = {m: statistics.median(v) for m, v in seconds.items()}
     # accuracy and tokens/s of each mode's median run (the lower middle one of an even count)
-    summaries = {m: runs[m][sorted(range(len(v)), key=v.__getitem__)[(len(v) - 1) // 2]] for m, v in seconds.items()}
+    summaries = {m: runs[m][v.index(statistics.median_low(v))] for m, v in seconds.items()}
     result = {"command": "python " + " ".join(sys.argv), "n": args.n, "seconds": seconds, "median_seconds": med,
               "accuracy": {m: summaries[m]["accuracy"] for m in med},
               "tokens_per_s": {m: summaries[m]["tokens_per_s"] for m in med},

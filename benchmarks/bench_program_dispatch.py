@@ -66,8 +66,7 @@ def main() -> int:
              f"| registered, cache on | {result['median_us']['program']:.1f} |", "",
              f"Added per call: {result['extra_us_median']:.1f} us (median of the per-repeat differences; "
              f"{min(extra):.1f}-{max(extra):.1f})."]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)  # atomic writes create the folder
     atomic.write_json(out / "program_dispatch.json", result)
     atomic.write_text(out / "program_dispatch.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

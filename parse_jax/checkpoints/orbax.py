@@ -21,6 +21,7 @@ import shutil
 import sys
 import threading
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -246,14 +247,8 @@ def _is_orbax_leftover(obj: Any, value: BaseException | None) -> bool:
 def _is_failed_read(value: BaseException) -> bool:
     """An error of one of a failed restore's reads: TensorStore's names the folder it read, Orbax's (a gather of
     reads) was raised in Orbax's modules."""
-    if any(folder in str(value) for folder in _FAILED_FOLDERS):
-        return True
-    tb = value.__traceback__
-    while tb is not None:
-        if _ORBAX_PACKAGE in tb.tb_frame.f_code.co_filename:
-            return True
-        tb = tb.tb_next
-    return False
+    return (any(folder in str(value) for folder in _FAILED_FOLDERS)
+            or any(_ORBAX_PACKAGE in frame.f_code.co_filename for frame, _ in traceback.walk_tb(value.__traceback__)))
 
 
 class _UnretrievedReadFilter(logging.Filter):

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from parse_jax.distributed.verify import sharded_prefix_scores_program
 from parse_jax.models.config import ModelConfig
-from parse_jax.models.model import Model, expected_params, unflatten
+from parse_jax.models.model import Model, param_shapes
 from parse_jax.models.sharding import abstract_params, fitting_rules
 from parse_jax.modes.context import ModeContext
 from parse_jax.modes.parse import ContinueSpec, continue_single, eagle_spec, multi_launch, single_launch
@@ -50,7 +50,7 @@ class AbstractModel(Model):
     def __init__(self, config: ModelConfig, tokenizer: Any, attention_impl: str, mesh: AbstractMesh | None,
                  fallback_replicated: bool = False) -> None:
         if mesh is None:
-            params = unflatten(expected_params(config))
+            params = param_shapes(config)
         else:
             params = abstract_params(config, mesh, fitting_rules(config, mesh, fallback_replicated))
         super().__init__(config, params, tokenizer, attention_impl)

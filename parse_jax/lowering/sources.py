@@ -14,7 +14,7 @@ import jax
 
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import ModelConfig, read_hf_config
-from parse_jax.models.model import Model, expected_params, unflatten
+from parse_jax.models.model import Model, param_shapes
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.speculation.eagle3 import Eagle3, Eagle3Config, init_head
 from parse_jax.utils.paths import config_dir
@@ -64,7 +64,7 @@ def _tokenizer(folder: Path | None, cfg: ModelConfig) -> Tokenizer:
 def shape_model(source: str | Path, dtype: str | None = None) -> Model:
     """A `Model` of `source`'s config and tokenizer whose params are shapes (see the module doc)."""
     cfg, folder = _config(source, dtype)
-    return Model(cfg, unflatten(expected_params(cfg)), _tokenizer(folder, cfg))
+    return Model(cfg, param_shapes(cfg), _tokenizer(folder, cfg))
 
 
 def shape_pair(folder: str | Path | None = None, dtype: str | None = None) -> tuple[Model, Model]:

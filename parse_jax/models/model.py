@@ -144,6 +144,12 @@ def _expected_params(cfg: ModelConfig) -> dict[ParamPath, jax.ShapeDtypeStruct]:
     return {tuple(k.key for k in path): leaf for path, leaf in flat}
 
 
+def param_shapes(cfg: ModelConfig) -> dict[str, Any]:
+    """The nested param tree of `cfg` as `ShapeDtypeStruct`s: a model read as shapes (lowering, memory plans, a
+    profile's lookup), nothing allocated or compiled."""
+    return unflatten(expected_params(cfg))
+
+
 def unflatten(flat: dict[ParamPath, Any]) -> dict[str, Any]:
     """A nested param tree from {path tuple: leaf}."""
     tree: dict[str, Any] = {}

@@ -31,7 +31,7 @@ import numpy as np
 
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.decoder import causal_metadata
-from parse_jax.models.model import Model, decoder_fn, expected_params, init_params, unflatten
+from parse_jax.models.model import Model, decoder_fn, init_params, param_shapes
 from parse_jax.schedule.costs import CostTable, PassCosts, check_axes, current_device_kind, roofline
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.host import cpu_identity
@@ -166,7 +166,7 @@ def head_model(layer: ModelConfig) -> Model:
     profile's lookup reads (`model_fingerprint`); `profile_model` draws random ones where it measures. Drawing
     them compiled Flax's init, about a second of every engine's first `generate` on a CPU."""
     layer = layer.replace(num_layers=1)
-    return Model(layer, unflatten(expected_params(layer)))
+    return Model(layer, param_shapes(layer))
 
 
 def _with_weights(model: Model) -> Model:
