@@ -29,19 +29,21 @@ from parse_jax.modes.parse_multi import (  # noqa: F401  (EagleSpec, multi_launc
     run_multi,
     serve_multi,
 )
-from parse_jax.modes.verified_slots import serve_verified, verifier_of
+from parse_jax.modes.verified_slots import Staged, serve_verified, verified_rows
 from parse_jax.runtime.decode import decode_loop, is_eos, prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
 from parse_jax.speculation.eagle3 import EagleContext, EagleLoop, eagle_loop, head_applies
 from parse_jax.verify.round import (
+    Draft,
     Judge,
     PassShape,
     RoundSpec,
     Verified,
     block_lengths,
     draft_answers,
+    drafted_block_need,
     ends_in_eos,
     join,
     verify_round,
@@ -77,6 +79,40 @@ def _round_stats(v, draft_len) -> dict:
             "rejected_at": v.rejected_at, "score_hist": v.score_hist}
 
 
+def draft_stage(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, draft_params,
+                prompts: Prompts, eos_ids, args: SamplingArgs) -> Draft:
+    """The draft's whole answer to each prompt (a single round's first stage): at most min(draft_cap, budget)."""
+    budget = jnp.where(prompts.max_new > 0, jnp.minimum(shape.draft_cap, prompts.max_new), 0)
+    d_fwd = forward_fn(Decoder(pair.draft, pair.draft_impl), draft_params)
+    d_cache, d_first = prefill(d_fwd, pair.draft, prompts.tokens, prompts.lens, shape.draft_cache)
+    return draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids,
+                         sampler=spec.draft_sampler(sampler), args=args, num_new=shape.draft_new)
+
+
+def verify_stage(pair: PairSpec, spec: RoundSpec, shape: SingleShape, target_params, prompts: Prompts,
+                 answer: Draft, judge: Judge, *, eos_ids, taps: tuple[int, ...] = ()) -> tuple[Verified, jax.Array]:
+    """A single round's verification of `answer` over an empty cache (the prompt is the block's head) -> (the pass,
+    each row's tokens left to write: 0 where the accepted prefix ends in EOS or the budget is spent)."""
+    b = prompts.tokens.shape[0]
+    t_forward = forward_fn(Decoder(pair.target, pair.target_impl), target_params, return_hidden=True)
+    cache = KVCache.init(pair.target, b, shape.cache_len)
+    v = verify_round(t_forward, cache, judge, head=prompts.tokens, head_len=prompts.lens, draft=answer,
+                     spec=spec, shape=PassShape(shape.lengths, taps))
+    remaining = jnp.where(ends_in_eos(answer.tokens, v.accepted, eos_ids) | (prompts.max_new <= 0), 0,
+                          jnp.maximum(prompts.max_new - v.accepted, 0))
+    return v, remaining
+
+
+def split_outputs(v: Verified, answer: Draft, remaining: jax.Array, eos_ids, sampler: Sampler) -> dict:
+    """What a split single round returns at its boundary (`fused=False`): greedy, a row whose next token is EOS is
+    finished here, without taking a continuation row."""
+    b = remaining.shape[0]
+    first = jnp.argmax(v.first_logits, axis=-1).astype(jnp.int32)
+    stop = (is_eos(first, eos_ids) & (remaining > 0)) if sampler.greedy else jnp.zeros((b,), bool)
+    return {"draft": answer.tokens, "remaining": jnp.where(stop, 0, remaining), "stop": stop, "first": first,
+            "cache": v.cache, "context": boundary(v), **_round_stats(v, answer.length)}
+
+
 @functools.cache
 def single_round_program(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, *, fused: bool,
                          eagle: EagleSpec | None = None):
@@ -84,36 +120,21 @@ def single_round_program(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sa
 
     `fused=False` stops after the commit and returns what the continuation needs (`continue_single` runs it on the
     rows that still have tokens to write)."""
-    target, draft = Decoder(pair.target, pair.target_impl), Decoder(pair.draft, pair.draft_impl)
     cont_spec = ContinueSpec(pair.target, pair.target_impl, shape.num_new, sampler, eagle)
 
     def run(target_params, draft_params, head_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs,
             rng_continue):
-        b = prompts.tokens.shape[0]
-        max_new = prompts.max_new
-        budget = jnp.where(max_new > 0, jnp.minimum(shape.draft_cap, max_new), 0)
-        d_fwd = forward_fn(draft, draft_params)
-        d_cache, d_first = prefill(d_fwd, pair.draft, prompts.tokens, prompts.lens, shape.draft_cache)
-        answer = draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids,
-                               sampler=spec.draft_sampler(sampler), args=args, num_new=shape.draft_new)
+        answer = draft_stage(pair, spec, shape, sampler, draft_params, prompts, eos_ids, args)
         taps = eagle.config.taps if eagle is not None else ()
-        t_forward = forward_fn(target, target_params, return_hidden=True)
-        cache = KVCache.init(pair.target, b, shape.cache_len)
-        v = verify_round(t_forward, cache, judge, head=prompts.tokens, head_len=prompts.lens, draft=answer,
-                         spec=spec, shape=PassShape(shape.lengths, taps))
-        remaining = jnp.where(ends_in_eos(answer.tokens, v.accepted, eos_ids) | (max_new <= 0), 0,
-                              jnp.maximum(max_new - v.accepted, 0))
-        stats = _round_stats(v, answer.length)
+        v, remaining = verify_stage(pair, spec, shape, target_params, prompts, answer, judge, eos_ids=eos_ids,
+                                    taps=taps)
         if not fused:
-            # greedy: a row whose next token is EOS is finished here, without taking a continuation row
-            first = jnp.argmax(v.first_logits, axis=-1).astype(jnp.int32)
-            stop = (is_eos(first, eos_ids) & (remaining > 0)) if sampler.greedy else jnp.zeros((b,), bool)
-            return {"draft": answer.tokens, "remaining": jnp.where(stop, 0, remaining), "stop": stop, "first": first,
-                    "cache": v.cache, "context": boundary(v), **stats}
+            return split_outputs(v, answer, remaining, eos_ids, sampler)
         cont, cont_n, extra = continuation(cont_spec, target_params, head_params, v.cache, boundary(v),
                                            remaining=remaining, eos_ids=eos_ids, args=args.replace(key=rng_continue))
         out = join(answer.tokens, v.accepted, cont, shape.draft_new + shape.num_new)
-        return {"tokens": out, "num_new": v.accepted + cont_n, "continued": remaining > 0, **stats, **extra}
+        return {"tokens": out, "num_new": v.accepted + cont_n, "continued": remaining > 0,
+                **_round_stats(v, answer.length), **extra}
 
     return register_program(jax.jit(run))
 
@@ -214,9 +235,36 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     if ctx.config.rounds == "multi":
         return serve_multi(ctx, req, max_batch, budgets=budgets)
     shape = single_shape(ctx, bucket(max(len(x) for x in req.ids)), req.max_new)
-    program = single_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, fused=False)
-    return serve_verified(ctx, req, max_batch, verify=verifier_of(program), draft_new=shape.draft_new,
-                          num_new=shape.num_new, cache_len=shape.cache_len, budgets=budgets)
+    staged = staged_single_round(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
+    return serve_verified(ctx, req, max_batch, verify=staged, draft_new=shape.draft_new, num_new=shape.num_new,
+                          cache_len=shape.cache_len, budgets=budgets)
+
+
+@functools.cache
+def staged_single_round(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler) -> Staged:
+    """A served single round's verification at admission as two programs (`verified_slots.Staged`): the draft and
+    the block length it needs, then the pass over that one length, as `single_round_program(fused=False)` runs them
+    in one (the same draws, the same outputs)."""
+
+    def draft(draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs):
+        answer = draft_stage(pair, spec, shape, sampler, draft_params, prompts, eos_ids, args)
+        return answer, drafted_block_need(answer, prompts.lens, judge, spec)
+
+    return Staged(draft=draft, verifier=functools.partial(_staged_verifier, pair, spec, shape, sampler),
+                  lengths=shape.lengths)
+
+
+@functools.cache
+def _staged_verifier(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, length: int):
+    """`staged_single_round`'s pass over blocks of `length` tokens."""
+    one = dataclasses.replace(shape, lengths=(length,))
+
+    def verify(target_params, draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs,
+               answer: Draft):
+        v, remaining = verify_stage(pair, spec, one, target_params, prompts, answer, judge, eos_ids=eos_ids)
+        return verified_rows(split_outputs(v, answer, remaining, eos_ids, sampler))
+
+    return verify
 
 
 def run_eagle3(ctx: ModeContext, req: Request) -> GenerateResult:

@@ -20,6 +20,7 @@ rows have taken theirs and verifies at most the slot bucket B, so at most B - 1 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Hashable
@@ -47,11 +48,25 @@ from parse_jax.runtime.slots import (
     rows_by_request,
     warm_admissions,
 )
+from parse_jax.verify.round import pick_length
 
 # the per-row counters of a verification that a PARSE-family result reads (parse_result)
 ROW_STATS = ("accepted", "prefixes", "draft_len", "block_tokens", "rejected_at", "score_hist")
 
-Verify = Callable[..., dict]  # (target_params, draft_params, prompts, eos_ids, judge, args) -> dict
+Verify = Callable[..., dict]  # (target_params, draft_params, prompts, eos_ids, judge, args[, drafted]) -> dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    """A verification in two programs, so that a served run sets up only the block lengths its admissions meet:
+    `draft` (draft_params, prompts, eos_ids, judge, args) -> (drafted, the block length its pass needs), read by the
+    host; `verifier(length)`, of one of `lengths`, a `Verify` that takes `drafted` last. One program over every
+    length (a `lax.switch`) holds them all: the embedded pair's single round at batch 8, 9.5 MB, 2.1-2.7 s to load
+    from the executable cache against about 0.3 s per length (docs/benchmarks.md, "Eval at its defaults")."""
+
+    draft: Callable
+    verifier: Callable[[int], Verify]
+    lengths: tuple[int, ...]
 
 
 def boundary_rows(v: dict, max_new: jax.Array, eos_ids: jax.Array, *, width: int, sampler: Sampler,
@@ -117,9 +132,11 @@ def slot_programs(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
     and its `verify_passes`); `place` moves parked rows into free slots."""
     target = Decoder(pair.target, pair.target_impl)
 
-    def admit(target_params, draft_params, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs):
+    def admit(target_params, draft_params, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs,
+              drafted=None):
         prompts = Prompts(tokens=adm.prompt, lens=adm.lens, max_new=adm.max_new)
-        v = verify(target_params, draft_params, prompts, eos_ids, judge, args.fold(0).fold(adm.key_data))
+        v = verify(target_params, draft_params, prompts, eos_ids, judge, args.fold(0).fold(adm.key_data),
+                   *(() if drafted is None else (drafted,)))
         rows = boundary_rows(v, adm.max_new, eos_ids, width=width, sampler=sampler,
                              args=args.fold(1).fold(adm.key_data), steps=ahead.slots.steps)
         counters = {"continued": v["live"], **{k: v[k] for k in (*ROW_STATS, "verify_passes") if k in v}}
@@ -134,6 +151,18 @@ def slot_programs(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
     return (register_program(jax.jit(admit, donate_argnums=(2,))),
             register_program(jax.jit(lambda ahead: place(ahead), donate_argnums=(0,))),
             register_program(jax.jit(advance, donate_argnums=(1,))))
+
+
+@functools.cache
+def draft_program(draft: Callable):
+    """The first of a staged admission's programs (`Staged.draft`): the draft of the admitted prompts, drawn as the
+    one-program admission draws it (`slot_programs`), and the block length their verification needs."""
+
+    def draft_admission(draft_params, adm: Admission, eos_ids, judge, args: SamplingArgs):
+        prompts = Prompts(tokens=adm.prompt, lens=adm.lens, max_new=adm.max_new)
+        return draft(draft_params, prompts, eos_ids, judge, args.fold(0).fold(adm.key_data))
+
+    return register_program(jax.jit(draft_admission))
 
 
 def park_rows(slots: int) -> int:
@@ -242,16 +271,21 @@ def run_ahead(book: AheadBook, state: AheadSlots, *, admit: Callable, place: Cal
                     [(batch, c) for (batch, _), c in zip(counters, counted)])
 
 
-def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Verify, draft_new: int, num_new: int,
-                   cache_len: int, budgets: list[int] | None = None) -> GenerateResult:
+def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Verify | Staged, draft_new: int,
+                   num_new: int, cache_len: int, budgets: list[int] | None = None) -> GenerateResult:
     """A validated request through `max_batch` slots, verified at admission by `verify` (drafts of `draft_new`
-    tokens), ahead of the free slots (module docstring), continued by plain decoding (`num_new` tokens past the
-    draft at most, caches of `cache_len`). `budgets`: each prompt's own max_new_tokens, at most the request's."""
+    tokens; `Staged`: drafted first, the host then picks the one block length the pass needs), ahead of the free
+    slots (module docstring), continued by plain decoding (`num_new` tokens past the draft at most, caches of
+    `cache_len`). `budgets`: each prompt's own max_new_tokens, at most the request's."""
     ids, target = req.ids, ctx.target
     budgets = request_budgets(req, budgets)
     pair = PairSpec.of(ctx)
     width = draft_new + num_new
-    admit, place_parked, advance = slot_programs(pair, verify, width, req.sampling.sampler)
+    sampler = req.sampling.sampler
+    staged = verify if isinstance(verify, Staged) else None
+    if staged is not None:
+        verify = staged.verifier(staged.lengths[-1])  # its placement and advance serve every length
+    admit, place_parked, advance = slot_programs(pair, verify, width, sampler)
     used = min(max_batch, len(ids))
     slots = bucket(used, 1)
     p = bucket(max(len(x) for x in ids))
@@ -262,14 +296,25 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
                        capacity=jnp.int32(used))
     state = committed(state, params)
 
+    def admit_rows(ahead, batch, where, i):
+        adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i)
+        if staged is None:
+            return admit(*params, ahead, adm, req.eos, ctx.judge, args)
+        drafted, needed = draft_program(staged.draft)(ctx.draft.params, adm, req.eos, ctx.judge, args)
+        # the host's one read before the pass; an empty admission (a warm-up) sets every length up
+        lengths = (pick_length(staged.lengths, int(fetch(needed))),) if batch else staged.lengths
+        for n in lengths:
+            out = slot_programs(pair, staged.verifier(n), width, sampler)[0](*params, ahead, adm, req.eos,
+                                                                            ctx.judge, args, drafted)
+            ahead = out[0]
+        return out
+
     t0 = time.perf_counter()
     run, admissions, counters = run_ahead(
-        book, state, place=place_parked,
-        admit=lambda ahead, batch, where, i: admit(*params, ahead, admission(
-            ids, batch, where, prompt_len=p, max_new=budgets, index=i), req.eos, ctx.judge, args),
+        book, state, place=place_parked, admit=admit_rows,
         advance=lambda st, free: advance(target.params, st, free, req.eos, args),
         read=lambda st: {"done": st.done, "num_new": st.num_new, "tokens": st.tokens, "steps": st.steps},
-        warm=(admit, p))
+        warm=(staged or admit, p))
     counted = [got for _, got in counters]
     seconds = time.perf_counter() - t0
     out = {"tokens": np.stack([r["tokens"] for r in book.out]), "num_new": np.array([r["num_new"] for r in book.out])}
@@ -289,15 +334,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     return res
 
 
-def verifier_of(program) -> Verify:
-    """A single-round program built with `fused=False` as a `Verify`: its rows with tokens left (`live`) include
-    those whose next token, read at the boundary, is EOS (that token is still emitted)."""
-
-    def verify(target_params, draft_params, prompts, eos_ids, judge, args):
-        out = program(target_params, draft_params, None, prompts, eos_ids, judge, args, args.key)
-        return {**out, "live": (out["remaining"] > 0) | out["stop"], "first_logits": out["context"].first_logits}
-
-    return verify
-
-
-verifier_of = functools.cache(verifier_of)
+def verified_rows(out: dict) -> dict:
+    """A split single round's outputs as a `Verify` returns them: with the rows that have tokens left (`live`),
+    those whose next token, read at the boundary, is EOS included (that token is still emitted)."""
+    return {**out, "live": (out["remaining"] > 0) | out["stop"], "first_logits": out["context"].first_logits}

@@ -147,6 +147,24 @@ def block_lengths(longest: int, shortest: int = 8) -> tuple[int, ...]:
     return (*out, top)
 
 
+def block_need(seq_len: jax.Array, count: jax.Array, judge: Judge) -> jax.Array:
+    """The longest row's verification block: its head and draft (`seq_len`) and a suffix copy per prefix scored."""
+    return jnp.max(seq_len + count * judge.suffix.shape[0])
+
+
+def drafted_block_need(draft: Draft, head_len: jax.Array, judge: Judge, spec: RoundSpec) -> jax.Array:
+    """`block_need` of verifying `draft` after heads of `head_len` tokens, before the pass: what a served round's
+    host reads to set up only the block length its pass takes (`pick_length`)."""
+    _, count = segment_draft(draft, judge.table, spec, price=judge.prefix_price)
+    return block_need(head_len + draft.length, count, judge)
+
+
+def pick_length(lengths: tuple[int, ...], needed: int) -> int:
+    """The shortest of `lengths` that holds a block of `needed` tokens (the longest where none does), as
+    `verify_round` picks its branch on the device."""
+    return next((n for n in lengths if n >= needed), lengths[-1])
+
+
 @functools.cache
 def later_block_reach(prompt: int, max_new: int, draft_cap: int, copies: int) -> int:
     """The cache positions a later round's verification block can fill with real tokens for one row (its end,
@@ -187,7 +205,7 @@ def verify_round(target_forward, cache: KVCache, judge: Judge, *, head: jax.Arra
             return scores, boundary_logits, cache, tokens, features, block.valid, block.num_tokens
         return run
 
-    needed = jnp.max(seq_len + count * judge.suffix.shape[0])
+    needed = block_need(seq_len, count, judge)
     branch = jnp.minimum(jnp.sum(jnp.asarray(lengths) < needed), len(lengths) - 1)
     scores, boundary_logits, cache, tokens, features, valid, num_tokens = jax.lax.switch(
         branch, [pass_of(n) for n in lengths], cache)

@@ -13,7 +13,7 @@ from parse_jax.modes.verified_slots import AheadBook, AheadSlots, park_rows, pla
 from parse_jax.runtime.decode import generate
 from parse_jax.runtime.programs import compiled_programs, setup_events
 from parse_jax.runtime.slots import admission_warm_up, empty_state
-from tests.modes.test_parse_multi import BUDGETS, PROMPTS, SETTINGS, TARGET, V, partial_engine
+from tests.modes.test_parse_multi import BUDGETS, DRAFT, PROMPTS, SETTINGS, TARGET, V, partial_engine
 
 SINGLE = {**SETTINGS, "rounds": "single"}
 
@@ -155,3 +155,39 @@ def test_single_round_parse_eagle3_served_equals_each_prompt_alone(tree):
             assert slots > 1 or res.stats["parked"] == 0  # one slot: no park
             parked += res.stats["parked"]
     assert parked > 0  # rows waited in the park and took later slots
+
+
+def test_a_served_single_round_sets_up_only_the_block_lengths_its_admissions_take(engine, eos):
+    """Verified at admission in two programs (the draft, then a pass over the one block length it needs, read by the
+    host): a run sets up the lengths its blocks took, not all of them (one program over every length held them all,
+    each to load), gives each prompt its tokens alone, and a warm-up sets every length up. Its own prefix count, so
+    that no other test's run set these programs up."""
+    from parse_jax.modes.context import PairSpec
+    from parse_jax.modes.parse import single_shape, staged_single_round
+    from parse_jax.modes.verified_slots import slot_programs
+    from parse_jax.runtime.programs import bucket
+    from parse_jax.verify.round import pick_length
+
+    engine = ParseEngine(TARGET, DRAFT, ParseConfig(**{**SINGLE, "max_prefixes": 5}, threshold=engine.config.threshold))
+    prompts, budget = PROMPTS[:4], 14
+    runs = [engine.generate([p], mode="parse", max_new_tokens=budget, eos_ids=[eos]) for p in prompts]
+    alone, blocks = [r.tokens[0] for r in runs], [r.stats["verify_tokens"] for r in runs]  # one pass each
+    req = engine.request(prompts, "parse", budget, 0.0, 0, 0, 1.0, [eos])
+    ctx, sampler = engine.context, req.sampling.sampler
+    shape = single_shape(ctx, bucket(max(len(x) for x in req.ids)), req.max_new)
+    staged = staged_single_round(PairSpec.of(ctx), ctx.round_spec, shape, sampler)
+    width = shape.draft_new + shape.num_new
+
+    def set_up() -> set[int]:
+        return {n for n in staged.lengths if slot_programs(PairSpec.of(ctx), staged.verifier(n), width,
+                                                           sampler)[0]._cache_size()}
+
+    assert set_up() == set()
+    res = MODE_TABLE["parse"].serve(ctx, req, 2)
+    assert res.tokens == alone
+    # an admission's pass takes the length of its longest row's block
+    assert pick_length(staged.lengths, max(blocks)) in set_up()
+    assert set_up() <= {pick_length(staged.lengths, n) for n in blocks} and len(set_up()) < len(staged.lengths)
+    with admission_warm_up():
+        assert MODE_TABLE["parse"].serve(ctx, req, 2).tokens == alone
+    assert set_up() == set(staged.lengths)
