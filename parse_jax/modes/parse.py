@@ -46,6 +46,7 @@ from parse_jax.verify.round import (
     drafted_block_need,
     ends_in_eos,
     join,
+    pick_length,
     verify_round,
 )
 
@@ -90,14 +91,18 @@ def draft_stage(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sa
 
 
 def verify_stage(pair: PairSpec, spec: RoundSpec, shape: SingleShape, target_params, prompts: Prompts,
-                 answer: Draft, judge: Judge, *, eos_ids, taps: tuple[int, ...] = ()) -> tuple[Verified, jax.Array]:
+                 answer: Draft, judge: Judge, *, eos_ids, taps: tuple[int, ...] = (),
+                 length: int | None = None) -> tuple[Verified, jax.Array]:
     """A single round's verification of `answer` over an empty cache (the prompt is the block's head) -> (the pass,
-    each row's tokens left to write: 0 where the accepted prefix ends in EOS or the budget is spent)."""
+    each row's tokens left to write: 0 where the accepted prefix ends in EOS or the budget is spent). `length`: the
+    one block bucket the pass takes (its block and features still padded to the longest), else the shortest of
+    `shape.lengths` that holds every row's block, picked on the device."""
     b = prompts.tokens.shape[0]
     t_forward = forward_fn(Decoder(pair.target, pair.target_impl), target_params, return_hidden=True)
     cache = KVCache.init(pair.target, b, shape.cache_len)
+    lengths = shape.lengths if length is None else (length,)
     v = verify_round(t_forward, cache, judge, head=prompts.tokens, head_len=prompts.lens, draft=answer,
-                     spec=spec, shape=PassShape(shape.lengths, taps))
+                     spec=spec, shape=PassShape(lengths, taps, width=shape.lengths[-1]))
     remaining = jnp.where(ends_in_eos(answer.tokens, v.accepted, eos_ids) | (prompts.max_new <= 0), 0,
                           jnp.maximum(prompts.max_new - v.accepted, 0))
     return v, remaining
@@ -241,27 +246,37 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
 
 
 @functools.cache
-def staged_single_round(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler) -> Staged:
-    """A served single round's verification at admission as two programs (`verified_slots.Staged`): the draft and
-    the block length it needs, then the pass over that one length, as `single_round_program(fused=False)` runs them
-    in one (the same draws, the same outputs)."""
+def staged_single_round(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler,
+                        eagle: EagleSpec | None = None) -> Staged:
+    """A split single round's verification as two programs (`verified_slots.Staged`): the draft and the block
+    length it needs, then the pass over that one length (with EAGLE-3's taps where `eagle`), as
+    `single_round_program(fused=False)` runs them in one (the same draws, the same outputs and shapes)."""
 
     def draft(draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs):
         answer = draft_stage(pair, spec, shape, sampler, draft_params, prompts, eos_ids, args)
         return answer, drafted_block_need(answer, prompts.lens, judge, spec)
 
-    return Staged(draft=draft, verifier=functools.partial(_staged_verifier, pair, spec, shape, sampler),
+    return Staged(draft=draft, verifier=functools.partial(_staged_verifier, pair, spec, shape, sampler, eagle),
                   lengths=shape.lengths)
 
 
 @functools.cache
-def _staged_verifier(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, length: int):
+def stage_program(stage):
+    """A stage of `staged_single_round` (its draft, or its pass over one length) as a program of its own: what a
+    fixed batch's split round runs (a served one runs them inside its admission's programs)."""
+    return register_program(jax.jit(stage))
+
+
+@functools.cache
+def _staged_verifier(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, eagle: EagleSpec | None,
+                     length: int):
     """`staged_single_round`'s pass over blocks of `length` tokens."""
-    one = dataclasses.replace(shape, lengths=(length,))
+    taps = eagle.config.taps if eagle is not None else ()
 
     def verify(target_params, draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs,
                answer: Draft):
-        v, remaining = verify_stage(pair, spec, one, target_params, prompts, answer, judge, eos_ids=eos_ids)
+        v, remaining = verify_stage(pair, spec, shape, target_params, prompts, answer, judge, eos_ids=eos_ids,
+                                    taps=taps, length=length)
         return verified_rows(split_outputs(v, answer, remaining, eos_ids, sampler))
 
     return verify
@@ -278,15 +293,26 @@ def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateR
     ids, target = req.ids, ctx.target
     b = bucket(len(ids), 1)
     fused = b == 1 or target.mesh is not None
-    launch, shape = single_launch(ctx, req, eagle, fused)
-    head_params, num_new = launch.args[2], shape.num_new
-    t0 = time.perf_counter()
-    out = launch.program(*launch.args)
+    head_params = ctx.head.params if eagle else None
     if fused:
-        res = fetch(out)
+        launch, shape = single_launch(ctx, req, eagle, fused)
+        t0 = time.perf_counter()
+        res = fetch(launch.program(*launch.args))
         batch = b if res["continued"][: len(ids)].any() else 0
-    else:
-        remaining = fetch(out["remaining"])  # the one host step: which rows the continuation takes
+    else:  # staged: the draft, then the pass over the one block length it needs (`staged_single_round`)
+        p = bucket(max(len(x) for x in ids))
+        shape = single_shape(ctx, p, req.max_new, eagle)
+        num_new = shape.num_new
+        staged = staged_single_round(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
+                                     eagle_spec(ctx) if eagle else None)
+        prompts = device_prompts(target, ids, b, p, req.max_new)
+        args = req.sampling.args()
+        t0 = time.perf_counter()
+        answer, needed = stage_program(staged.draft)(ctx.draft.params, prompts, req.eos, ctx.judge, args)
+        length = pick_length(staged.lengths, int(fetch(needed)))
+        out = stage_program(staged.verifier(length))(target.params, ctx.draft.params, prompts, req.eos, ctx.judge,
+                                                      args, answer)
+        remaining = fetch(out["remaining"])  # the host step: which rows the continuation takes
         rows, rem = host_rows(remaining)
         cont = None
         if rows is not None:
@@ -297,7 +323,8 @@ def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateR
                                 eagle_spec(ctx) if eagle else None)
             cont = continue_single(spec)(target.params, head_params, *state, rem, req.eos,
                                          req.sampling.args(seed_offset=1))
-        res, cont = fetch(({k: v for k, v in out.items() if k not in ("cache", "context")}, cont))
+        res, cont = fetch(({k: v for k, v in out.items() if k not in ("cache", "context", "live", "first_logits")},
+                           cont))
         res = _assemble_split(res, cont, rows, rem, num_new)
         res["continued"] = remaining > 0
         batch = 0 if rows is None else len(rows)

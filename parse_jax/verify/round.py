@@ -76,11 +76,13 @@ class Draft:
 
 @dataclasses.dataclass(frozen=True)
 class PassShape:
-    """The static shape of a verification pass: the block buckets it may take (`block_lengths`) and the target
-    layers whose hidden states it returns (EAGLE-3's taps; none by default)."""
+    """The static shape of a verification pass: the block buckets it may take (`block_lengths`), the target
+    layers whose hidden states it returns (EAGLE-3's taps; none by default) and the width its block and features
+    come back padded to (0: the longest bucket; a pass set up for one bucket keeps its program's outputs)."""
 
     lengths: tuple[int, ...]
     taps: tuple[int, ...] = ()
+    width: int = 0
 
 
 def draft_answers(draft_forward, cache: KVCache, first_logits: jax.Array, *, budget: jax.Array, eos_ids: jax.Array,
@@ -191,7 +193,7 @@ def verify_round(target_forward, cache: KVCache, judge: Judge, *, head: jax.Arra
     valid = jnp.arange(spec.max_prefixes)[None, :] < count[:, None]
     seq_bounds = jnp.where(valid, head_len[:, None] + bounds, 0)
     seq_len = head_len + draft_len
-    longest = lengths[-1]
+    longest = max(lengths[-1], shape.width)
 
     def pass_of(length: int):
         def run(cache):

@@ -63,9 +63,9 @@ def test_every_mode_lowers_for_every_family_and_chip(family, platform, chip):
             assert other not in p.custom_calls, (mode, p.name)
 
 
-def test_a_split_single_round_lowers_its_continuation_at_every_row_bucket():
+def test_a_split_single_round_lowers_its_draft_its_pass_and_its_continuation_at_every_row_bucket():
     run = lowered("qwen3", "parse-single", "tpu", "v5e", batch=3)
-    assert [p.name for p in run.programs] == ["parse-single.round", "parse-single.continue.rows1",
+    assert [p.name for p in run.programs] == ["parse-single.draft", "parse-single.round", "parse-single.continue.rows1",
                                               "parse-single.continue.rows2", "parse-single.continue.rows4"]
 
 
