@@ -54,20 +54,29 @@ def main() -> int:
             runs[mode].append(summary)
             print(mode, round(s, 1), summary["accuracy"], flush=True)
     med = {m: statistics.median(v) for m, v in seconds.items()}
+    paired = [p / t for p, t in zip(seconds["parse"], seconds["target"])]
     # accuracy and tokens/s of each mode's median run (the lower middle one of an even count)
     summaries = {m: runs[m][v.index(statistics.median_low(v))] for m, v in seconds.items()}
     result = {"command": "python " + " ".join(sys.argv), "n": args.n, "seconds": seconds, "median_seconds": med,
               "accuracy": {m: summaries[m]["accuracy"] for m in med},
               "tokens_per_s": {m: summaries[m]["tokens_per_s"] for m in med},
-              "parse_speedup_wall": med["target"] / med["parse"], "provenance": provenance(None, args.seed)}
+              "parse_speedup_wall": med["target"] / med["parse"],
+              # each repeat's parse run over its target run (run back to back): a machine whose speed drifts over
+              # the runs moves both
+              "paired_ratios": paired, "paired_ratio_median": statistics.median(paired),
+              "generate_seconds": {m: [r["seconds"] for r in runs[m]] for m in runs},
+              "provenance": provenance(None, args.seed)}
     lines = [f"# `parse-jax eval` at its defaults: parse vs target ({args.n} held-out problems, a process per run, "
              f"compile cache warm, {args.repeats} runs each, alternating)", "", f"Command: `{result['command']}`", "",
-             "| mode | wall seconds (median) | runs | accuracy | tokens/s (generate calls, the median run) |",
-             "|---|---|---|---|---|"]
+             "| mode | wall seconds (median) | runs | generate calls' seconds | accuracy | tokens/s (generate calls, "
+             "the median run) |", "|---|---|---|---|---|---|"]
     for m in med:
         lines.append(f"| {m} | {med[m]:.1f} | {', '.join(f'{x:.1f}' for x in seconds[m])} | "
+                     f"{', '.join(f'{x:.1f}' for x in result['generate_seconds'][m])} | "
                      f"{100 * result['accuracy'][m]:.1f}% | {result['tokens_per_s'][m]:.0f} |")
-    lines.append(f"\nparse finishes in {med['parse'] / med['target']:.2f} of target's wall time.")
+    lines.append(f"\nparse finishes in {med['parse'] / med['target']:.2f} of target's wall time (medians); each "
+                 f"repeat's parse run over its target run: {', '.join(f'{x:.2f}' for x in paired)} (median "
+                 f"{result['paired_ratio_median']:.2f}).")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic.write_text(out / "eval_speed.json", json.dumps(result, indent=1) + "\n")

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from parse_jax.modes.context import ModeContext, PairSpec, parse_result
-from parse_jax.modes.parse import EagleSpec, SingleShape, eagle_spec, single_round_program, single_shape
+from parse_jax.modes.parse import EagleSpec, SingleShape, eagle_spec, single_shape, staged_single_round
 from parse_jax.modes.parse_multi import serve_multi
-from parse_jax.modes.verified_slots import ROW_STATS, AheadBook, AheadSlots, place, run_ahead
+from parse_jax.modes.verified_slots import ROW_STATS, AheadBook, AheadSlots, admit_staged, place, run_ahead
 from parse_jax.runtime.programs import bucket, committed, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
@@ -31,21 +31,22 @@ from parse_jax.verify.round import RoundSpec
 
 
 @functools.cache
-def slot_programs(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, eagle: EagleSpec):
+def slot_programs(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, eagle: EagleSpec,
+                  length: int):
     """(admit, place, advance, the slots' shape) of a run that verifies ahead (`modes/verified_slots`); the state
-    is donated to each. `admit` verifies an admission, starts its rows' EAGLE-3 continuation and places them,
-    returning the state, each candidate's destination, the admitted rows' outputs (those that ended there are read
-    from them) and their verification counters and drafts."""
-    verify = single_round_program(pair, spec, shape, sampler, fused=False, eagle=eagle)
+    is donated to each. `admit` verifies an admission's drafted rows over blocks of `length` tokens (staged:
+    `modes/parse.staged_single_round`), starts their EAGLE-3 continuation and places them, returning the state, each
+    candidate's destination, the admitted rows' outputs (those that ended there are read from them) and their
+    verification counters and drafts."""
+    verify = staged_single_round(pair, spec, shape, sampler, eagle).verifier(length)
     loop = EagleLoop.of(eagle.config, eagle, num_new=shape.num_new)
     slots_shape = EagleServeShape(pair.target, pair.target_impl, shape.cache_len, loop, sampler)
     _, advance_slots = serve_programs(slots_shape)
 
-    def admit(weights, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs):
+    def admit(weights, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs, drafted):
         target_params, draft_params, head_params = weights
         prompts = Prompts(tokens=adm.prompt, lens=adm.lens, max_new=adm.max_new)
-        key = args.fold(0).fold(adm.key_data)
-        out = verify(target_params, draft_params, head_params, prompts, eos_ids, judge, key, key.key)
+        out = verify(target_params, draft_params, prompts, eos_ids, judge, args.fold(0).fold(adm.key_data), drafted)
         budget = jnp.where(out["stop"], 1, out["remaining"])  # a boundary whose next token is EOS still emits it
         fns = head_applies(pair.target, eagle.config, pair.target_impl, target_params, head_params)
         state = eagle_start(fns, out["cache"], out["context"], loop=loop, max_new=budget, eos_ids=eos_ids,
@@ -83,8 +84,11 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     budgets = request_budgets(req, budgets)
     p = bucket(max(len(x) for x in ids))
     shape = single_shape(ctx, p, req.max_new, eagle=True)
-    admit, place_parked, advance, slots_shape = slot_programs(PairSpec.of(ctx), ctx.round_spec, shape,
-                                                              req.sampling.sampler, eagle_spec(ctx))
+    pair, sampler, eagle = PairSpec.of(ctx), req.sampling.sampler, eagle_spec(ctx)
+    staged = staged_single_round(pair, ctx.round_spec, shape, sampler, eagle)
+    # its placement and advance serve every length
+    _, place_parked, advance, slots_shape = slot_programs(pair, ctx.round_spec, shape, sampler, eagle,
+                                                          staged.lengths[-1])
     args, eos = req.sampling.args(), req.eos
     weights = (target.params, ctx.draft.params, ctx.head.params)
     used = min(max_batch, len(ids))
@@ -97,13 +101,18 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     state = committed(AheadSlots(slots=empty, park=park, parked=jnp.int32(0), capacity=jnp.int32(used)),
                       weights)
 
+    def admit_rows(ahead, batch, where, i):
+        adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i)
+        return admit_staged(staged, ahead, adm, (ctx.draft.params, adm, eos, ctx.judge, args), warm_up=not batch,
+                            admit_at=lambda n, st, drafted: slot_programs(pair, ctx.round_spec, shape, sampler, eagle,
+                                                                          n)[0](weights, st, adm, eos, ctx.judge,
+                                                                                args, drafted))
+
     t0 = time.perf_counter()
     run, admissions, counters = run_ahead(
         book, state, place=place_parked,
-        admit=lambda ahead, batch, where, i: admit(weights, ahead, admission(
-            ids, batch, where, prompt_len=p, max_new=budgets, index=i), eos, ctx.judge, args),
-        advance=lambda st, free: advance(target.params, ctx.head.params, st, free, eos, args),
-        read=lambda st: slot_outputs(st, shape.num_new), warm=(admit, p))
+        admit=admit_rows, advance=lambda st, free: advance(target.params, ctx.head.params, st, free, eos, args),
+        read=lambda st: slot_outputs(st, shape.num_new), warm=(staged, p))
     counted = [got for _, got in counters]
     seconds = time.perf_counter() - t0
     per = rows_by_request(counters, counted, len(ids), ("draft", "continued", *ROW_STATS))

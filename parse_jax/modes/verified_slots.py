@@ -165,6 +165,19 @@ def draft_program(draft: Callable):
     return register_program(jax.jit(draft_admission))
 
 
+def admit_staged(staged: Staged, ahead, adm: Admission, drafting: tuple, *, warm_up: bool,
+                 admit_at: Callable) -> tuple:
+    """A staged admission: `draft_program` over `drafting` (draft_params, adm, eos_ids, judge, args), the host's
+    read of the block length its pass needs, then `admit_at(length, ahead, drafted)` -> (ahead, ...) over that one
+    length; an empty admission (`warm_up`) sets every length up, one after the other."""
+    drafted, needed = draft_program(staged.draft)(*drafting)
+    lengths = staged.lengths if warm_up else (pick_length(staged.lengths, int(fetch(needed))),)
+    for n in lengths:
+        out = admit_at(n, ahead, drafted)
+        ahead = out[0]
+    return out
+
+
 def park_rows(slots: int) -> int:
     """The park of a run over `slots` slots: an admission runs with a slot free after the parked rows took theirs
     and verifies at most `slots` rows, so at most `slots` - 1 wait."""
@@ -300,14 +313,9 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
         adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i)
         if staged is None:
             return admit(*params, ahead, adm, req.eos, ctx.judge, args)
-        drafted, needed = draft_program(staged.draft)(ctx.draft.params, adm, req.eos, ctx.judge, args)
-        # the host's one read before the pass; an empty admission (a warm-up) sets every length up
-        lengths = (pick_length(staged.lengths, int(fetch(needed))),) if batch else staged.lengths
-        for n in lengths:
-            out = slot_programs(pair, staged.verifier(n), width, sampler)[0](*params, ahead, adm, req.eos,
-                                                                            ctx.judge, args, drafted)
-            ahead = out[0]
-        return out
+        return admit_staged(staged, ahead, adm, (ctx.draft.params, adm, req.eos, ctx.judge, args), warm_up=not batch,
+                            admit_at=lambda n, st, drafted: slot_programs(pair, staged.verifier(n), width, sampler)[0](
+                                *params, st, adm, req.eos, ctx.judge, args, drafted))
 
     t0 = time.perf_counter()
     run, admissions, counters = run_ahead(
