@@ -65,6 +65,8 @@ def main() -> int:
               # the runs moves both
               "paired_ratios": paired, "paired_ratio_median": statistics.median(paired),
               "generate_seconds": {m: [r["seconds"] for r in runs[m]] for m in runs},
+              # None: the run verified nothing (it decoded plainly throughout)
+              "accepted_per_pass": {m: [r.get("accepted_per_pass") for r in runs[m]] for m in runs},
               "provenance": provenance(None, args.seed)}
     lines = [f"# `parse-jax eval` at its defaults: parse vs target ({args.n} held-out problems, a process per run, "
              f"compile cache warm, {args.repeats} runs each, alternating)", "", f"Command: `{result['command']}`", "",
@@ -77,6 +79,8 @@ def main() -> int:
     lines.append(f"\nparse finishes in {med['parse'] / med['target']:.2f} of target's wall time (medians); each "
                  f"repeat's parse run over its target run: {', '.join(f'{x:.2f}' for x in paired)} (median "
                  f"{result['paired_ratio_median']:.2f}).")
+    plain = [i for i, a in enumerate(result["accepted_per_pass"]["parse"]) if a is None]
+    lines.append(f"parse runs that decoded plainly throughout (no verification pass): {plain or 'none'}.")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic.write_text(out / "eval_speed.json", json.dumps(result, indent=1) + "\n")

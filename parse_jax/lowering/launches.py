@@ -20,7 +20,7 @@ from parse_jax.distributed.verify import sharded_prefix_scores_program
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model, param_shapes
 from parse_jax.models.sharding import abstract_params, fitting_rules
-from parse_jax.modes.context import ModeContext, PairSpec
+from parse_jax.modes.context import ModeContext
 from parse_jax.modes.parse import (
     ContinueSpec,
     continue_single,
@@ -28,7 +28,7 @@ from parse_jax.modes.parse import (
     multi_launch,
     single_launch,
     stage_program,
-    staged_single_round,
+    staged_launch,
 )
 from parse_jax.modes.sequential import sequential_launch
 from parse_jax.runtime.decode import generate_launch
@@ -105,29 +105,27 @@ def _with_rows(tree: Any, rows: int) -> Any:
 
 
 def _single(ctx: ModeContext, req: Request, eagle: bool, label: str) -> list[Launch]:
-    """A single round: the fused program, or the split one (its draft, its pass over the longest block bucket: the
+    """A single round: the fused program, or the staged one (its draft, its pass over the longest block bucket: the
     largest of the passes it sets up one by one) and its continuation at every row bucket it may take."""
     b = bucket(len(req.ids), 1)
     fused = b == 1 or ctx.target.mesh is not None
-    launch, shape = single_launch(ctx, req, eagle, fused)
     if fused:
+        launch = single_launch(ctx, req, eagle)[0]
         return [Launch(f"{label}.round", launch.program, launch.args)]
-    staged = staged_single_round(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
-                                 eagle_spec(ctx) if eagle else None)
+    launch = staged_launch(ctx, req, eagle)
+    shape, staged = launch.shape, launch.staged
     draft, verify = stage_program(staged.draft), stage_program(staged.verifier(staged.lengths[-1]))
-    target_params, draft_params, _, prompts, eos, judge, args, _ = launch.args
-    draft_args = (draft_params, prompts, eos, judge, args)
-    answer = jax.eval_shape(draft.jitted, *abstract_tree(draft_args))[0]
-    verify_args = (target_params, draft_params, prompts, eos, judge, args, answer)
-    out = [Launch(f"{label}.draft", draft, draft_args), Launch(f"{label}.round", verify, verify_args)]
-    state = jax.eval_shape(verify.jitted, *abstract_tree(verify_args))
+    answer = jax.eval_shape(draft.jitted, *abstract_tree(launch.draft_args))[0]
+    out = [Launch(f"{label}.draft", draft, launch.draft_args),
+           Launch(f"{label}.round", verify, launch.pass_args(answer))]
+    state = jax.eval_shape(verify.jitted, *abstract_tree(launch.pass_args(answer)))
     spec = ContinueSpec(ctx.target.config, ctx.target.attention_impl, shape.num_new, req.sampling.sampler,
                         eagle_spec(ctx) if eagle else None)
     rows = 1
     while rows <= b:
         cache, context = _with_rows((state["cache"], state["context"]), rows)
-        args = (ctx.target.params, launch.args[2], cache, context, np.zeros(rows, np.int32), req.eos,
-                req.sampling.args(seed_offset=1))
+        args = (ctx.target.params, ctx.head.params if eagle else None, cache, context, np.zeros(rows, np.int32),
+                req.eos, req.sampling.args(seed_offset=1))
         out.append(Launch(f"{label}.continue.rows{rows}", continue_single(spec), args))
         rows *= 2
     return out

@@ -3,9 +3,11 @@ the longest valid prefix is kept and the target continues from it (single round)
 next step boundary and the draft drafts again (multi round, one `lax.while_loop`).
 
 Each request batch runs as one jitted program that returns everything the result needs; the host encodes before
-and decodes after, with one transfer of the results (`programs.fetch`). At batch > 1 the single round may stop
-once between verification and continuation, to continue only the rows that still have tokens to write in a smaller
-batch (where the decode step is compute-bound, that is cheaper than carrying finished rows).
+and decodes after, with one transfer of the results (`programs.fetch`). At batch > 1 the single round runs staged
+(`staged_single_round`): the draft, then, the host having read the block length it needs, the pass over that one
+length (one program over every length sets them all up); then it stops once more, to continue only the rows that
+still have tokens to write in a smaller batch (where the decode step is compute-bound, that is cheaper than
+carrying finished rows).
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ from parse_jax.verify.round import (
     Verified,
     block_lengths,
     draft_answers,
-    drafted_block_need,
     ends_in_eos,
     join,
     pick_length,
+    segmented,
     verify_round,
 )
 
@@ -80,37 +82,49 @@ def _round_stats(v, draft_len) -> dict:
             "rejected_at": v.rejected_at, "score_hist": v.score_hist}
 
 
-def draft_stage(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, draft_params,
-                prompts: Prompts, eos_ids, args: SamplingArgs) -> Draft:
+@dataclasses.dataclass(frozen=True)
+class SingleRound:
+    """The static settings of one single-round program: the pair, the round, its shapes, the sampler and (parse+eagle3)
+    the EAGLE-3 head whose taps the pass returns."""
+
+    pair: PairSpec
+    spec: RoundSpec
+    shape: SingleShape
+    sampler: Sampler
+    eagle: EagleSpec | None = None
+
+
+def draft_stage(rnd: SingleRound, draft_params, prompts: Prompts, *, eos_ids, args: SamplingArgs) -> Draft:
     """The draft's whole answer to each prompt (a single round's first stage): at most min(draft_cap, budget)."""
+    pair, shape = rnd.pair, rnd.shape
     budget = jnp.where(prompts.max_new > 0, jnp.minimum(shape.draft_cap, prompts.max_new), 0)
     d_fwd = forward_fn(Decoder(pair.draft, pair.draft_impl), draft_params)
     d_cache, d_first = prefill(d_fwd, pair.draft, prompts.tokens, prompts.lens, shape.draft_cache)
     return draft_answers(d_fwd, d_cache, d_first, budget=budget, eos_ids=eos_ids,
-                         sampler=spec.draft_sampler(sampler), args=args, num_new=shape.draft_new)
+                         sampler=rnd.spec.draft_sampler(rnd.sampler), args=args, num_new=shape.draft_new)
 
 
-def verify_stage(pair: PairSpec, spec: RoundSpec, shape: SingleShape, target_params, prompts: Prompts,
-                 answer: Draft, judge: Judge, *, eos_ids, taps: tuple[int, ...] = (),
+def verify_stage(rnd: SingleRound, target_params, prompts: Prompts, answer: Draft, judge: Judge, *, eos_ids,
                  length: int | None = None) -> tuple[Verified, jax.Array]:
     """A single round's verification of `answer` over an empty cache (the prompt is the block's head) -> (the pass,
     each row's tokens left to write: 0 where the accepted prefix ends in EOS or the budget is spent). `length`: the
-    one block bucket the pass takes (its block and features still padded to the longest), else the shortest of
-    `shape.lengths` that holds every row's block, picked on the device."""
-    b = prompts.tokens.shape[0]
+    one block bucket the pass takes (its block and taps still padded to the longest), else the shortest of the
+    shape's buckets that holds every row's block, picked on the device."""
+    pair, shape = rnd.pair, rnd.shape
     t_forward = forward_fn(Decoder(pair.target, pair.target_impl), target_params, return_hidden=True)
-    cache = KVCache.init(pair.target, b, shape.cache_len)
+    cache = KVCache.init(pair.target, prompts.tokens.shape[0], shape.cache_len)
     lengths = shape.lengths if length is None else (length,)
+    taps = rnd.eagle.config.taps if rnd.eagle is not None else ()
     v = verify_round(t_forward, cache, judge, head=prompts.tokens, head_len=prompts.lens, draft=answer,
-                     spec=spec, shape=PassShape(lengths, taps, width=shape.lengths[-1]))
+                     spec=rnd.spec, shape=PassShape(lengths, taps, width=shape.lengths[-1]))
     remaining = jnp.where(ends_in_eos(answer.tokens, v.accepted, eos_ids) | (prompts.max_new <= 0), 0,
                           jnp.maximum(prompts.max_new - v.accepted, 0))
     return v, remaining
 
 
 def split_outputs(v: Verified, answer: Draft, remaining: jax.Array, eos_ids, sampler: Sampler) -> dict:
-    """What a split single round returns at its boundary (`fused=False`): greedy, a row whose next token is EOS is
-    finished here, without taking a continuation row."""
+    """What a staged single round's pass returns at its boundary, for the continuation (`continue_single`, or a
+    served run's slots): greedy, a row whose next token is EOS is finished here, without taking a continuation row."""
     b = remaining.shape[0]
     first = jnp.argmax(v.first_logits, axis=-1).astype(jnp.int32)
     stop = (is_eos(first, eos_ids) & (remaining > 0)) if sampler.greedy else jnp.zeros((b,), bool)
@@ -119,22 +133,17 @@ def split_outputs(v: Verified, answer: Draft, remaining: jax.Array, eos_ids, sam
 
 
 @functools.cache
-def single_round_program(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, *, fused: bool,
+def single_round_program(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, *,
                          eagle: EagleSpec | None = None):
-    """Draft -> segment -> pack -> verify -> accept -> commit, then (with `fused`) the continuation, in one program.
-
-    `fused=False` stops after the commit and returns what the continuation needs (`continue_single` runs it on the
-    rows that still have tokens to write)."""
+    """Draft -> segment -> pack -> verify -> accept -> commit -> the continuation, in one program: a batch of one
+    row, or on a mesh (a batch > 1 runs staged, `staged_single_round`)."""
+    rnd = SingleRound(pair, spec, shape, sampler, eagle)
     cont_spec = ContinueSpec(pair.target, pair.target_impl, shape.num_new, sampler, eagle)
 
     def run(target_params, draft_params, head_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs,
             rng_continue):
-        answer = draft_stage(pair, spec, shape, sampler, draft_params, prompts, eos_ids, args)
-        taps = eagle.config.taps if eagle is not None else ()
-        v, remaining = verify_stage(pair, spec, shape, target_params, prompts, answer, judge, eos_ids=eos_ids,
-                                    taps=taps)
-        if not fused:
-            return split_outputs(v, answer, remaining, eos_ids, sampler)
+        answer = draft_stage(rnd, draft_params, prompts, eos_ids=eos_ids, args=args)
+        v, remaining = verify_stage(rnd, target_params, prompts, answer, judge, eos_ids=eos_ids)
         cont, cont_n, extra = continuation(cont_spec, target_params, head_params, v.cache, boundary(v),
                                            remaining=remaining, eos_ids=eos_ids, args=args.replace(key=rng_continue))
         out = join(answer.tokens, v.accepted, cont, shape.draft_new + shape.num_new)
@@ -210,20 +219,43 @@ def single_shape(ctx: ModeContext, prompt_len: int, max_new: int, eagle: bool = 
                        cache_len=length_bucket(max(lengths[-1], p + max_new + margin)), num_new=bucket(max_new, 16))
 
 
-def single_launch(ctx: ModeContext, req: Request, eagle: bool = False,
-                  fused: bool | None = None) -> tuple[Launch, SingleShape]:
-    """The single-round program for `req` (fused: with the continuation; default at batch 1 and on a mesh)."""
+def single_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> tuple[Launch, SingleShape]:
+    """The fused single-round program for `req` (what a batch of one row, or a batch on a mesh, runs)."""
     ids, target = req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
     shape = single_shape(ctx, p, req.max_new, eagle)
-    if fused is None:
-        fused = b == 1 or target.mesh is not None  # a sharded target keeps its whole batch anyway
-    program = single_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, fused=fused,
+    program = single_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
                                    eagle=eagle_spec(ctx) if eagle else None)
     args = (target.params, ctx.draft.params, ctx.head.params if eagle else None,
             device_prompts(target, ids, b, p, req.max_new), req.eos, ctx.judge, req.sampling.args(),
             prng_key(req.sampling.seed + 1))
     return Launch(program, args), shape
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedLaunch:
+    """A fixed batch's staged single round (`staged_single_round`): its stages, shapes, the target's params and the
+    draft program's arguments (draft_params, prompts, eos_ids, judge, args); the pass takes the same after the
+    target's params, and the drafted answer last (`pass_args`)."""
+
+    staged: Staged
+    shape: SingleShape
+    target_params: object
+    draft_args: tuple
+
+    def pass_args(self, answer: Draft) -> tuple:
+        return (self.target_params, *self.draft_args, answer)
+
+
+def staged_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> StagedLaunch:
+    """The staged single round of `req` as a batch > 1 off a mesh runs it (`run_single`)."""
+    ids, target = req.ids, ctx.target
+    b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
+    shape = single_shape(ctx, p, req.max_new, eagle)
+    staged = staged_single_round(SingleRound(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
+                                             eagle_spec(ctx) if eagle else None))
+    return StagedLaunch(staged, shape, target.params, (ctx.draft.params, device_prompts(target, ids, b, p, req.max_new),
+                                                       req.eos, ctx.judge, req.sampling.args()))
 
 
 def run(ctx: ModeContext, req: Request) -> GenerateResult:
@@ -240,44 +272,39 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     if ctx.config.rounds == "multi":
         return serve_multi(ctx, req, max_batch, budgets=budgets)
     shape = single_shape(ctx, bucket(max(len(x) for x in req.ids)), req.max_new)
-    staged = staged_single_round(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
+    staged = staged_single_round(SingleRound(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler))
     return serve_verified(ctx, req, max_batch, verify=staged, draft_new=shape.draft_new, num_new=shape.num_new,
                           cache_len=shape.cache_len, budgets=budgets)
 
 
 @functools.cache
-def staged_single_round(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler,
-                        eagle: EagleSpec | None = None) -> Staged:
-    """A split single round's verification as two programs (`verified_slots.Staged`): the draft and the block
-    length it needs, then the pass over that one length (with EAGLE-3's taps where `eagle`), as
-    `single_round_program(fused=False)` runs them in one (the same draws, the same outputs and shapes)."""
+def staged_single_round(rnd: SingleRound) -> Staged:
+    """A single round that stops on the host (a batch > 1, a served admission) as two programs
+    (`verified_slots.Staged`): the draft, cut into its prefixes, and the block length its pass needs; then the pass
+    over that one length (with EAGLE-3's taps where `rnd.eagle`), so that a run sets up only the lengths it meets."""
 
     def draft(draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs):
-        answer = draft_stage(pair, spec, shape, sampler, draft_params, prompts, eos_ids, args)
-        return answer, drafted_block_need(answer, prompts.lens, judge, spec)
+        answer = draft_stage(rnd, draft_params, prompts, eos_ids=eos_ids, args=args)
+        return segmented(answer, prompts.lens, judge, rnd.spec)
 
-    return Staged(draft=draft, verifier=functools.partial(_staged_verifier, pair, spec, shape, sampler, eagle),
-                  lengths=shape.lengths)
+    return Staged(draft=draft, verifier=functools.partial(_staged_verifier, rnd), lengths=rnd.shape.lengths)
 
 
 @functools.cache
 def stage_program(stage):
     """A stage of `staged_single_round` (its draft, or its pass over one length) as a program of its own: what a
-    fixed batch's split round runs (a served one runs them inside its admission's programs)."""
+    fixed batch runs (a served run runs them inside its admission's programs)."""
     return register_program(jax.jit(stage))
 
 
 @functools.cache
-def _staged_verifier(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, eagle: EagleSpec | None,
-                     length: int):
+def _staged_verifier(rnd: SingleRound, length: int):
     """`staged_single_round`'s pass over blocks of `length` tokens."""
-    taps = eagle.config.taps if eagle is not None else ()
 
     def verify(target_params, draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs,
                answer: Draft):
-        v, remaining = verify_stage(pair, spec, shape, target_params, prompts, answer, judge, eos_ids=eos_ids,
-                                    taps=taps, length=length)
-        return verified_rows(split_outputs(v, answer, remaining, eos_ids, sampler))
+        v, remaining = verify_stage(rnd, target_params, prompts, answer, judge, eos_ids=eos_ids, length=length)
+        return verified_rows(split_outputs(v, answer, remaining, eos_ids, rnd.sampler))
 
     return verify
 
@@ -292,26 +319,19 @@ def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateR
     """Single-round PARSE (mode parse, rounds single; mode parse+eagle3 with `eagle`)."""
     ids, target = req.ids, ctx.target
     b = bucket(len(ids), 1)
-    fused = b == 1 or target.mesh is not None
     head_params = ctx.head.params if eagle else None
-    if fused:
-        launch, shape = single_launch(ctx, req, eagle, fused)
+    if b == 1 or target.mesh is not None:  # fused (a sharded target keeps its whole batch anyway)
+        launch, _ = single_launch(ctx, req, eagle)
         t0 = time.perf_counter()
         res = fetch(launch.program(*launch.args))
         batch = b if res["continued"][: len(ids)].any() else 0
-    else:  # staged: the draft, then the pass over the one block length it needs (`staged_single_round`)
-        p = bucket(max(len(x) for x in ids))
-        shape = single_shape(ctx, p, req.max_new, eagle)
-        num_new = shape.num_new
-        staged = staged_single_round(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
-                                     eagle_spec(ctx) if eagle else None)
-        prompts = device_prompts(target, ids, b, p, req.max_new)
-        args = req.sampling.args()
+    else:  # staged: the draft, then the pass over the one block length it needs
+        launch = staged_launch(ctx, req, eagle)
+        num_new = launch.shape.num_new
         t0 = time.perf_counter()
-        answer, needed = stage_program(staged.draft)(ctx.draft.params, prompts, req.eos, ctx.judge, args)
-        length = pick_length(staged.lengths, int(fetch(needed)))
-        out = stage_program(staged.verifier(length))(target.params, ctx.draft.params, prompts, req.eos, ctx.judge,
-                                                      args, answer)
+        answer, needed = stage_program(launch.staged.draft)(*launch.draft_args)
+        length = pick_length(launch.staged.lengths, int(fetch(needed)))
+        out = stage_program(launch.staged.verifier(length))(*launch.pass_args(answer))
         remaining = fetch(out["remaining"])  # the host step: which rows the continuation takes
         rows, rem = host_rows(remaining)
         cont = None

@@ -1,11 +1,12 @@
 """Continuous batching of mode `parse+eagle3`. Multi round: every round in the slots (`modes/parse_multi.serve_multi`).
-Single round (`modes/verified_slots.run_ahead`): a request's verification runs when it is admitted (draft, one
-pass over every prefix with the taps EAGLE-3 reads), the head's first pass starts its continuation from the
+Single round (`modes/verified_slots.run_ahead`): a request's verification runs when it is admitted, staged
+(`modes/verified_slots.admit_staged`: the draft, then one pass over every prefix with the taps EAGLE-3 reads, over
+the one block length the draft needs), the head's first pass starts its continuation from the
 accepted boundary (`eagle_start`), and EAGLE-3 rounds (`eagle_round`) advance every slot until enough are free.
 Admissions verify ahead of the free slots as single-round parse's do (`modes/verified_slots`: rows whose draft is
 accepted whole end there and never take a slot; rows that continue wait in a park for the next free slot). The
-programs compile once per run's shapes; a row reads only its own cache rows, so greedy outputs equal each prompt
-alone.
+programs compile once per run's shapes (and block length); a row reads only its own cache rows, so greedy outputs
+equal each prompt alone.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from parse_jax.modes.context import ModeContext, PairSpec, parse_result
-from parse_jax.modes.parse import EagleSpec, SingleShape, eagle_spec, single_shape, staged_single_round
+from parse_jax.modes.parse import EagleSpec, SingleRound, SingleShape, eagle_spec, single_shape, staged_single_round
 from parse_jax.modes.parse_multi import serve_multi
 from parse_jax.modes.verified_slots import ROW_STATS, AheadBook, AheadSlots, admit_staged, place, run_ahead
 from parse_jax.runtime.programs import bucket, committed, register_program
@@ -38,7 +39,7 @@ def slot_programs(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: 
     `modes/parse.staged_single_round`), starts their EAGLE-3 continuation and places them, returning the state, each
     candidate's destination, the admitted rows' outputs (those that ended there are read from them) and their
     verification counters and drafts."""
-    verify = staged_single_round(pair, spec, shape, sampler, eagle).verifier(length)
+    verify = staged_single_round(SingleRound(pair, spec, shape, sampler, eagle)).verifier(length)
     loop = EagleLoop.of(eagle.config, eagle, num_new=shape.num_new)
     slots_shape = EagleServeShape(pair.target, pair.target_impl, shape.cache_len, loop, sampler)
     _, advance_slots = serve_programs(slots_shape)
@@ -85,7 +86,7 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     p = bucket(max(len(x) for x in ids))
     shape = single_shape(ctx, p, req.max_new, eagle=True)
     pair, sampler, eagle = PairSpec.of(ctx), req.sampling.sampler, eagle_spec(ctx)
-    staged = staged_single_round(pair, ctx.round_spec, shape, sampler, eagle)
+    staged = staged_single_round(SingleRound(pair, ctx.round_spec, shape, sampler, eagle))
     # its placement and advance serve every length
     _, place_parked, advance, slots_shape = slot_programs(pair, ctx.round_spec, shape, sampler, eagle,
                                                           staged.lengths[-1])
@@ -103,7 +104,7 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
 
     def admit_rows(ahead, batch, where, i):
         adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i)
-        return admit_staged(staged, ahead, adm, (ctx.draft.params, adm, eos, ctx.judge, args), warm_up=not batch,
+        return admit_staged(staged, ahead, (ctx.draft.params, adm, eos, ctx.judge, args), warm_up=not batch,
                             admit_at=lambda n, st, drafted: slot_programs(pair, ctx.round_spec, shape, sampler, eagle,
                                                                           n)[0](weights, st, adm, eos, ctx.judge,
                                                                                 args, drafted))

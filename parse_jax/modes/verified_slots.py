@@ -3,9 +3,11 @@
 continuation shares the slots' plain decoding (`runtime/slots.decode_slots`) with every other request in flight.
 
 Admission: the mode's verification on up to k waiting prompts (k bucketed), then each row's accepted prefix, the
-target's cache holding it and the first continuation token written into the free slots (one program). Advance:
-one-token steps over every slot until enough are free. Place: parked rows (below) into free slots. Each compiles
-once per run's shapes; the host reads one small result per admission or placement. A row reads only its own cache
+target's cache holding it and the first continuation token written into the free slots (one program; single-round
+parse's staged, `Staged`: its draft first, then, the host having read the block length that draft needs, the rest
+over that one length). Advance: one-token steps over every slot until enough are free. Place: parked rows (below)
+into free slots. Each compiles once per run's shapes (and block length); the host reads one small result per
+admission or placement, and a staged admission's block length. A row reads only its own cache
 row, so greedy outputs equal each prompt alone.
 
 Verifying ahead: most rows of a good draft end at their verification (the answer accepted whole) and never need a
@@ -61,8 +63,7 @@ class Staged:
     """A verification in two programs, so that a served run sets up only the block lengths its admissions meet:
     `draft` (draft_params, prompts, eos_ids, judge, args) -> (drafted, the block length its pass needs), read by the
     host; `verifier(length)`, of one of `lengths`, a `Verify` that takes `drafted` last. One program over every
-    length (a `lax.switch`) holds them all: the embedded pair's single round at batch 8, 9.5 MB, 2.1-2.7 s to load
-    from the executable cache against about 0.3 s per length (docs/benchmarks.md, "Eval at its defaults")."""
+    length (a `lax.switch`) would set every length's pass up (docs/design.md §5)."""
 
     draft: Callable
     verifier: Callable[[int], Verify]
@@ -165,12 +166,11 @@ def draft_program(draft: Callable):
     return register_program(jax.jit(draft_admission))
 
 
-def admit_staged(staged: Staged, ahead, adm: Admission, drafting: tuple, *, warm_up: bool,
-                 admit_at: Callable) -> tuple:
-    """A staged admission: `draft_program` over `drafting` (draft_params, adm, eos_ids, judge, args), the host's
-    read of the block length its pass needs, then `admit_at(length, ahead, drafted)` -> (ahead, ...) over that one
-    length; an empty admission (`warm_up`) sets every length up, one after the other."""
-    drafted, needed = draft_program(staged.draft)(*drafting)
+def admit_staged(staged: Staged, ahead, draft_args: tuple, *, warm_up: bool, admit_at: Callable) -> tuple:
+    """A staged admission: `draft_program` over `draft_args` (draft_params, admission, eos_ids, judge, args), the
+    host's read of the block length its pass needs, then `admit_at(length, ahead, drafted)` -> (ahead, ...) over
+    that one length; an empty admission (`warm_up`) sets every length up, one after the other."""
+    drafted, needed = draft_program(staged.draft)(*draft_args)
     lengths = staged.lengths if warm_up else (pick_length(staged.lengths, int(fetch(needed))),)
     for n in lengths:
         out = admit_at(n, ahead, drafted)
@@ -313,7 +313,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
         adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i)
         if staged is None:
             return admit(*params, ahead, adm, req.eos, ctx.judge, args)
-        return admit_staged(staged, ahead, adm, (ctx.draft.params, adm, req.eos, ctx.judge, args), warm_up=not batch,
+        return admit_staged(staged, ahead, (ctx.draft.params, adm, req.eos, ctx.judge, args), warm_up=not batch,
                             admit_at=lambda n, st, drafted: slot_programs(pair, staged.verifier(n), width, sampler)[0](
                                 *params, st, adm, req.eos, ctx.judge, args, drafted))
 

@@ -13,7 +13,8 @@ the figure it found (`EMA`); a speculative choice never measured is expected to 
 
 A process that compiles a choice's programs writes them into the persistent compile cache (when one is on), and the
 next process loads them instead, for a fraction of the cost (on the 2-core CPU, single-round PARSE at batch 8: about
-19 s compiled, 6 s loaded; staged since, docs/design.md §5, about 5 s and under 1 s). So each figure has a warm
+19 s compiled, 6 s loaded; staged since, docs/design.md §5, a first `generate` of 64 prompts takes 6.7 s compiling
+and 2.2 s loading). So each figure has a warm
 twin, what the choice costs with its programs in the cache: measured where a process loaded them all, else estimated
 from a process that compiled them (`runtime.programs.SetupSplit.warm`: its compiling scaled by what its loads cost
 against compiling). Where the cache is on, the warm figure is the one expected (`SetupCosts.expected`); without it,
@@ -42,7 +43,7 @@ EMA = 0.5  # weight of the newest measurement
 # a deliberate prior: what a speculative choice never set up with these models on this device is expected to cost
 # to set up, until a process measures it. Its programs hold the draft, the verification and their loops (the embedded
 # pair on the 2-core CPU: plain decoding 0.8 s at batch 8; single-round PARSE over a 256-problem eval's shapes about
-# 6 s loaded from the compile cache, 19 s compiled, before its round ran staged: about 1 s and 5 s since; multi-round
+# 6 s loaded from the compile cache, 19 s compiled, before its round ran staged: under 1 s loaded since; multi-round
 # 35-58 s per run compiled); set between, so that a job of a few minutes still explores, while one of seconds does
 # not pay for programs it has never measured. The prior of both kinds of figure (paid, warm)
 UNMEASURED_SECONDS = 10.0

@@ -2,7 +2,8 @@
 answer, `segment.py` cuts it, `block.py` packs prompt + draft + one suffix copy per prefix, ONE target pass scores
 every prefix, `verify.accept_on_device` picks the accepted one, and the target's cache keeps exactly that prefix.
 
-Nothing here returns to the host: the modes fetch their results once, at the end (`programs.fetch`).
+Nothing here returns to the host: the modes fetch their results (`programs.fetch`), once at the end, or where a
+round runs staged also the block length its pass needs (`segmented`, `pick_length`: the host's side of that read).
 """
 
 from __future__ import annotations
@@ -67,11 +68,15 @@ class Judge:
 @struct.dataclass
 class Draft:
     """The draft's answer per row, on the device: tokens [B, D] and how many of them count [B]; `probs` [B, D]: the
-    draft's probability of each token (kept for confidence-chosen prefixes, else None)."""
+    draft's probability of each token (kept for confidence-chosen prefixes, else None); `bounds` [B, K] and `count`
+    [B]: its prefixes where it was cut before its pass (`segmented`: the pass then scores those, not a recut whose
+    floating-point choice could differ in another program), else None."""
 
     tokens: jax.Array
     length: jax.Array
     probs: jax.Array | None = None
+    bounds: jax.Array | None = None
+    count: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,11 +159,11 @@ def block_need(seq_len: jax.Array, count: jax.Array, judge: Judge) -> jax.Array:
     return jnp.max(seq_len + count * judge.suffix.shape[0])
 
 
-def drafted_block_need(draft: Draft, head_len: jax.Array, judge: Judge, spec: RoundSpec) -> jax.Array:
-    """`block_need` of verifying `draft` after heads of `head_len` tokens, before the pass: what a served round's
-    host reads to set up only the block length its pass takes (`pick_length`)."""
-    _, count = segment_draft(draft, judge.table, spec, price=judge.prefix_price)
-    return block_need(head_len + draft.length, count, judge)
+def segmented(draft: Draft, head_len: jax.Array, judge: Judge, spec: RoundSpec) -> tuple[Draft, jax.Array]:
+    """`draft` cut into its prefixes before its pass, and the `block_need` of verifying it after heads of `head_len`
+    tokens: what a staged round's host reads to set up only the block length its pass takes (`pick_length`)."""
+    bounds, count = segment_draft(draft, judge.table, spec, price=judge.prefix_price)
+    return draft.replace(bounds=bounds, count=count), block_need(head_len + draft.length, count, judge)
 
 
 def pick_length(lengths: tuple[int, ...], needed: int) -> int:
@@ -186,7 +191,10 @@ def verify_round(target_forward, cache: KVCache, judge: Judge, *, head: jax.Arra
     that the target has not seen yet (the whole prompt over an empty cache, or the target's last emitted token).
     The block is padded to the shortest of `shape.lengths` that holds every row's block."""
     ctx_len, lengths, taps = cache.lengths, shape.lengths, shape.taps
-    bounds, count = segment_draft(draft, judge.table, spec, price=judge.prefix_price)
+    if draft.count is None:
+        bounds, count = segment_draft(draft, judge.table, spec, price=judge.prefix_price)
+    else:  # cut before the pass (`segmented`)
+        bounds, count = draft.bounds, draft.count
     draft, draft_len = draft.tokens, draft.length
     b = draft.shape[0]
     seq = join(head, head_len, draft, head.shape[1] + draft.shape[1])
