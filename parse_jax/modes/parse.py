@@ -2,12 +2,12 @@
 the longest valid prefix is kept and the target continues from it (single round), or the target writes up to its
 next step boundary and the draft drafts again (multi round, one `lax.while_loop`).
 
-Each request batch runs as one jitted program that returns everything the result needs; the host encodes before
-and decodes after, with one transfer of the results (`programs.fetch`). At batch > 1 the single round runs staged
-(`staged_single_round`): the draft, then, the host having read the block length it needs, the pass over that one
-length (one program over every length sets them all up); then it stops once more, to continue only the rows that
-still have tokens to write in a smaller batch (where the decode step is compute-bound, that is cheaper than
-carrying finished rows).
+Each request batch runs as one jitted program that returns everything the result needs; the host encodes before and
+decodes after, with one transfer of the results (`programs.fetch`). At batch > 1 off a mesh the single round runs
+staged (`staged_single_round`): the draft, then, the host having read the block length it needs, the pass over that
+one length (one program over every length sets them all up); then it stops once more, to continue only the rows that
+still have tokens to write in a smaller batch (where the decode step is compute-bound, that is cheaper than carrying
+finished rows).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def continuation(spec: ContinueSpec, target_params, head_params, cache: KVCache,
 
 @functools.cache
 def continue_single(spec: ContinueSpec):
-    """The continuation of a split single round, on the rows picked by the host."""
+    """The continuation of a staged single round, on the rows picked by the host."""
 
     def run(target_params, head_params, cache, ctx: EagleContext, remaining, eos_ids, args: SamplingArgs):
         cont, cont_n, extra = continuation(spec, target_params, head_params, cache, ctx, remaining=remaining,
@@ -192,7 +192,7 @@ def continue_single(spec: ContinueSpec):
 
 
 def host_rows(remaining: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-    """(rows, their budgets) to continue after a split single round: the rows with tokens left, padded to a batch
+    """(rows, their budgets) to continue after a staged single round: the rows with tokens left, padded to a batch
     bucket with repeats of a live row whose budget is 0 (None when no row has tokens left). A sharded target never
     gets here: it runs the fused program, its rows laid out over `data`."""
     live = np.flatnonzero(remaining > 0)
@@ -354,7 +354,7 @@ def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateR
 
 
 def _assemble_split(res: dict, cont: dict | None, rows, rem, num_new: int) -> dict:
-    """The tokens of a split single round: accepted draft, then the EOS found at the boundary or the continuation."""
+    """The tokens of a staged single round: accepted draft, then the EOS found at the boundary or the continuation."""
     b, d = res["draft"].shape
     tokens = np.full((b, d + num_new), PAD_ID, np.int32)
     count = np.zeros(b, np.int32)

@@ -343,6 +343,6 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
 
 
 def verified_rows(out: dict) -> dict:
-    """A split single round's outputs as a `Verify` returns them: with the rows that have tokens left (`live`),
+    """A staged single round's outputs as a `Verify` returns them: with the rows that have tokens left (`live`),
     those whose next token, read at the boundary, is EOS included (that token is still emitted)."""
     return {**out, "live": (out["remaining"] > 0) | out["stop"], "first_logits": out["context"].first_logits}

@@ -13,8 +13,7 @@ the figure it found (`EMA`); a speculative choice never measured is expected to 
 
 A process that compiles a choice's programs writes them into the persistent compile cache (when one is on), and the
 next process loads them instead, for a fraction of the cost (on the 2-core CPU, single-round PARSE at batch 8: about
-19 s compiled, 6 s loaded; staged since, docs/design.md §5, a first `generate` of 64 prompts takes 6.7 s compiling
-and 2.2 s loading). So each figure has a warm
+19 s compiled, 6 s loaded; staged since, docs/design.md §5, under 1 s loaded). So each figure has a warm
 twin, what the choice costs with its programs in the cache: measured where a process loaded them all, else estimated
 from a process that compiled them (`runtime.programs.SetupSplit.warm`: its compiling scaled by what its loads cost
 against compiling). Where the cache is on, the warm figure is the one expected (`SetupCosts.expected`); without it,
