@@ -115,10 +115,9 @@ def _single(ctx: ModeContext, req: Request, eagle: bool, label: str) -> list[Lau
     launch = staged_launch(ctx, req, eagle)
     shape, staged = launch.shape, launch.staged
     draft, verify = stage_program(staged.draft), stage_program(staged.verifier(staged.lengths[-1]))
-    answer = jax.eval_shape(draft.jitted, *abstract_tree(launch.draft_args))[0]
-    out = [Launch(f"{label}.draft", draft, launch.draft_args),
-           Launch(f"{label}.round", verify, launch.pass_args(answer))]
-    state = jax.eval_shape(verify.jitted, *abstract_tree(launch.pass_args(answer)))
+    pass_args = launch.pass_args(jax.eval_shape(draft.jitted, *abstract_tree(launch.draft_args))[0])
+    out = [Launch(f"{label}.draft", draft, launch.draft_args), Launch(f"{label}.round", verify, pass_args)]
+    state = jax.eval_shape(verify.jitted, *abstract_tree(pass_args))
     spec = ContinueSpec(ctx.target.config, ctx.target.attention_impl, shape.num_new, req.sampling.sampler,
                         eagle_spec(ctx) if eagle else None)
     rows = 1

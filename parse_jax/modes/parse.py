@@ -133,11 +133,10 @@ def split_outputs(v: Verified, answer: Draft, remaining: jax.Array, eos_ids, sam
 
 
 @functools.cache
-def single_round_program(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, *,
-                         eagle: EagleSpec | None = None):
+def single_round_program(rnd: SingleRound):
     """Draft -> segment -> pack -> verify -> accept -> commit -> the continuation, in one program: a batch of one
     row, or on a mesh (a batch > 1 runs staged, `staged_single_round`)."""
-    rnd = SingleRound(pair, spec, shape, sampler, eagle)
+    pair, shape, sampler, eagle = rnd.pair, rnd.shape, rnd.sampler, rnd.eagle
     cont_spec = ContinueSpec(pair.target, pair.target_impl, shape.num_new, sampler, eagle)
 
     def run(target_params, draft_params, head_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs,
@@ -224,8 +223,8 @@ def single_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> tuple[
     ids, target = req.ids, ctx.target
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
     shape = single_shape(ctx, p, req.max_new, eagle)
-    program = single_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
-                                   eagle=eagle_spec(ctx) if eagle else None)
+    program = single_round_program(SingleRound(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
+                                               eagle_spec(ctx) if eagle else None))
     args = (target.params, ctx.draft.params, ctx.head.params if eagle else None,
             device_prompts(target, ids, b, p, req.max_new), req.eos, ctx.judge, req.sampling.args(),
             prng_key(req.sampling.seed + 1))

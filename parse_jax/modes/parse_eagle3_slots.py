@@ -21,28 +21,38 @@ import numpy as np
 from parse_jax.modes.context import ModeContext, PairSpec, parse_result
 from parse_jax.modes.parse import EagleSpec, SingleRound, SingleShape, eagle_spec, single_shape, staged_single_round
 from parse_jax.modes.parse_multi import serve_multi
-from parse_jax.modes.verified_slots import ROW_STATS, AheadBook, AheadSlots, admit_staged, place, run_ahead
+from parse_jax.modes.verified_slots import (
+    ROW_STATS,
+    AheadBook,
+    AheadSlots,
+    admit_staged,
+    place,
+    place_program,
+    run_ahead,
+)
 from parse_jax.runtime.programs import bucket, committed, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import Admission, admission, request_budgets, rows_by_request
 from parse_jax.speculation.eagle3 import EagleLoop, eagle_start, head_applies
 from parse_jax.speculation.eagle3.serve import EagleServeShape, EagleSlots, empty_slots, serve_programs
-from parse_jax.verify.round import RoundSpec
+
+
+def slots_shape_of(shape: SingleShape, pair: PairSpec, sampler: Sampler, eagle: EagleSpec) -> EagleServeShape:
+    """The EAGLE-3 slots of a run of `shape`."""
+    loop = EagleLoop.of(eagle.config, eagle, num_new=shape.num_new)
+    return EagleServeShape(pair.target, pair.target_impl, shape.cache_len, loop, sampler)
 
 
 @functools.cache
-def slot_programs(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: Sampler, eagle: EagleSpec,
-                  length: int):
-    """(admit, place, advance, the slots' shape) of a run that verifies ahead (`modes/verified_slots`); the state
-    is donated to each. `admit` verifies an admission's drafted rows over blocks of `length` tokens (staged:
-    `modes/parse.staged_single_round`), starts their EAGLE-3 continuation and places them, returning the state, each
-    candidate's destination, the admitted rows' outputs (those that ended there are read from them) and their
-    verification counters and drafts."""
-    verify = staged_single_round(SingleRound(pair, spec, shape, sampler, eagle)).verifier(length)
-    loop = EagleLoop.of(eagle.config, eagle, num_new=shape.num_new)
-    slots_shape = EagleServeShape(pair.target, pair.target_impl, shape.cache_len, loop, sampler)
-    _, advance_slots = serve_programs(slots_shape)
+def admit_program(rnd: SingleRound, length: int):
+    """The admission of a run that verifies ahead (`modes/verified_slots`), the state donated: it verifies an
+    admission's drafted rows over blocks of `length` tokens (staged: `modes/parse.staged_single_round`), starts
+    their EAGLE-3 continuation and places them, returning the state, each candidate's destination, the admitted
+    rows' outputs (those that ended there are read from them) and their verification counters and drafts."""
+    pair, shape, sampler, eagle = rnd.pair, rnd.shape, rnd.sampler, rnd.eagle
+    verify = staged_single_round(rnd).verifier(length)
+    loop = slots_shape_of(shape, pair, sampler, eagle).loop
 
     def admit(weights, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs, drafted):
         target_params, draft_params, head_params = weights
@@ -57,13 +67,19 @@ def slot_programs(pair: PairSpec, spec: RoundSpec, shape: SingleShape, sampler: 
         ahead, where = place(ahead, rows)
         return ahead, where, slot_outputs(rows, shape.num_new), counters
 
+    return register_program(jax.jit(admit, donate_argnums=(1,)))
+
+
+@functools.cache
+def advance_program(slots_shape: EagleServeShape):
+    """EAGLE-3 rounds over every slot until enough are free, the state donated."""
+    _, advance_slots = serve_programs(slots_shape)
+
     def advance(target_params, head_params, ahead: AheadSlots, free_target, eos_ids, args: SamplingArgs):
         return ahead.replace(slots=advance_slots(target_params, head_params, ahead.slots, free_target, eos_ids,
                                                  args))
 
-    return (register_program(jax.jit(admit, donate_argnums=(1,))),
-            register_program(jax.jit(lambda ahead: place(ahead), donate_argnums=(0,))),
-            register_program(jax.jit(advance, donate_argnums=(2,))), slots_shape)
+    return register_program(jax.jit(advance, donate_argnums=(2,)))
 
 
 def slot_outputs(slots: EagleSlots, num_new: int) -> dict:
@@ -86,10 +102,10 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     p = bucket(max(len(x) for x in ids))
     shape = single_shape(ctx, p, req.max_new, eagle=True)
     pair, sampler, eagle = PairSpec.of(ctx), req.sampling.sampler, eagle_spec(ctx)
-    staged = staged_single_round(SingleRound(pair, ctx.round_spec, shape, sampler, eagle))
-    # its placement and advance serve every length
-    _, place_parked, advance, slots_shape = slot_programs(pair, ctx.round_spec, shape, sampler, eagle,
-                                                          staged.lengths[-1])
+    rnd = SingleRound(pair, ctx.round_spec, shape, sampler, eagle)
+    staged = staged_single_round(rnd)
+    slots_shape = slots_shape_of(shape, pair, sampler, eagle)
+    place_parked, advance = place_program(), advance_program(slots_shape)
     args, eos = req.sampling.args(), req.eos
     weights = (target.params, ctx.draft.params, ctx.head.params)
     used = min(max_batch, len(ids))
@@ -105,9 +121,8 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     def admit_rows(ahead, batch, where, i):
         adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i)
         return admit_staged(staged, ahead, (ctx.draft.params, adm, eos, ctx.judge, args), warm_up=not batch,
-                            admit_at=lambda n, st, drafted: slot_programs(pair, ctx.round_spec, shape, sampler, eagle,
-                                                                          n)[0](weights, st, adm, eos, ctx.judge,
-                                                                                args, drafted))
+                            admit_at=lambda n, st, drafted: admit_program(rnd, n)(weights, st, adm, eos, ctx.judge,
+                                                                                  args, drafted))
 
     t0 = time.perf_counter()
     run, admissions, counters = run_ahead(

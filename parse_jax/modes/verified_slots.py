@@ -125,13 +125,18 @@ def place(ahead: AheadSlots, rows: SlotState | None = None) -> tuple[AheadSlots,
     return AheadSlots(slots=slots, park=park, parked=parked, capacity=ahead.capacity), where
 
 
-@functools.cache
 def slot_programs(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
     """(admit, place, advance) of one run's shapes; the state is donated to each. `admit` verifies an admission and
     places its rows (`place`), returning the state, each candidate's destination, the admitted rows' tokens (those
     that ended there are read from them) and their verification counters (ROW_STATS present in the verification,
-    and its `verify_passes`); `place` moves parked rows into free slots."""
-    target = Decoder(pair.target, pair.target_impl)
+    and its `verify_passes`); `place` moves parked rows into free slots. Only `admit` depends on `verify` (a staged
+    run has one per block length; its placement and advance serve them all)."""
+    return admit_program(pair, verify, width, sampler), place_program(), advance_program(pair, sampler)
+
+
+@functools.cache
+def admit_program(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
+    """`slot_programs`' admit."""
 
     def admit(target_params, draft_params, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs,
               drafted=None):
@@ -144,14 +149,27 @@ def slot_programs(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
         ahead, where = place(ahead, rows)
         return ahead, where, {"tokens": rows.tokens, "num_new": rows.num_new}, counters
 
+    return register_program(jax.jit(admit, donate_argnums=(2,)))
+
+
+@functools.cache
+def place_program():
+    """The parked rows into free slots (`place`), the state donated: one program for every run that verifies
+    ahead (jit sets it up per state shape)."""
+    return register_program(jax.jit(lambda ahead: place(ahead), donate_argnums=(0,)))
+
+
+@functools.cache
+def advance_program(pair: PairSpec, sampler: Sampler):
+    """`slot_programs`' advance: one-token steps over every slot until enough are free."""
+    target = Decoder(pair.target, pair.target_impl)
+
     def advance(target_params, ahead: AheadSlots, free_target, eos_ids, args: SamplingArgs):
         slots = decode_slots(forward_fn(target, target_params), ahead.slots, free_target, eos_ids, args.fold(2),
                              sampler)
         return ahead.replace(slots=slots)
 
-    return (register_program(jax.jit(admit, donate_argnums=(2,))),
-            register_program(jax.jit(lambda ahead: place(ahead), donate_argnums=(0,))),
-            register_program(jax.jit(advance, donate_argnums=(1,))))
+    return register_program(jax.jit(advance, donate_argnums=(1,)))
 
 
 @functools.cache
@@ -296,9 +314,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     width = draft_new + num_new
     sampler = req.sampling.sampler
     staged = verify if isinstance(verify, Staged) else None
-    if staged is not None:
-        verify = staged.verifier(staged.lengths[-1])  # its placement and advance serve every length
-    admit, place_parked, advance = slot_programs(pair, verify, width, sampler)
+    place_parked, advance = place_program(), advance_program(pair, sampler)
     used = min(max_batch, len(ids))
     slots = bucket(used, 1)
     p = bucket(max(len(x) for x in ids))
@@ -312,9 +328,9 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     def admit_rows(ahead, batch, where, i):
         adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i)
         if staged is None:
-            return admit(*params, ahead, adm, req.eos, ctx.judge, args)
+            return admit_program(pair, verify, width, sampler)(*params, ahead, adm, req.eos, ctx.judge, args)
         return admit_staged(staged, ahead, (ctx.draft.params, adm, req.eos, ctx.judge, args), warm_up=not batch,
-                            admit_at=lambda n, st, drafted: slot_programs(pair, staged.verifier(n), width, sampler)[0](
+                            admit_at=lambda n, st, drafted: admit_program(pair, staged.verifier(n), width, sampler)(
                                 *params, st, adm, req.eos, ctx.judge, args, drafted))
 
     t0 = time.perf_counter()
@@ -322,7 +338,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
         book, state, place=place_parked, admit=admit_rows,
         advance=lambda st, free: advance(target.params, st, free, req.eos, args),
         read=lambda st: {"done": st.done, "num_new": st.num_new, "tokens": st.tokens, "steps": st.steps},
-        warm=(staged or admit, p))
+        warm=(staged if staged is not None else admit_program(pair, verify, width, sampler), p))
     counted = [got for _, got in counters]
     seconds = time.perf_counter() - t0
     out = {"tokens": np.stack([r["tokens"] for r in book.out]), "num_new": np.array([r["num_new"] for r in book.out])}
