@@ -3,12 +3,13 @@ and the speculative modes, the default schedule,
 and `schedule="auto"` choosing plain decoding exactly where the cost model says speculation loses (synthetic cost
 tables, so the test does not depend on this machine), with explicit settings kept as given."""
 
+import jax
 import pytest
 
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import InputError
 from parse_jax.runtime.decode import generate
-from parse_jax.runtime.programs import bucket
+from parse_jax.runtime.programs import _PROGRAMS, bucket
 from parse_jax.schedule.auto import EXPLORE_FILLS, EXPLORE_MIN_PROMPTS, SPECULATION_MARGIN, ScheduleState, choose
 from parse_jax.schedule.setup import _LEDGERS, UNMEASURED_SECONDS, ledger, load_setup_costs
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
@@ -265,6 +266,11 @@ def test_a_job_decodes_plainly_where_the_mode_s_setup_would_not_pay_back(tmp_pat
     charged = short.stats["schedule"][0]["setup_seconds_per_token"]
     assert set(charged) == {"sd"} and charged["sd"] > 1e-2  # plain decoding is never charged an unmeasured setup
     assert "sd@4" not in load_setup_costs(TARGET, DRAFT).seconds
+    # what a new process holds in memory: nothing (another test in this worker may have set sd@4's programs up, and
+    # a run that sets nothing up pays nothing, so writes no figure)
+    jax.clear_caches()
+    for p in _PROGRAMS:
+        p._ready.clear()
     with fresh.job(10**9):  # a job long enough to pay it back: sd runs, and what its setup took is written down
         ran = fresh.generate(PROMPTS[:6], mode="sd", max_new_tokens=10, max_batch=4)
     assert "sd" in {c["ran"] for c in ran.stats["schedule"]}
