@@ -5,12 +5,18 @@ the setup figures with what it set up), alternating target and parse, wall time 
 match.
 
     python benchmarks/bench_eval_speed.py --n 256 --repeats 2 --out benchmarks/results/eval_speed
+
+`--new-machine`: every eval process runs with caches of its own, empty at the start (`XDG_CACHE_HOME` in a
+temporary folder: no compile cache, no executables, no setup figures), as on a machine that never ran parse-jax;
+after the untimed runs, one longer parse eval (`--long` problems, another seed) runs untimed, a job whose gain pays
+back PARSE's unmeasured setup, and the setup figures it leaves are recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,12 +30,18 @@ from parse_jax.harness.provenance import provenance
 from parse_jax.utils import atomic
 
 
-def run_eval(data: Path, mode: str, out: Path) -> tuple[float, dict]:
+def run_eval(data: Path, mode: str, out: Path, env: dict | None = None) -> tuple[float, dict]:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "parse_jax.cli", "eval", "--data", str(data), "--mode", mode,
-                    "--out", str(out), "--no-progress"], check=True, capture_output=True, text=True)
+                    "--out", str(out), "--no-progress"], check=True, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t0
     return seconds, json.loads(summary_path(out).read_text())
+
+
+def _setup_figures(cache: Path) -> dict:
+    """The setup figures on record in an eval process's cache folder (paid, warm), by file."""
+    return {f.name: {"seconds": (d := json.loads(f.read_text()))["seconds"], "warm_seconds": d.get("warm_seconds", {})}
+            for f in sorted((cache / "parse-jax" / "profiles").glob("setup-*.json"))}
 
 
 def main() -> int:
@@ -38,18 +50,34 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--out", default="benchmarks/results/eval_speed")
+    ap.add_argument("--new-machine", action="store_true",
+                    help="caches of the eval processes' own, empty at the start (see the module docstring)")
+    ap.add_argument("--long", type=int, default=1024, help="with --new-machine: the longer parse eval's problems")
     args = ap.parse_args()
     task = pj.load_task()
     work = Path(tempfile.mkdtemp(prefix="parse-jax-eval-speed-"))
-    data = work / "problems.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p, "solution": s}) + "\n"
-                            for p, s in task.problems(args.n, seed=args.seed, split="test")))
+    env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache")} if args.new_machine else None
+
+    def problems(n: int, seed: int) -> Path:
+        path = work / f"problems_{n}_{seed}.jsonl"
+        path.write_text("".join(json.dumps({"prompt": p, "solution": s}) + "\n"
+                                for p, s in task.problems(n, seed=seed, split="test")))
+        return path
+
+    data = problems(args.n, args.seed)
+    warm_up = {}
     for mode in ("target", "parse"):  # warm the persistent compile cache
-        run_eval(data, mode, work / f"warm_{mode}.jsonl")
+        _, summary = run_eval(data, mode, work / f"warm_{mode}.jsonl", env)
+        warm_up[mode] = {"accepted_per_pass": summary.get("accepted_per_pass")}
+    if args.new_machine:
+        s, summary = run_eval(problems(args.long, args.seed + 1), "parse", work / "long.jsonl", env)
+        warm_up["long_parse"] = {"n": args.long, "seconds": s, "accepted_per_pass": summary.get("accepted_per_pass"),
+                                 "setup_figures": _setup_figures(work / "cache")}
+        print("long parse eval", round(s, 1), flush=True)
     seconds, runs = {"target": [], "parse": []}, {"target": [], "parse": []}
     for r in range(args.repeats):
         for mode in (("target", "parse") if r % 2 == 0 else ("parse", "target")):
-            s, summary = run_eval(data, mode, work / f"{mode}_{r}.jsonl")
+            s, summary = run_eval(data, mode, work / f"{mode}_{r}.jsonl", env)
             seconds[mode].append(s)
             runs[mode].append(summary)
             print(mode, round(s, 1), summary["accuracy"], flush=True)
@@ -67,9 +95,13 @@ def main() -> int:
               "generate_seconds": {m: [r["seconds"] for r in runs[m]] for m in runs},
               # None: the run verified nothing (it decoded plainly throughout)
               "accepted_per_pass": {m: [r.get("accepted_per_pass") for r in runs[m]] for m in runs},
+              # the untimed runs: which verified nothing (None), and with --new-machine the longer parse eval
+              "warm_up": warm_up, "new_machine": args.new_machine,
               "provenance": provenance(None, args.seed)}
+    start = (f"caches empty at the start, then warmed by untimed runs of each and a {args.long}-problem parse eval"
+             if args.new_machine else "compile cache warm")
     lines = [f"# `parse-jax eval` at its defaults: parse vs target ({args.n} held-out problems, a process per run, "
-             f"compile cache warm, {args.repeats} runs each, alternating)", "", f"Command: `{result['command']}`", "",
+             f"{start}, {args.repeats} runs each, alternating)", "", f"Command: `{result['command']}`", "",
              "| mode | wall seconds (median) | runs | generate calls' seconds | accuracy | tokens/s (generate calls, "
              "the median run) |", "|---|---|---|---|---|---|"]
     for m in med:
@@ -81,6 +113,14 @@ def main() -> int:
                  f"{result['paired_ratio_median']:.2f}).")
     plain = [i for i, a in enumerate(result["accepted_per_pass"]["parse"]) if a is None]
     lines.append(f"parse runs that decoded plainly throughout (no verification pass): {plain or 'none'}.")
+    def ran(run: dict) -> str:
+        return "decoded plainly throughout" if run["accepted_per_pass"] is None else "ran PARSE"
+
+    lines.append(f"The untimed parse run {ran(warm_up['parse'])}.")
+    if args.new_machine:
+        long = warm_up["long_parse"]
+        lines.append(f"The {args.long}-problem parse eval (untimed, {long['seconds']:.1f} s) {ran(long)}; the "
+                     f"setup figures it left (seconds): {json.dumps(long['setup_figures'])}.")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic.write_text(out / "eval_speed.json", json.dumps(result, indent=1) + "\n")

@@ -333,8 +333,7 @@ class ParseEngine:
                 paid = now - setup_before
                 warm = paid.warm(now) if costs.cache_on else None
                 self._setup = ledger(costs).pay(costs, self._setup_name(choice.run, choice.rounds),
-                                                bucket(len(batch.ids), 1), paid.seconds,
-                                                speculative=choice.speculate, warm=warm,
+                                                bucket(len(batch.ids), 1), paid.seconds, warm=warm,
                                                 compiled=not (costs.cache_on and paid.loaded_all))
             parts.append(res)
             start += len(res.tokens)

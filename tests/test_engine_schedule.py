@@ -8,8 +8,9 @@ import pytest
 
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import InputError
+from parse_jax.runtime import executables, programs
 from parse_jax.runtime.decode import generate
-from parse_jax.runtime.programs import _PROGRAMS, bucket
+from parse_jax.runtime.programs import _PROGRAMS, bucket, setup_split
 from parse_jax.schedule.auto import EXPLORE_FILLS, EXPLORE_MIN_PROMPTS, SPECULATION_MARGIN, ScheduleState, choose
 from parse_jax.schedule.setup import _LEDGERS, UNMEASURED_SECONDS, ledger, load_setup_costs
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, costs
@@ -266,11 +267,9 @@ def test_a_job_decodes_plainly_where_the_mode_s_setup_would_not_pay_back(tmp_pat
     charged = short.stats["schedule"][0]["setup_seconds_per_token"]
     assert set(charged) == {"sd"} and charged["sd"] > 1e-2  # plain decoding is never charged an unmeasured setup
     assert "sd@4" not in load_setup_costs(TARGET, DRAFT).seconds
-    # what a new process holds in memory: nothing (another test in this worker may have set sd@4's programs up, and
-    # a run that sets nothing up pays nothing, so writes no figure)
-    jax.clear_caches()
-    for p in _PROGRAMS:
-        p._ready.clear()
+    # another test in this worker may have set sd@4's programs up, and a run that sets nothing up pays nothing, so
+    # writes no figure
+    _forget_programs()
     with fresh.job(10**9):  # a job long enough to pay it back: sd runs, and what its setup took is written down
         ran = fresh.generate(PROMPTS[:6], mode="sd", max_new_tokens=10, max_batch=4)
     assert "sd" in {c["ran"] for c in ran.stats["schedule"]}
@@ -281,6 +280,42 @@ def test_a_job_decodes_plainly_where_the_mode_s_setup_would_not_pay_back(tmp_pat
     with pytest.raises(InputError, match="prompts must be"):
         with eng.job(0):
             pass
+
+
+def _forget_programs() -> None:
+    """What a new process holds in memory: no program set up (the persistent caches keep theirs)."""
+    jax.clear_caches()
+    for program in _PROGRAMS:
+        program._ready.clear()
+
+
+def test_a_long_job_on_a_new_machine_leaves_a_warm_figure_estimated_from_its_loads(tmp_path, monkeypatch):
+    """No figures on record, empty caches: one process decodes plainly (its programs compiled and stored in the
+    executable cache); the next one decodes plainly too (as an eval's first window does: it loads them), then its
+    long job explores sd and compiles it. Its loads timed loading against setting up, so it leaves sd a warm figure,
+    estimated from its setup and under the figure paid, where the next process with the cache on expects it
+    (without timed loads there was none, and a short job was charged the figure paid)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(programs, "_SETUP", [programs.SetupSplit()])  # a new process's setup totals: none
+    with executables.using(tmp_path / "executables"):
+        _forget_programs()
+        plain = _engine(schedule="auto").generate(PROMPTS[:6], mode="target", max_new_tokens=10, max_batch=4)
+        _forget_programs()
+        before = setup_split()
+        assert _engine(schedule="auto").generate(PROMPTS[:6], mode="target", max_new_tokens=10,
+                                                 max_batch=4).tokens == plain.tokens
+        eng = _engine(schedule="auto")
+        eng._costs = costs(MEMORY_BOUND, eagle3=False)  # sd predicted to win
+        with eng.job(10**9):
+            ran = eng.generate(PROMPTS[:6], mode="sd", max_new_tokens=10, max_batch=4)
+        paid = setup_split() - before
+    assert "sd" in {c["ran"] for c in ran.stats["schedule"]} and ran.tokens == plain.tokens
+    assert paid.stored > 0 and paid.stored_set_up > 0 and paid.stored_loads > 0  # compiled some, loaded some
+    after = load_setup_costs(TARGET, DRAFT)
+    assert after.cache_on  # the suite's compile cache (tests/conftest.py)
+    figure, warm = after.get("sd", 4), after.get_warm("sd", 4)
+    assert figure is not None and warm is not None and 0 < warm < figure
+    assert after.expected("sd", 4) == warm
 
 
 def test_the_schedule_expects_a_row_to_write_what_rows_have_written_not_the_budget(tmp_path, monkeypatch):

@@ -42,8 +42,14 @@ from parse_jax.errors import InputError
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.progress import logger
 
-FORMAT = 1
+FORMAT = 2  # 2: each file keeps the seconds its executable took to set up here
 LOAD_EVENT = "/parse_jax/executables/load_duration"  # seconds to load one executable (runtime.programs counts it)
+# what loading an executable saves, against what it costs (`runtime.programs.SetupSplit` reads them): before a load,
+# the seconds its executable took to trace, lower and compile where it was stored; around a compile here, a start
+# mark (0 s) and its seconds
+LOAD_SAVED_EVENT = "/parse_jax/executables/load_saved"
+COMPILE_START_EVENT = "/parse_jax/executables/compile_start"
+COMPILE_EVENT = "/parse_jax/executables/compile_duration"
 _MAX_DEPTH = 24
 _MAX_ARRAY = 1 << 20  # bytes of an array a closure may hold and still be described (hashed)
 _LIBRARIES = ("jax", "jaxlib", "flax", "numpy", "optax", "builtins", "math", "operator", "functools")
@@ -349,12 +355,16 @@ class Program:
         loaded = _load(path, key)
         if loaded is not None:
             return loaded, path
+        jax.monitoring.record_event_duration_secs(COMPILE_START_EVENT, 0.0)
+        start = time.perf_counter()
         with compile_cache.paused():  # XLA:CPU serializes an executable it loaded without its fused functions (that
             # copy then fails to run), so store only one compiled here: not from jax's persistent cache, nor from its
             # in-memory one (a compile option set to its default makes the compile new)
             compiled = self.jitted.lower(*args).compile(compiler_options=FRESH)
+        seconds = time.perf_counter() - start
+        jax.monitoring.record_event_duration_secs(COMPILE_EVENT, seconds)
         _state["compiles"] += 1
-        _store(path, key, compiled)
+        _store(path, key, compiled, seconds)
         return compiled, None
 
 
@@ -372,7 +382,7 @@ def _load(path: Path, key: str):
         return None
     start = time.perf_counter()
     try:
-        stored_format, stored_key, payload, in_tree, out_tree = pickle.loads(data)
+        stored_format, stored_key, payload, in_tree, out_tree, set_up = pickle.loads(data)
         if stored_format != FORMAT or stored_key != key:
             raise ValueError("its key does not match its name")
         compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
@@ -381,6 +391,7 @@ def _load(path: Path, key: str):
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
         return None
+    jax.monitoring.record_event_duration_secs(LOAD_SAVED_EVENT, float(set_up))
     jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - start)
     _state["loads"] += 1
     with contextlib.suppress(OSError):
@@ -388,14 +399,14 @@ def _load(path: Path, key: str):
     return compiled
 
 
-def _store(path: Path, key: str, compiled) -> None:
-    """Write `compiled` under `key`; a failure is a warning, and this process stores nothing more (nor compiles for
-    the cache: its programs run as jit runs them)."""
+def _store(path: Path, key: str, compiled, seconds: float) -> None:
+    """Write `compiled` under `key`, with the `seconds` it took to set up here; a failure is a warning, and this
+    process stores nothing more (nor compiles for the cache: its programs run as jit runs them)."""
     from jax.experimental import serialize_executable
 
     try:
         payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-        atomic.write_bytes(path, pickle.dumps((FORMAT, key, payload, in_tree, out_tree)))
+        atomic.write_bytes(path, pickle.dumps((FORMAT, key, payload, in_tree, out_tree, float(seconds))))
         _state["stores"] += 1
         os.utime(path.parent)  # this generation is in use
         _prune(path.parent.parent, keep=path.parent.name)

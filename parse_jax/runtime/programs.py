@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from parse_jax.models.decoder import Decoder
-from parse_jax.runtime.executables import LOAD_EVENT, Program
+from parse_jax.runtime.executables import COMPILE_EVENT, COMPILE_START_EVENT, LOAD_EVENT, LOAD_SAVED_EVENT, Program
 
 
 def bucket(n: int, minimum: int = 8) -> int:
@@ -112,7 +112,11 @@ class SetupSplit:
     retrieval, the cache key's hashing, counts here too) and `loaded` (programs loaded from the persistent compile
     cache). `timed_loads` / `timed_compiles`: the retrieval seconds of the loads whose compiling jax recorded as at
     least a second, and those compile seconds (jax stores them in whole seconds: + 0.5), what loading costs against
-    compiling on this machine. A running total of this process; the difference of two is what some work paid."""
+    compiling on this machine. The executable cache (`runtime.executables`) the same way: `stored` (seconds its
+    programs took to trace, lower and compile here, of which `stored_compiled` was the backend's: a load replaces
+    all of it), and `stored_loads` / `stored_set_up`, its loads' seconds against the seconds their executables took
+    to set up where they were stored. A running total of this process; the difference of two is what some work
+    paid."""
 
     events: int = 0
     seconds: float = 0.0
@@ -120,6 +124,10 @@ class SetupSplit:
     loaded: float = 0.0
     timed_loads: float = 0.0
     timed_compiles: float = 0.0
+    stored: float = 0.0
+    stored_compiled: float = 0.0
+    stored_loads: float = 0.0
+    stored_set_up: float = 0.0
 
     def __sub__(self, other: SetupSplit) -> SetupSplit:
         return SetupSplit(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
@@ -131,19 +139,26 @@ class SetupSplit:
         return self.compiled <= 0.1 * self.seconds
 
     def warm(self, process: SetupSplit) -> float | None:
-        """What this setup would cost a process that loads from the persistent cache what this one compiled: its
-        seconds where it loaded everything, else its compiled part scaled by what loading cost against compiling
-        over `process`'s timed loads; None where none was timed (nothing to scale by)."""
+        """What this setup would cost a process that loads what this one compiled: its seconds where it loaded
+        everything, else each cache's part scaled by what loading cost against setting up over `process`'s timed
+        loads (the executable cache's programs: their whole setup; jax's: their compiling), the other cache's ratio
+        where one has none; None where neither was timed (nothing to scale by)."""
         if self.loaded_all:
             return self.seconds
-        if process.timed_compiles <= 0:
+        exe = process.stored_loads / process.stored_set_up if process.stored_set_up > 0 else None
+        jit = process.timed_loads / process.timed_compiles if process.timed_compiles > 0 else None
+        exe, jit = (exe if exe is not None else jit), (jit if jit is not None else exe)
+        if exe is None:
             return None
-        ratio = min(process.timed_loads / process.timed_compiles, 1.0)
-        return max(self.seconds - max(self.compiled, 0.0) * (1.0 - ratio), 0.0)
+        rest = max(self.compiled - self.stored_compiled, 0.0)  # compiled outside the executable cache
+        saved = max(self.stored, 0.0) * (1.0 - min(exe, 1.0)) + rest * (1.0 - min(jit, 1.0))
+        return max(self.seconds - saved, 0.0)
 
 
 _SETUP = [SetupSplit()]
 _SAVED_BEFORE = [0.0]  # a load's compile seconds saved (jax reports it before the retrieval's duration)
+_STORED_BEFORE = [0.0]  # the same for the executable cache: the setup seconds of the executable it loads next
+_COMPILED_AT_START = [0.0]  # `compiled` when the executable cache began its compile
 _BACKEND = "/jax/core/compile/backend_compile_duration"
 _LOADED = "/jax/compilation_cache/cache_retrieval_time_sec"
 _SAVED = "/jax/compilation_cache/compile_time_saved_sec"
@@ -156,7 +171,18 @@ def _count_setup(event: str, duration: float, *args, **kwargs) -> None:
         compiled = s.compiled + (d if event == _BACKEND else 0.0)
         _SETUP[0] = dataclasses.replace(s, events=s.events + 1, seconds=s.seconds + d, compiled=compiled)
     elif event == LOAD_EVENT:  # an executable loaded from the executable cache: no tracing, lowering or compiling
-        _SETUP[0] = dataclasses.replace(s, events=s.events + 1, seconds=s.seconds + d, loaded=s.loaded + d)
+        timed = _STORED_BEFORE[0] > 0
+        _SETUP[0] = dataclasses.replace(s, events=s.events + 1, seconds=s.seconds + d, loaded=s.loaded + d,
+                                        stored_loads=s.stored_loads + (d if timed else 0.0),
+                                        stored_set_up=s.stored_set_up + _STORED_BEFORE[0])
+        _STORED_BEFORE[0] = 0.0
+    elif event == LOAD_SAVED_EVENT:
+        _STORED_BEFORE[0] = max(d, 0.0)
+    elif event == COMPILE_START_EVENT:
+        _COMPILED_AT_START[0] = s.compiled
+    elif event == COMPILE_EVENT:  # its tracing, lowering and compiling were counted as jax reported them
+        _SETUP[0] = dataclasses.replace(s, stored=s.stored + d,
+                                        stored_compiled=s.stored_compiled + s.compiled - _COMPILED_AT_START[0])
     elif event == _SAVED:
         _SAVED_BEFORE[0] = d
     elif event == _LOADED:

@@ -9,14 +9,15 @@ on setup alone. Figures are keyed by the mode and the rounds its programs run ("
 were set rather than chosen; "target") and batch bucket, in one JSON file per
 (target, draft, head) fingerprint, device and versions. A figure is what one process paid in all for the choice at
 that bucket, as jax reports its setup durations (its runs meet new shapes one by one: `SetupLedger`), averaged with
-the figure it found (`EMA`); a speculative choice never measured is expected to cost `UNMEASURED_SECONDS`.
+the figure it found (`EMA`; the first is taken as it is); a speculative choice never measured is expected to cost
+`UNMEASURED_SECONDS`.
 
 A process that compiles a choice's programs writes them into the persistent compile cache (when one is on), and the
 next process loads them instead, for a fraction of the cost (on the 2-core CPU, single-round PARSE at batch 8: about
 19 s compiled, 6 s loaded; staged since, docs/design.md §5, under 1 s loaded). So each figure has a warm
 twin, what the choice costs with its programs in the cache: measured where a process loaded them all, else estimated
-from a process that compiled them (`runtime.programs.SetupSplit.warm`: its compiling scaled by what its loads cost
-against compiling). Where the cache is on, the warm figure is the one expected (`SetupCosts.expected`); without it,
+from a process that compiled them (`runtime.programs.SetupSplit.warm`: its setup scaled by what its loads cost
+against setting up). Where the cache is on, the warm figure is the one expected (`SetupCosts.expected`); without it,
 a figure that once paid for compiling would keep the choice from ever running a short job again, and so from ever
 measuring its warm cost.
 """
@@ -154,24 +155,23 @@ class SetupLedger:
         figure = expected_setup(self.found.get(key, costs), choice, batch_bucket, speculative=speculative)
         return None if figure is None else max(figure - self.paid.get(key, 0.0), 0.0)
 
-    def pay(self, costs: SetupCosts, choice: str, batch_bucket: int, seconds: float, *, speculative: bool,
+    def pay(self, costs: SetupCosts, choice: str, batch_bucket: int, seconds: float, *,
             warm: float | None = None, compiled: bool = True) -> SetupCosts:
         """`costs` with this process's totals for `choice` at `batch_bucket`, `seconds` more: the figure paid
         (where these seconds compiled programs; `compiled=False`: every program came from the compile cache), and
         its warm twin (`warm`: what these seconds would be with every program loaded; None: no compile cache), each
-        averaged with the figure of its kind it found, else with `UNMEASURED_SECONDS` for a speculative choice (one
-        partial payment is no full figure)."""
+        averaged with the figure of its kind it found, else taken as it is: a prior is no measurement to average
+        with (averaged in, the 10 s prior kept a choice whose programs load in under a second out of short jobs for
+        several processes)."""
         key = (choice, batch_bucket)
         found = self.found.setdefault(key, costs)
         self.paid[key] = self.paid.get(key, 0.0) + max(float(seconds), 0.0)
         if compiled:
             self.paid_cold[key] = self.paid_cold.get(key, 0.0) + max(float(seconds), 0.0)
-            costs = costs.with_total(choice, batch_bucket, self.paid_cold[key],
-                                     _or_prior(found.get(choice, batch_bucket), speculative))
+            costs = costs.with_total(choice, batch_bucket, self.paid_cold[key], found.get(choice, batch_bucket))
         if warm is not None:
             self.paid_warm[key] = self.paid_warm.get(key, 0.0) + max(float(warm), 0.0)
-            costs = costs.with_warm(choice, batch_bucket, self.paid_warm[key],
-                                    _or_prior(found.get_warm(choice, batch_bucket), speculative))
+            costs = costs.with_warm(choice, batch_bucket, self.paid_warm[key], found.get_warm(choice, batch_bucket))
         return costs
 
 

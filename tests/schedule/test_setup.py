@@ -1,6 +1,6 @@
 """Program setup per (choice, batch bucket): a process's total is the figure, averaged with the figure it found on
-record; a job is charged what is left of the figure found, a speculative choice never measured an expected setup,
-and a choice nothing once a batch of it set nothing up."""
+record (the first one taken as it is); a job is charged what is left of the figure found, a speculative choice
+never measured an expected setup, and a choice nothing once a batch of it set nothing up."""
 
 import dataclasses
 import json
@@ -26,22 +26,22 @@ def test_a_setup_paid_in_parts_is_charged_what_is_left_and_recorded_whole():
     # nothing on record: a speculative choice is expected to cost UNMEASURED_SECONDS; plain decoding nothing
     assert book.left(none, "parse-single", 8, speculative=True) == UNMEASURED_SECONDS
     assert book.left(none, "target", 8, speculative=False) is None
-    costs = book.pay(none, "parse-single", 8, 6.0, speculative=True)
+    costs = book.pay(none, "parse-single", 8, 6.0)
     assert book.left(costs, "parse-single", 8, speculative=True) == pytest.approx(UNMEASURED_SECONDS - 6.0)
-    # one partial payment is no full figure: averaged with the prior, not written as 6 s
-    assert costs.get("parse-single", 8) == pytest.approx(EMA * 6.0 + (1 - EMA) * UNMEASURED_SECONDS)
-    costs = book.pay(costs, "parse-single", 8, 9.0, speculative=True)  # a later run met new shapes: 9 s more
-    assert costs.get("parse-single", 8) == pytest.approx(EMA * 15.0 + (1 - EMA) * UNMEASURED_SECONDS)  # the total
+    # the first measurement is the figure: the prior is no measurement to average with
+    assert costs.get("parse-single", 8) == pytest.approx(6.0)
+    costs = book.pay(costs, "parse-single", 8, 9.0)  # a later run met new shapes: 9 s more
+    assert costs.get("parse-single", 8) == pytest.approx(15.0)  # the total
     assert book.left(costs, "parse-single", 8, speculative=True) == 0.0  # paid more than expected: nothing left
     assert book.left(costs, "parse-multi", 8, speculative=True) == UNMEASURED_SECONDS  # keys are apart
     assert book.left(costs, "parse-single", 4, speculative=True) == UNMEASURED_SECONDS
-    # the next process finds 12.5 s on record: charged whole, then what is left of it (not of a figure its own
+    # the next process finds 15 s on record: charged whole, then what is left of it (not of a figure its own
     # payments have averaged in)
     later = SetupLedger()
-    assert later.left(costs, "parse-single", 8, speculative=True) == pytest.approx(12.5)
-    after = later.pay(costs, "parse-single", 8, 4.0, speculative=True)
-    assert after.get("parse-single", 8) == pytest.approx(EMA * 4.0 + (1 - EMA) * 12.5)
-    assert later.left(after, "parse-single", 8, speculative=True) == pytest.approx(8.5)
+    assert later.left(costs, "parse-single", 8, speculative=True) == pytest.approx(15.0)
+    after = later.pay(costs, "parse-single", 8, 4.0)
+    assert after.get("parse-single", 8) == pytest.approx(EMA * 4.0 + (1 - EMA) * 15.0)
+    assert later.left(after, "parse-single", 8, speculative=True) == pytest.approx(11.0)
     # a run of it that set nothing up: ready, charged nothing more
     later.ready.add(("parse-single", 8))
     assert later.left(after, "parse-single", 8, speculative=True) is None
@@ -56,24 +56,23 @@ def test_where_the_compile_cache_is_on_the_warm_figure_is_expected_and_recorded(
     """A process that compiled a choice's programs put them into the compile cache: the next one expects what
     loading them costs (the warm figure), measured or estimated; without a compile cache, the figure paid."""
     cold = SetupCosts(path=tmp_path / "s.json", cache_on=False)
-    costs = SetupLedger().pay(cold, "parse-single", 8, 36.0, speculative=True, warm=None)  # no cache: no twin
+    costs = SetupLedger().pay(cold, "parse-single", 8, 36.0, warm=None)  # no cache: no twin
     assert costs.get_warm("parse-single", 8) is None and costs.expected("parse-single", 8) == costs.get(
         "parse-single", 8)
     book = SetupLedger()
-    costs = book.pay(dataclasses.replace(cold, cache_on=True), "parse-single", 8, 36.0, speculative=True, warm=6.0)
-    assert costs.get("parse-single", 8) == pytest.approx(EMA * 36.0 + (1 - EMA) * UNMEASURED_SECONDS)
-    # one partial payment is no full figure, warm or not: averaged with the prior
-    assert costs.get_warm("parse-single", 8) == pytest.approx(EMA * 6.0 + (1 - EMA) * UNMEASURED_SECONDS)
-    costs = book.pay(costs, "parse-single", 8, 2.0, speculative=True, warm=1.0)  # new shapes: the totals grow
-    warm = EMA * 7.0 + (1 - EMA) * UNMEASURED_SECONDS
-    assert costs.get_warm("parse-single", 8) == pytest.approx(warm)
+    costs = book.pay(dataclasses.replace(cold, cache_on=True), "parse-single", 8, 36.0, warm=6.0)
+    assert costs.get("parse-single", 8) == pytest.approx(36.0)  # first measurements, as they are
+    assert costs.get_warm("parse-single", 8) == pytest.approx(6.0)
+    costs = book.pay(costs, "parse-single", 8, 2.0, warm=1.0)  # new shapes: the totals grow
+    warm = 7.0
+    assert costs.get_warm("parse-single", 8) == pytest.approx(warm) and costs.get("parse-single", 8) == 38.0
     # the next process with the cache on expects the warm figure, and is charged it; one without, the one paid
     assert SetupLedger().left(costs, "parse-single", 8, speculative=True) == pytest.approx(warm)
     off = dataclasses.replace(costs, cache_on=False)
     assert SetupLedger().left(off, "parse-single", 8, speculative=True) == pytest.approx(costs.get("parse-single", 8))
     # a process that loaded every program: its seconds are the warm figure's, and leave the figure paid alone
     later = SetupLedger()
-    after = later.pay(costs, "parse-single", 8, 5.0, speculative=True, warm=5.0, compiled=False)
+    after = later.pay(costs, "parse-single", 8, 5.0, warm=5.0, compiled=False)
     assert after.get_warm("parse-single", 8) == pytest.approx(EMA * 5.0 + (1 - EMA) * warm)
     assert after.get("parse-single", 8) == costs.get("parse-single", 8)
     assert later.left(after, "parse-single", 8, speculative=True) == pytest.approx(warm - 5.0)
@@ -91,6 +90,14 @@ def test_a_compiled_setup_is_scaled_to_what_loading_it_costs():
     loaded = SetupSplit(seconds=5.0, compiled=0.2, loaded=4.0)
     assert loaded.loaded_all and loaded.warm(process) == 5.0  # all loaded: what it paid
     assert paid.warm(SetupSplit(seconds=20.0, compiled=16.0)) is None  # nothing timed yet: nothing to scale by
+    # the executable cache's programs: a load replaces their tracing and lowering too, scaled by its own loads
+    # (0.5 s against 10 s set up); jax's compiling outside it (16 - 9 s) by jax's loads, else by the same ratio
+    exe = SetupSplit(events=3, seconds=20.0, compiled=16.0, stored=12.0, stored_compiled=9.0)
+    timed = SetupSplit(stored_loads=0.5, stored_set_up=10.0)
+    assert exe.warm(timed) == pytest.approx(20.0 - 12.0 * 0.95 - 7.0 * 0.95)
+    both = dataclasses.replace(timed, timed_loads=3.0, timed_compiles=12.0)
+    assert exe.warm(both) == pytest.approx(20.0 - 12.0 * 0.95 - 7.0 * 0.75)
+    assert exe.warm(process) == pytest.approx(20.0 - 12.0 * 0.75 - 7.0 * 0.75)  # no executable loads: jax's ratio
     assert (process - paid) == SetupSplit(events=6, seconds=10.0, compiled=0.0, loaded=3.5, timed_loads=3.0,
                                           timed_compiles=12.0)
 
@@ -112,6 +119,30 @@ def test_jax_s_setup_events_are_split_into_compiled_and_loaded():
         assert split.loaded == pytest.approx(0.31) and split.compiled == pytest.approx(4.06)
         # only the load whose compiling jax recorded (3 s) times loading against compiling
         assert split.timed_loads == pytest.approx(0.3) and split.timed_compiles == pytest.approx(3.5)
+    finally:
+        programs._SETUP[0] = saved
+
+
+def test_the_executable_cache_s_events_time_its_loads_against_its_compiles():
+    """A compile for the executable cache is reported between a start mark and its seconds (jax's own events of
+    it, counted as they come, between them); a load after the seconds its executable took to set up where it was
+    stored."""
+    from parse_jax.runtime import executables, programs
+
+    saved = programs._SETUP[0]
+    try:
+        programs._SETUP[0] = programs.SetupSplit()
+        for event, seconds in ((programs._BACKEND, 1.0), (executables.COMPILE_START_EVENT, 0.0),
+                               ("/jax/core/compile/jaxpr_trace_duration", 0.5), (programs._BACKEND, 2.0),
+                               (executables.COMPILE_EVENT, 2.6), (executables.LOAD_SAVED_EVENT, 3.0),
+                               (executables.LOAD_EVENT, 0.2), (executables.LOAD_EVENT, 0.1)):
+            programs._count_setup(event, seconds)
+        split = programs.setup_split()
+        assert split.events == 5 and split.seconds == pytest.approx(3.8) and split.compiled == pytest.approx(3.0)
+        assert split.stored == pytest.approx(2.6) and split.stored_compiled == pytest.approx(2.0)
+        assert split.loaded == pytest.approx(0.3)
+        # only the load whose setup seconds came before it times loading against setting up
+        assert split.stored_loads == pytest.approx(0.2) and split.stored_set_up == pytest.approx(3.0)
     finally:
         programs._SETUP[0] = saved
 
