@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 import parse_jax as pj
 from parse_jax.harness.eval.results import summary_path
 from parse_jax.harness.provenance import provenance
-from parse_jax.utils import atomic
+from parse_jax.utils import atomic, compile_cache
 
 
 def run_eval(data: Path, mode: str, out: Path, env: dict | None = None) -> tuple[float, dict]:
@@ -54,9 +55,14 @@ def main() -> int:
                     help="caches of the eval processes' own, empty at the start (see the module docstring)")
     ap.add_argument("--long", type=int, default=1024, help="with --new-machine: the longer parse eval's problems")
     args = ap.parse_args()
+    if args.long != ap.get_default("long") and not args.new_machine:
+        ap.error("--long: only with --new-machine")
     task = pj.load_task()
     work = Path(tempfile.mkdtemp(prefix="parse-jax-eval-speed-"))
-    env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache")} if args.new_machine else None
+    env = None
+    if args.new_machine:  # every cache under a folder of its own (a compile cache moved or turned off: not here)
+        env = {k: v for k, v in os.environ.items() if k not in (compile_cache.ENV_VAR, compile_cache.EXECUTABLES_VAR)}
+        env["XDG_CACHE_HOME"] = str(work / "cache")
 
     def problems(n: int, seed: int) -> Path:
         path = work / f"problems_{n}_{seed}.jsonl"
@@ -67,8 +73,8 @@ def main() -> int:
     data = problems(args.n, args.seed)
     warm_up = {}
     for mode in ("target", "parse"):  # warm the persistent compile cache
-        _, summary = run_eval(data, mode, work / f"warm_{mode}.jsonl", env)
-        warm_up[mode] = {"accepted_per_pass": summary.get("accepted_per_pass")}
+        s, summary = run_eval(data, mode, work / f"warm_{mode}.jsonl", env)
+        warm_up[mode] = {"seconds": s, "accepted_per_pass": summary.get("accepted_per_pass")}
     if args.new_machine:
         s, summary = run_eval(problems(args.long, args.seed + 1), "parse", work / "long.jsonl", env)
         warm_up["long_parse"] = {"n": args.long, "seconds": s, "accepted_per_pass": summary.get("accepted_per_pass"),
@@ -95,8 +101,10 @@ def main() -> int:
               "generate_seconds": {m: [r["seconds"] for r in runs[m]] for m in runs},
               # None: the run verified nothing (it decoded plainly throughout)
               "accepted_per_pass": {m: [r.get("accepted_per_pass") for r in runs[m]] for m in runs},
-              # the untimed runs: which verified nothing (None), and with --new-machine the longer parse eval
+              # the untimed runs: which verified nothing (None), and with --new-machine the longer parse eval; and
+              # the setup figures the timed runs left (they loaded what they ran: measured warm figures)
               "warm_up": warm_up, "new_machine": args.new_machine,
+              "setup_figures_after": _setup_figures(work / "cache") if args.new_machine else None,
               "provenance": provenance(None, args.seed)}
     start = (f"caches empty at the start, then warmed by untimed runs of each and a {args.long}-problem parse eval"
              if args.new_machine else "compile cache warm")
@@ -113,6 +121,7 @@ def main() -> int:
                  f"{result['paired_ratio_median']:.2f}).")
     plain = [i for i, a in enumerate(result["accepted_per_pass"]["parse"]) if a is None]
     lines.append(f"parse runs that decoded plainly throughout (no verification pass): {plain or 'none'}.")
+
     def ran(run: dict) -> str:
         return "decoded plainly throughout" if run["accepted_per_pass"] is None else "ran PARSE"
 
@@ -120,12 +129,14 @@ def main() -> int:
     if args.new_machine:
         long = warm_up["long_parse"]
         lines.append(f"The {args.long}-problem parse eval (untimed, {long['seconds']:.1f} s) {ran(long)}; the "
-                     f"setup figures it left (seconds): {json.dumps(long['setup_figures'])}.")
+                     f"setup figures it left (seconds): {json.dumps(long['setup_figures'])}; after the timed runs: "
+                     f"{json.dumps(result['setup_figures_after'])}.")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic.write_text(out / "eval_speed.json", json.dumps(result, indent=1) + "\n")
     atomic.write_text(out / "eval_speed.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -44,9 +44,9 @@ from parse_jax.utils.progress import logger
 
 FORMAT = 2  # 2: each file keeps the seconds its executable took to set up here
 LOAD_EVENT = "/parse_jax/executables/load_duration"  # seconds to load one executable (runtime.programs counts it)
-# what loading an executable saves, against what it costs (`runtime.programs.SetupSplit` reads them): before a load,
-# the seconds its executable took to trace, lower and compile where it was stored; around a compile here, a start
-# mark (0 s) and its seconds
+# what loading an executable saves, against what it costs (`runtime.programs.SetupSplit` reads them): once a load
+# has succeeded, just before its LOAD_EVENT, the seconds its executable took to trace, lower and compile where it was
+# stored; around a compile here, a start mark (0 s) and, at its end, its seconds (0 where it was not stored)
 LOAD_SAVED_EVENT = "/parse_jax/executables/load_saved"
 COMPILE_START_EVENT = "/parse_jax/executables/compile_start"
 COMPILE_EVENT = "/parse_jax/executables/compile_duration"
@@ -362,9 +362,10 @@ class Program:
             # in-memory one (a compile option set to its default makes the compile new)
             compiled = self.jitted.lower(*args).compile(compiler_options=FRESH)
         seconds = time.perf_counter() - start
-        jax.monitoring.record_event_duration_secs(COMPILE_EVENT, seconds)
         _state["compiles"] += 1
-        _store(path, key, compiled, seconds)
+        stored = _store(path, key, compiled, seconds)
+        # ends the compile's mark; 0 s: not stored (the next process compiles it again: no load saves it)
+        jax.monitoring.record_event_duration_secs(COMPILE_EVENT, seconds if stored else 0.0)
         return compiled, None
 
 
@@ -373,6 +374,7 @@ def _load(path: Path, key: str):
     (or it cannot be used: set aside with a warning)."""
     from jax.experimental import serialize_executable
 
+    start = time.perf_counter()
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -380,28 +382,32 @@ def _load(path: Path, key: str):
     except OSError as e:
         logger.warning(f"executable cache: {path} not read ({e.strerror or e}); compiling")
         return None
-    start = time.perf_counter()
     try:
         stored_format, stored_key, payload, in_tree, out_tree, set_up = pickle.loads(data)
         if stored_format != FORMAT or stored_key != key:
             raise ValueError("its key does not match its name")
+        set_up = float(set_up)
+        if not 0.0 <= set_up < float("inf"):
+            raise ValueError(f"its setup seconds are {set_up}")
         compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
     except Exception as e:  # a truncated, foreign or stale file: compile instead, never run it
         logger.warning(f"executable cache: {path} ignored ({type(e).__name__}: {e}); compiling")
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
         return None
-    jax.monitoring.record_event_duration_secs(LOAD_SAVED_EVENT, float(set_up))
-    jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - start)
+    seconds = time.perf_counter() - start  # reading the file included
+    jax.monitoring.record_event_duration_secs(LOAD_SAVED_EVENT, set_up)
+    jax.monitoring.record_event_duration_secs(LOAD_EVENT, seconds)
     _state["loads"] += 1
     with contextlib.suppress(OSError):
         os.utime(path.parent)  # this generation is in use
     return compiled
 
 
-def _store(path: Path, key: str, compiled, seconds: float) -> None:
-    """Write `compiled` under `key`, with the `seconds` it took to set up here; a failure is a warning, and this
-    process stores nothing more (nor compiles for the cache: its programs run as jit runs them)."""
+def _store(path: Path, key: str, compiled, seconds: float) -> bool:
+    """Write `compiled` under `key`, with the `seconds` it took to set up here; whether it was written. A failure is
+    a warning, and this process stores nothing more (nor compiles for the cache: its programs run as jit runs
+    them)."""
     from jax.experimental import serialize_executable
 
     try:
@@ -413,3 +419,5 @@ def _store(path: Path, key: str, compiled, seconds: float) -> None:
     except Exception as e:  # a full disk, a backend that cannot serialize: the run goes on uncached
         _state["store_failed"] = True
         logger.warning(f"executable cache: {path.name} not stored ({type(e).__name__}: {e}); storing no more")
+        return False
+    return True

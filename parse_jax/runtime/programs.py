@@ -112,11 +112,11 @@ class SetupSplit:
     retrieval, the cache key's hashing, counts here too) and `loaded` (programs loaded from the persistent compile
     cache). `timed_loads` / `timed_compiles`: the retrieval seconds of the loads whose compiling jax recorded as at
     least a second, and those compile seconds (jax stores them in whole seconds: + 0.5), what loading costs against
-    compiling on this machine. The executable cache (`runtime.executables`) the same way: `stored` (seconds its
-    programs took to trace, lower and compile here, of which `stored_compiled` was the backend's: a load replaces
-    all of it), and `stored_loads` / `stored_set_up`, its loads' seconds against the seconds their executables took
-    to set up where they were stored. A running total of this process; the difference of two is what some work
-    paid."""
+    compiling on this machine. The executable cache (`runtime.executables`) the same way: `stored` (the setup
+    seconds, as jax reported them, of the programs it compiled and stored here, of which `stored_compiled` was the
+    backend's: a load replaces all of it), and `stored_loads` / `stored_set_up`, its loads' seconds against the
+    seconds their executables took to set up where they were stored. A running total of this process; the
+    difference of two is what some work paid."""
 
     events: int = 0
     seconds: float = 0.0
@@ -157,8 +157,8 @@ class SetupSplit:
 
 _SETUP = [SetupSplit()]
 _SAVED_BEFORE = [0.0]  # a load's compile seconds saved (jax reports it before the retrieval's duration)
-_STORED_BEFORE = [0.0]  # the same for the executable cache: the setup seconds of the executable it loads next
-_COMPILED_AT_START = [0.0]  # `compiled` when the executable cache began its compile
+_STORED_BEFORE = [0.0]  # the same for the executable cache: the setup seconds of the executable just loaded
+_COMPILE_MARKS: list[SetupSplit] = []  # the totals where each compile of the executable cache under way began
 _BACKEND = "/jax/core/compile/backend_compile_duration"
 _LOADED = "/jax/compilation_cache/cache_retrieval_time_sec"
 _SAVED = "/jax/compilation_cache/compile_time_saved_sec"
@@ -179,10 +179,14 @@ def _count_setup(event: str, duration: float, *args, **kwargs) -> None:
     elif event == LOAD_SAVED_EVENT:
         _STORED_BEFORE[0] = max(d, 0.0)
     elif event == COMPILE_START_EVENT:
-        _COMPILED_AT_START[0] = s.compiled
-    elif event == COMPILE_EVENT:  # its tracing, lowering and compiling were counted as jax reported them
-        _SETUP[0] = dataclasses.replace(s, stored=s.stored + d,
-                                        stored_compiled=s.stored_compiled + s.compiled - _COMPILED_AT_START[0])
+        _COMPILE_MARKS.append(s)
+    elif event == COMPILE_EVENT and _COMPILE_MARKS:
+        # its tracing, lowering and compiling, as jax reported them (counted already): what a load would replace,
+        # where it was stored (d > 0); a compile inside another one is the outer one's
+        mark = _COMPILE_MARKS.pop()
+        if d > 0 and not _COMPILE_MARKS:
+            _SETUP[0] = dataclasses.replace(s, stored=s.stored + s.seconds - mark.seconds,
+                                            stored_compiled=s.stored_compiled + s.compiled - mark.compiled)
     elif event == _SAVED:
         _SAVED_BEFORE[0] = d
     elif event == _LOADED:

@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from parse_jax.runtime import executables
 from parse_jax.schedule.profile import model_fingerprint, profiles_dir
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.progress import logger
@@ -69,7 +70,8 @@ class SetupCosts:
     path: Path | None = None
     key: Mapping[str, Any] | None = None
     warm: Mapping[str, float] = dataclasses.field(default_factory=dict)  # with the programs in the compile cache
-    cache_on: bool = False  # this process loads programs from a persistent compile cache: warm figures apply
+    cache_on: bool = False  # this process loads programs from a persistent cache (jax's, or the executable cache):
+    # warm figures apply
 
     @staticmethod
     def name(choice: str, batch_bucket: int) -> str:
@@ -189,7 +191,7 @@ def load_setup_costs(target, draft=None, head=None, folder: str | Path | None = 
     key = setup_key(target, draft, head)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     path = (profiles_dir() if folder is None else Path(folder)) / f"setup-{digest}.json"
-    cache_on = compile_cache.active()
+    cache_on = compile_cache.active() or executables.folder() is not None
     try:
         stored = json.loads(path.read_text())
         if stored.get("fingerprint") == key:
