@@ -54,7 +54,7 @@ def launch_of(eng: ParseEngine, label: str, prompt: str):
     mode, rounds = MODES[label]
     req = eng.request([prompt], mode, MAX_NEW, 0.0, 0, 0, 1.0, None)
     eagle = mode == "parse+eagle3"
-    launch = multi_launch(eng.context, req, eagle) if rounds == "multi" else single_launch(eng.context, req, eagle)[0]
+    launch = multi_launch(eng.context, req, eagle) if rounds == "multi" else single_launch(eng.context, req, eagle)
     return launch.program, jax.device_put(launch.args)
 
 

@@ -36,7 +36,7 @@ def launch_of(eng: ParseEngine, mode: str, prompt: str):
         program, args = generate_launch(eng.target, req.ids, req.max_new, req.sampling, req.eos,
                                         eng.target.config.max_position_embeddings)
     else:
-        launch = multi_launch(eng.context, req) if mode == "parse-multi" else single_launch(eng.context, req)[0]
+        launch = multi_launch(eng.context, req) if mode == "parse-multi" else single_launch(eng.context, req)
         program, args = launch.program, launch.args
     return program, jax.device_put(args)
 

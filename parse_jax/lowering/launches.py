@@ -26,6 +26,7 @@ from parse_jax.modes.parse import (
     continue_single,
     eagle_spec,
     multi_launch,
+    runs_fused,
     single_launch,
     stage_program,
     staged_launch,
@@ -108,9 +109,8 @@ def _single(ctx: ModeContext, req: Request, eagle: bool, label: str) -> list[Lau
     """A single round: the fused program, or the staged one (its draft, its pass over the longest block bucket: the
     largest of the passes it sets up one by one) and its continuation at every row bucket it may take."""
     b = bucket(len(req.ids), 1)
-    fused = b == 1 or ctx.target.mesh is not None
-    if fused:
-        launch = single_launch(ctx, req, eagle)[0]
+    if runs_fused(ctx, req):
+        launch = single_launch(ctx, req, eagle)
         return [Launch(f"{label}.round", launch.program, launch.args)]
     launch = staged_launch(ctx, req, eagle)
     shape, staged = launch.shape, launch.staged

@@ -218,17 +218,31 @@ def single_shape(ctx: ModeContext, prompt_len: int, max_new: int, eagle: bool = 
                        cache_len=length_bucket(max(lengths[-1], p + max_new + margin)), num_new=bucket(max_new, 16))
 
 
-def single_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> tuple[Launch, SingleShape]:
-    """The fused single-round program for `req` (what a batch of one row, or a batch on a mesh, runs)."""
-    ids, target = req.ids, ctx.target
-    b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
-    shape = single_shape(ctx, p, req.max_new, eagle)
-    program = single_round_program(SingleRound(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
-                                               eagle_spec(ctx) if eagle else None))
-    args = (target.params, ctx.draft.params, ctx.head.params if eagle else None,
-            device_prompts(target, ids, b, p, req.max_new), req.eos, ctx.judge, req.sampling.args(),
-            prng_key(req.sampling.seed + 1))
-    return Launch(program, args), shape
+def single_round(ctx: ModeContext, req: Request, eagle: bool = False) -> SingleRound:
+    """The single round of `req`: its shapes from its longest prompt's bucket and its budget."""
+    shape = single_shape(ctx, bucket(max(len(x) for x in req.ids)), req.max_new, eagle)
+    return SingleRound(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
+                       eagle_spec(ctx) if eagle else None)
+
+
+def runs_fused(ctx: ModeContext, req: Request) -> bool:
+    """Whether a fixed batch of `req` runs its single round as one program (a batch of one row, or on a mesh: a
+    sharded target keeps its whole batch anyway), else staged (`staged_launch`)."""
+    return bucket(len(req.ids), 1) == 1 or ctx.target.mesh is not None
+
+
+def _request_prompts(ctx: ModeContext, req: Request) -> Prompts:
+    """`req`'s prompts on the device, padded to its batch and prompt buckets."""
+    return device_prompts(ctx.target, req.ids, bucket(len(req.ids), 1), bucket(max(len(x) for x in req.ids)),
+                          req.max_new)
+
+
+def single_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Launch:
+    """The fused single-round program for `req` (`runs_fused`)."""
+    rnd = single_round(ctx, req, eagle)
+    args = (ctx.target.params, ctx.draft.params, ctx.head.params if eagle else None,
+            _request_prompts(ctx, req), req.eos, ctx.judge, req.sampling.args(), prng_key(req.sampling.seed + 1))
+    return Launch(single_round_program(rnd), args)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,14 +261,10 @@ class StagedLaunch:
 
 
 def staged_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> StagedLaunch:
-    """The staged single round of `req` as a batch > 1 off a mesh runs it (`run_single`)."""
-    ids, target = req.ids, ctx.target
-    b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
-    shape = single_shape(ctx, p, req.max_new, eagle)
-    staged = staged_single_round(SingleRound(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler,
-                                             eagle_spec(ctx) if eagle else None))
-    return StagedLaunch(staged, shape, target.params, (ctx.draft.params, device_prompts(target, ids, b, p, req.max_new),
-                                                       req.eos, ctx.judge, req.sampling.args()))
+    """The staged single round of `req` as a fixed batch that does not run fused runs it (`run_single`)."""
+    rnd = single_round(ctx, req, eagle)
+    return StagedLaunch(staged_single_round(rnd), rnd.shape, ctx.target.params,
+                        (ctx.draft.params, _request_prompts(ctx, req), req.eos, ctx.judge, req.sampling.args()))
 
 
 def run(ctx: ModeContext, req: Request) -> GenerateResult:
@@ -270,10 +280,10 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
         return None
     if ctx.config.rounds == "multi":
         return serve_multi(ctx, req, max_batch, budgets=budgets)
-    shape = single_shape(ctx, bucket(max(len(x) for x in req.ids)), req.max_new)
-    staged = staged_single_round(SingleRound(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler))
-    return serve_verified(ctx, req, max_batch, verify=staged, draft_new=shape.draft_new, num_new=shape.num_new,
-                          cache_len=shape.cache_len, budgets=budgets)
+    rnd = single_round(ctx, req)
+    shape = rnd.shape
+    return serve_verified(ctx, req, max_batch, verify=staged_single_round(rnd), draft_new=shape.draft_new,
+                          num_new=shape.num_new, cache_len=shape.cache_len, budgets=budgets)
 
 
 @functools.cache
@@ -319,8 +329,8 @@ def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateR
     ids, target = req.ids, ctx.target
     b = bucket(len(ids), 1)
     head_params = ctx.head.params if eagle else None
-    if b == 1 or target.mesh is not None:  # fused (a sharded target keeps its whole batch anyway)
-        launch, _ = single_launch(ctx, req, eagle)
+    if runs_fused(ctx, req):
+        launch = single_launch(ctx, req, eagle)
         t0 = time.perf_counter()
         res = fetch(launch.program(*launch.args))
         batch = b if res["continued"][: len(ids)].any() else 0

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from parse_jax.modes.context import ModeContext, PairSpec, parse_result
-from parse_jax.modes.parse import EagleSpec, SingleRound, SingleShape, eagle_spec, single_shape, staged_single_round
+from parse_jax.modes.context import ModeContext, parse_result
+from parse_jax.modes.parse import SingleRound, single_round, staged_single_round
 from parse_jax.modes.parse_multi import serve_multi
 from parse_jax.modes.verified_slots import (
     ROW_STATS,
@@ -32,16 +32,17 @@ from parse_jax.modes.verified_slots import (
 )
 from parse_jax.runtime.programs import bucket, committed, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request
-from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.runtime.sampling import SamplingArgs
 from parse_jax.runtime.slots import Admission, admission, request_budgets, rows_by_request
 from parse_jax.speculation.eagle3 import EagleLoop, eagle_start, head_applies
 from parse_jax.speculation.eagle3.serve import EagleServeShape, EagleSlots, empty_slots, serve_programs
 
 
-def slots_shape_of(shape: SingleShape, pair: PairSpec, sampler: Sampler, eagle: EagleSpec) -> EagleServeShape:
-    """The EAGLE-3 slots of a run of `shape`."""
-    loop = EagleLoop.of(eagle.config, eagle, num_new=shape.num_new)
-    return EagleServeShape(pair.target, pair.target_impl, shape.cache_len, loop, sampler)
+def slots_shape_of(rnd: SingleRound) -> EagleServeShape:
+    """The EAGLE-3 slots of a run of `rnd`'s single round."""
+    pair, eagle = rnd.pair, rnd.eagle
+    loop = EagleLoop.of(eagle.config, eagle, num_new=rnd.shape.num_new)
+    return EagleServeShape(pair.target, pair.target_impl, rnd.shape.cache_len, loop, rnd.sampler)
 
 
 @functools.cache
@@ -52,7 +53,7 @@ def admit_program(rnd: SingleRound, length: int):
     rows' outputs (those that ended there are read from them) and their verification counters and drafts."""
     pair, shape, sampler, eagle = rnd.pair, rnd.shape, rnd.sampler, rnd.eagle
     verify = staged_single_round(rnd).verifier(length)
-    loop = slots_shape_of(shape, pair, sampler, eagle).loop
+    loop = slots_shape_of(rnd).loop
 
     def admit(weights, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs, drafted):
         target_params, draft_params, head_params = weights
@@ -100,11 +101,10 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     ids, target = req.ids, ctx.target
     budgets = request_budgets(req, budgets)
     p = bucket(max(len(x) for x in ids))
-    shape = single_shape(ctx, p, req.max_new, eagle=True)
-    pair, sampler, eagle = PairSpec.of(ctx), req.sampling.sampler, eagle_spec(ctx)
-    rnd = SingleRound(pair, ctx.round_spec, shape, sampler, eagle)
+    rnd = single_round(ctx, req, eagle=True)
+    shape = rnd.shape
     staged = staged_single_round(rnd)
-    slots_shape = slots_shape_of(shape, pair, sampler, eagle)
+    slots_shape = slots_shape_of(rnd)
     place_parked, advance = place_program(), advance_program(slots_shape)
     args, eos = req.sampling.args(), req.eos
     weights = (target.params, ctx.draft.params, ctx.head.params)

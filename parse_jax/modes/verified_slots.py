@@ -125,18 +125,12 @@ def place(ahead: AheadSlots, rows: SlotState | None = None) -> tuple[AheadSlots,
     return AheadSlots(slots=slots, park=park, parked=parked, capacity=ahead.capacity), where
 
 
-def slot_programs(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
-    """(admit, place, advance) of one run's shapes; the state is donated to each. `admit` verifies an admission and
-    places its rows (`place`), returning the state, each candidate's destination, the admitted rows' tokens (those
-    that ended there are read from them) and their verification counters (ROW_STATS present in the verification,
-    and its `verify_passes`); `place` moves parked rows into free slots. Only `admit` depends on `verify` (a staged
-    run has one per block length; its placement and advance serve them all)."""
-    return admit_program(pair, verify, width, sampler), place_program(), advance_program(pair, sampler)
-
-
 @functools.cache
 def admit_program(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
-    """`slot_programs`' admit."""
+    """An admission of one run's shapes, the state donated: it verifies the admission (`verify`: a staged run has one
+    per block length) and places its rows (`place`), returning the state, each candidate's destination, the admitted
+    rows' tokens (those that ended there are read from them) and their verification counters (ROW_STATS present in
+    the verification, and its `verify_passes`)."""
 
     def admit(target_params, draft_params, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs,
               drafted=None):
@@ -161,7 +155,7 @@ def place_program():
 
 @functools.cache
 def advance_program(pair: PairSpec, sampler: Sampler):
-    """`slot_programs`' advance: one-token steps over every slot until enough are free."""
+    """One-token steps over every slot until enough are free, the state donated."""
     target = Decoder(pair.target, pair.target_impl)
 
     def advance(target_params, ahead: AheadSlots, free_target, eos_ids, args: SamplingArgs):
@@ -175,7 +169,7 @@ def advance_program(pair: PairSpec, sampler: Sampler):
 @functools.cache
 def draft_program(draft: Callable):
     """The first of a staged admission's programs (`Staged.draft`): the draft of the admitted prompts, drawn as the
-    one-program admission draws it (`slot_programs`), and the block length their verification needs."""
+    one-program admission draws it (`admit_program`), and the block length their verification needs."""
 
     def draft_admission(draft_params, adm: Admission, eos_ids, judge, args: SamplingArgs):
         prompts = Prompts(tokens=adm.prompt, lens=adm.lens, max_new=adm.max_new)

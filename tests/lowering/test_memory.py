@@ -22,7 +22,7 @@ from parse_jax.models.model import Model, expected_params, unflatten
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.modes.context import PairSpec
 from parse_jax.modes.parse import SingleRound, single_shape, staged_single_round
-from parse_jax.modes.verified_slots import AheadSlots, draft_program, park_rows, slot_programs
+from parse_jax.modes.verified_slots import AheadSlots, admit_program, draft_program, park_rows
 from parse_jax.runtime.programs import FETCHES, bucket
 from parse_jax.runtime.slots import admission, empty_state
 from parse_jax.tasks import TOKENIZER_DIR
@@ -166,7 +166,7 @@ def test_a_served_admission_that_verifies_ahead_is_within_2_percent_of_xla():
     shape = single_shape(ctx, bucket(100), req.max_new)
     staged = staged_single_round(SingleRound(pair, ctx.round_spec, shape, sampler))
     width = shape.draft_new + shape.num_new
-    admit = slot_programs(pair, staged.verifier(staged.lengths[-1]), width, sampler)[0]
+    admit = admit_program(pair, staged.verifier(staged.lengths[-1]), width, sampler)
     state = jax.eval_shape(lambda: AheadSlots(
         slots=empty_state(ctx.target.config, slots, width, shape.cache_len),
         park=empty_state(ctx.target.config, park_rows(slots), width, shape.cache_len), parked=jnp.int32(0),

@@ -164,7 +164,7 @@ def test_a_served_single_round_sets_up_only_the_block_lengths_its_admissions_tak
     that no other test's run set these programs up."""
     from parse_jax.modes.context import PairSpec
     from parse_jax.modes.parse import SingleRound, single_shape, staged_single_round
-    from parse_jax.modes.verified_slots import slot_programs
+    from parse_jax.modes.verified_slots import admit_program
     from parse_jax.runtime.programs import bucket
     from parse_jax.verify.round import pick_length
 
@@ -179,8 +179,8 @@ def test_a_served_single_round_sets_up_only_the_block_lengths_its_admissions_tak
     width = shape.draft_new + shape.num_new
 
     def set_up() -> set[int]:
-        return {n for n in staged.lengths if slot_programs(PairSpec.of(ctx), staged.verifier(n), width,
-                                                           sampler)[0]._cache_size()}
+        return {n for n in staged.lengths if admit_program(PairSpec.of(ctx), staged.verifier(n), width,
+                                                           sampler)._cache_size()}
 
     assert set_up() == set()
     res = MODE_TABLE["parse"].serve(ctx, req, 2)
