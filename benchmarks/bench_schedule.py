@@ -56,14 +56,27 @@ def markdown(result: dict) -> str:
                                                  f"({r['speedup_min']:.2f}-{r['speedup_max']:.2f})")
             cells.append(f"{r['tokens_per_s']:.0f} tok/s{ratio}, acc {100 * r['accuracy']:.0f}%")
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
-    lines += ["", "What the auto engines ran in the first timed repeat (decisions per choice; a served run is one "
-                  "decision): " + "; ".join(
-                      f"b{b} {name}: {rows[name]['schedule_ran']}" for b, rows in result["batches"].items()
+    lines += ["", "What the auto engines ran in the timed repeats (decisions per choice, summed over the repeats; a "
+                  "served run is one decision): " + "; ".join(
+                      f"b{b} {name}: {ran_in_repeats(rows[name])}" for b, rows in result["batches"].items()
                       for name in names if "auto" in name),
               "", "Programs compiled inside the timed runs: " + "; ".join(
                   f"b{b}: {sum(r['compiles_in_timing'] for r in rows.values())}"
                   for b, rows in result["batches"].items())]
     return "\n".join(lines) + "\n"
+
+
+def ran_in_repeats(row: dict) -> dict:
+    """A row's schedule decisions summed over its timed repeats (the first repeat's where a result predates the
+    per-repeat record)."""
+    each = row.get("schedule_ran_each_repeat")
+    if each is None:
+        return row["schedule_ran"]
+    total: dict[str, int] = {}
+    for ran in each:
+        for name, count in ran.items():
+            total[name] = total.get(name, 0) + count
+    return dict(sorted(total.items()))
 
 
 def plot(result: dict, path: Path) -> Path:

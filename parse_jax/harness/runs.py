@@ -240,6 +240,7 @@ def _measured(runners: dict[str, Runner], task, problems: Sequence[tuple[str, st
     outputs: dict[str, list] = {m: [None] * n for m in names}
     stats_sum: dict[str, dict] = {m: {} for m in names}
     field: dict[str, list[dict]] = {m: [] for m in names}  # each chunk's stats: the field's metrics from their counts
+    ran: dict[str, list[dict]] = {m: [{} for _ in range(repeats)] for m in names}  # each repeat's schedule choices
     bar = tqdm(total=repeats * len(chunks) * len(names), desc="bench", disable=not settings.progress)
     for r in range(repeats):
         start = 0
@@ -251,6 +252,7 @@ def _measured(runners: dict[str, Runner], task, problems: Sequence[tuple[str, st
                 res = runners[name](chunk, max_new_tokens, seed, max_batch)
                 seconds[name][r] += time.perf_counter() - t0
                 compiles[name] += compiled_programs() - before  # a compile inside the timing is reported
+                _count_choices(ran[name][r], res.stats)
                 if r == 0:
                     outputs[name][start: start + len(chunk)] = list(zip(res.texts, res.tokens))
                     _add_stats(stats_sum[name], res.stats, len(chunk))
@@ -289,6 +291,7 @@ def _measured(runners: dict[str, Runner], task, problems: Sequence[tuple[str, st
             "verify_passes": int(s.get("verify_passes", 0)),
             "compiles_in_timing": compiles[name],
             "schedule_ran": s.get("schedule_ran", {}),
+            "schedule_ran_each_repeat": ran[name],
             **field_metrics(field[name]),
         }
     return rows
@@ -306,15 +309,19 @@ def _add_stats(acc: dict, stats: dict, rows: int) -> None:
     for key, value in stats.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             acc[key] = acc.get(key, 0) + value
-    ran = acc.setdefault("schedule_ran", {})
-    for choice in stats.get("schedule", []):
-        name = option(choice["ran"], choice.get("rounds"))  # "parse-single": the rounds the schedule chose
-        ran[name] = ran.get(name, 0) + 1
+    _count_choices(acc.setdefault("schedule_ran", {}), stats)
     # passes are batched: per request, each pass counts once per row it carried (the result's own count where it
     # has one: a served or merged result holds many batches)
     acc["row_passes"] = acc.get("row_passes", 0) + stats.get("request_passes", stats.get("target_passes", 0) * rows)
     checks = stats.get("verify_passes", stats.get("target_passes", 0))
     acc["row_checks"] = acc.get("row_checks", 0) + stats.get("request_checks", checks * rows)
+
+
+def _count_choices(ran: dict, stats: dict) -> None:
+    """A call's schedule decisions counted into `ran`, per choice ("parse-single": the rounds the schedule chose)."""
+    for choice in stats.get("schedule", []):
+        name = option(choice["ran"], choice.get("rounds"))
+        ran[name] = ran.get(name, 0) + 1
 
 
 def field_metrics(parts: list[dict]) -> dict:

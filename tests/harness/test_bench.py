@@ -150,6 +150,32 @@ def test_warm_up_progress_reaches_stderr_before_each_compiling_call(capsys):
     assert capsys.readouterr().out == ""  # progress never goes to stdout
 
 
+def test_each_timed_repeat_records_what_the_schedule_ran():
+    """An auto engine may decide differently from one repeat to the next (it measures a contested choice again):
+    each repeat's decisions are kept, not only the first's."""
+    from parse_jax.harness.runs import measure
+    from parse_jax.runtime.requests import GenerateResult
+
+    calls = []
+
+    def auto(prompts, max_new, seed, max_batch=None):
+        calls.append(len(prompts))
+        ran = "target" if len(calls) % 2 else "parse"  # warm-up: "target"; then parse, target, parse
+        choices = [{"ran": ran, "rounds": None if ran == "target" else "single"}]
+        return GenerateResult(texts=["7"] * len(prompts), tokens=[[5]] * len(prompts),
+                              stats={"target_passes": 1, "schedule": choices})
+
+    def plain(prompts, max_new, seed, max_batch=None):
+        return GenerateResult(texts=["7"] * len(prompts), tokens=[[5]] * len(prompts), stats={"target_passes": 1})
+
+    task = load_task()
+    rows = measure({"target": plain, "parse": auto}, task, task.problems(2, 0),
+                   RunSettings(n=2, max_new_tokens=4, batch_size=2, repeats=3, seed=0, progress=False))
+    assert rows["parse"]["schedule_ran_each_repeat"] == [{"parse-single": 1}, {"target": 1}, {"parse-single": 1}]
+    assert rows["parse"]["schedule_ran"] == {"parse-single": 1}  # the first repeat's, as the stats it goes with
+    assert rows["target"]["schedule_ran_each_repeat"] == [{}, {}, {}]
+
+
 def test_skipped_modes_are_diagnostics_on_stderr(capsys):
     from parse_jax.utils import progress
 
