@@ -39,7 +39,10 @@ from parse_jax.schedule.profile import model_fingerprint, profiles_dir
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.progress import logger
 
-FORMAT = 1
+# bump when what a figure means changes (2: a process's first figure is taken as it is, and a job that loaded its
+# programs from the executable cache leaves a warm figure; figures of format 1 were averaged with the prior, 11.1 s
+# for programs that load in about 1 s, and would keep a short eval from PARSE)
+FORMAT = 2
 EMA = 0.5  # weight of the newest measurement
 # a deliberate prior: what a speculative choice never set up with these models on this device is expected to cost
 # to set up, until a process measures it. Its programs hold the draft, the verification and their loops (the embedded

@@ -180,3 +180,17 @@ def test_setup_figures_outlive_a_change_of_what_a_profile_times(monkeypatch):
     assert profile.fingerprint(target, profile.Grid()) != before
     assert setup.setup_key(target, draft) == key
     assert setup.setup_key(random_model("llama3", intermediate_size=64), draft) != key  # another target
+
+
+def test_figures_of_an_earlier_format_are_not_read(tmp_path, monkeypatch):
+    """A figure whose meaning changed (format 1 averaged a process's first figure with the prior) is set aside: a
+    process with the current format starts from nothing, and measures again."""
+    from parse_jax.schedule import setup
+    from tests.random_models import random_model
+
+    target = random_model("llama3", 5)
+    monkeypatch.setattr(setup, "FORMAT", setup.FORMAT - 1)
+    setup.load_setup_costs(target, folder=tmp_path).with_total("parse-single", 8, 11.1, None).save()
+    assert setup.load_setup_costs(target, folder=tmp_path).get("parse-single", 8) == 11.1
+    monkeypatch.undo()
+    assert setup.load_setup_costs(target, folder=tmp_path).get("parse-single", 8) is None
