@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 from collections.abc import Iterator, Sequence
 
 import jax.numpy as jnp
@@ -53,7 +52,15 @@ from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSet
 from parse_jax.speculation.draft_model import check_pair
 from parse_jax.speculation.eagle3 import Eagle3, check_tree
 from parse_jax.tasks import JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
-from parse_jax.utils.validation import check_boundaries, check_choice, check_eos_ids, check_float, check_int
+from parse_jax.utils.progress import logger
+from parse_jax.utils.validation import (
+    check_boundaries,
+    check_choice,
+    check_eos_ids,
+    check_float,
+    check_int,
+    check_model,
+)
 from parse_jax.verify.host_segment import (
     cap_boundaries,
     confidence_boundaries,
@@ -91,10 +98,9 @@ class ParseEngine:
 
     def __init__(self, target, draft, config: ParseConfig | None = None, eagle3: Eagle3 | None = None,
                  mesh: Mesh | None = None) -> None:
-        if target is None or not hasattr(target, "config") or not hasattr(target, "params"):
-            raise ConfigError(f"ParseEngine needs a target model (pj.load_model / pj.load_pair), got {target!r}")
-        if draft is not None and not (hasattr(draft, "config") and hasattr(draft, "params")):
-            raise ConfigError(f"the draft must be a model (pj.load_model) or None, got {draft!r}")
+        check_model("target", target)
+        if draft is not None:
+            check_model("draft (or None)", draft)
         if config is not None and not isinstance(config, ParseConfig):
             raise ConfigError(f"config must be a pj.ParseConfig, got {type(config).__name__}")
         if mesh is not None and not isinstance(mesh, Mesh):
@@ -117,12 +123,13 @@ class ParseEngine:
         if tok is None:
             raise ConfigError("the target has no tokenizer: the suffix and judge words cannot be encoded")
         cfg = self.config
-        if tok.chat_template and cfg.suffix_format == "plain" and (cfg.verify_suffix, cfg.judge_yes, cfg.judge_no) == (
-                VERIFY_SUFFIX, JUDGE_YES, JUDGE_NO):
-            warnings.warn(f"the target is a chat model but the PARSE settings are the embedded task's defaults "
-                          f"(suffix {VERIFY_SUFFIX!r}, judge words {JUDGE_YES!r}/{JUDGE_NO!r}): its scores will not "
-                          "mean much; pass a ParseConfig for the model (e.g. --parse-config qwen3_chat)",
-                          UserWarning, stacklevel=2)
+        # said once, by the first request of a mode that judges (target, sd and eagle3 never read these settings)
+        self._settings_warning = (
+            f"the target is a chat model but the PARSE settings are the embedded task's defaults (suffix "
+            f"{VERIFY_SUFFIX!r}, judge words {JUDGE_YES!r}/{JUDGE_NO!r}): its scores will not mean much; pass a "
+            "ParseConfig for the model (e.g. --parse-config qwen3_chat)"
+            if tok.chat_template and cfg.suffix_format == "plain"
+            and (cfg.verify_suffix, cfg.judge_yes, cfg.judge_no) == (VERIFY_SUFFIX, JUDGE_YES, JUDGE_NO) else None)
         self.suffix_ids = (chat_suffix(tok, cfg.verify_suffix) if cfg.suffix_format == "chat"
                            else self._encode_setting("verify_suffix", cfg.verify_suffix))
         self.yes_id, self.no_id, shared = judge_ids(tok, cfg.judge_yes, cfg.judge_no)
@@ -478,9 +485,12 @@ class ParseEngine:
         if spec.needs_draft and self.draft is None:
             raise ConfigError(f"mode {mode!r} needs a draft model: ParseEngine(target, draft, ...)")
         if spec.needs_head and self.eagle3 is None:
-            raise ConfigError(f"mode {mode!r} needs an EAGLE-3 head for the target: pass "
+            raise ConfigError(f"mode {mode!r} needs an EAGLE-3 head for the target: pass --eagle3 DIR (CLI) or "
                               "ParseEngine(..., eagle3=pj.load_eagle3(DIR, target)); train one with "
                               "`parse-jax train-eagle3` (the embedded pair ships one)")
+        if spec.judged and self._settings_warning is not None:
+            logger.warning(self._settings_warning)
+            self._settings_warning = None
         if spec.needs_head:
             check_tree(self.config.eagle3.tree, sampling.temperature)
         eos_ids = check_eos_ids(eos_ids, self.target.config.vocab_size)

@@ -327,6 +327,10 @@ def read_source(source: str | os.PathLike | Mapping[str, Any], where: str | None
     if not isinstance(source, (str, os.PathLike)):
         raise ConfigError(f"PARSE settings must be a shipped name, a YAML/JSON path, a JSON string or a mapping, got "
                           f"{type(source).__name__}")
+    if not os.fspath(source).strip():
+        raise ConfigError(f"{where or 'PARSE config'} is empty: give a shipped name ("
+                          f"{', '.join(shipped_parse_configs()) or 'none'}), a YAML/JSON path, a JSON string or a "
+                          "mapping")
     if isinstance(source, str) and source.lstrip().startswith("{"):
         where = where or "PARSE settings JSON"
         return read_settings(_mapping(read_json(source, where), where), where)

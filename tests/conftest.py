@@ -79,3 +79,23 @@ def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         return cache[key]
 
     return get
+
+
+@pytest.fixture
+def parse_jax_warnings(monkeypatch) -> list[str]:
+    """The messages the `parse_jax` logger warns with during a test, each once (whatever handlers an earlier CLI
+    test configured, and without the root logger's copy)."""
+    import logging
+
+    from parse_jax.utils.progress import logger
+
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    monkeypatch.setattr(logger, "handlers", [Collect(logging.WARNING)])
+    monkeypatch.setattr(logger, "propagate", False)
+    monkeypatch.setattr(logger, "level", logging.WARNING)
+    return messages

@@ -14,6 +14,7 @@ from parse_jax.harness.eval.evaluate import evaluate
 from parse_jax.harness.runs import RunSettings, mode_runner
 from parse_jax.harness.sweep import calibrate, run_sweep, sweep_configs
 from parse_jax.runtime.decode import generate
+from parse_jax.speculation.eagle3.formats import load_eagle3, save_eagle3
 from parse_jax.tasks import load_task
 from parse_jax.train.eagle3 import Eagle3Spec
 from parse_jax.train.recipe import PhaseSpec
@@ -109,6 +110,19 @@ CASES = [
     (lambda: PhaseSpec(lr=math.nan), ConfigError, "training: lr must be a finite number"),
     (lambda: PhaseSpec(lr=-1e-3), ConfigError, "training: lr must lie in (0, inf]"),
     (lambda: PhaseSpec(batch_size=7.9), ConfigError, "training: batch_size must be an integer, got 7.9"),
+    (lambda: generate(None, [PROMPT], max_new_tokens=2), InputError, "model must be a model (pj.load_model"),
+    (lambda: generate(TARGET, [PROMPT], max_new_tokens=2, max_cache_len=40.5), InputError,
+     "max_cache_len must be an integer, got 40.5"),
+    # a boundary is a token position: never cut from a fraction, and a list of them
+    (lambda: _engine().prefix_scores([1, 17], [5, 14, 6, 18], [1.5, 4]), InputError,
+     "boundary 0 must be an integer, got 1.5"),
+    (lambda: _engine().prefix_scores([1, 17], [5, 14, 6, 18], None), InputError,
+     "boundaries must be a list of token positions (ints), got None"),
+    (lambda: _engine().prefix_scores([1, 17], [5, 14, 6, 18], 4), InputError,
+     "boundaries must be a list of token positions (ints), got 4"),
+    # the config is checked in every mode, the target's (which runs no engine) included
+    (lambda: _eval(config={"threshold": 2}), ConfigError, "config must be a pj.ParseConfig, got dict"),
+    (lambda: load_eagle3(None), InputError, "path must be a path (a non-empty str or os.PathLike), got None"),
 ]
 
 
@@ -132,6 +146,48 @@ def test_train_out_as_a_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="is a file"):
         train_eagle3(TARGET, TASK, blocker, Eagle3Spec(steps=1, samples=1))
     assert blocker.read_text() == "x"
+
+
+def test_a_prompt_the_tokenizer_cannot_write_is_said_once(parse_jax_warnings, monkeypatch):
+    """Text outside a word-level vocabulary encodes to the unknown token, as transformers encodes it: the model
+    then answers another prompt, so a warning names the prompt (once per tokenizer and process: an eval checks its
+    records one by one); text it can write says nothing."""
+    from parse_jax.runtime import requests
+
+    monkeypatch.setattr(requests, "_WARNED_UNWRITABLE", set())
+    requests.encode_prompts(TARGET, [PROMPT])
+    assert parse_jax_warnings == []
+    requests.encode_prompts(TARGET, [PROMPT, "( 12 + 3 ) :", "2+3="])
+    requests.encode_prompts(TARGET, ["2+3="])
+    assert len(parse_jax_warnings) == 1
+    assert "2 prompt(s) have text this tokenizer's vocabulary cannot write" in parse_jax_warnings[0]
+    assert "prompt 1 '( 12 + 3 ) :', at token 1" in parse_jax_warnings[0]
+
+
+def test_saving_something_else_as_a_head_is_refused_and_writes_nothing(tmp_path):
+    with pytest.raises(ConfigError, match="head must be an EAGLE-3 head .* got NoneType"):
+        save_eagle3(None, tmp_path / "head")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_head_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The head's folder appears under its name only once its config and params are both written."""
+    import orbax.checkpoint as ocp
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    head = TARGET.eagle3 if getattr(TARGET, "eagle3", None) is not None else load_eagle3_of_pair()
+    monkeypatch.setattr(ocp.StandardCheckpointer, "save", fail)
+    with pytest.raises(ParseJaxError, match="No space left on device"):
+        save_eagle3(head, tmp_path / "head")
+    assert list(tmp_path.iterdir()) == []
+
+
+def load_eagle3_of_pair():
+    from parse_jax.checkpoints.pair import load_pair
+
+    return load_pair()[0].eagle3
 
 
 # Engine-level cases (parse_jax/engine.py, runtime/decode.py, verify/): the engine's own validation.

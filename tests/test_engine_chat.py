@@ -104,13 +104,19 @@ def test_judge_words_that_cannot_be_scored_are_refused(qwen):
         ParseEngine(m, m, ParseConfig(judge_yes=" correct", judge_no=" correct."))
 
 
-def test_a_chat_model_with_the_embedded_tasks_settings_is_warned_about(qwen):
+def test_a_chat_model_with_the_embedded_tasks_settings_is_warned_about(qwen, parse_jax_warnings):
+    """Once, by the first request of a mode that judges; modes that never read the PARSE settings say nothing."""
     _, m = qwen
-    with pytest.warns(UserWarning, match="PARSE settings are the embedded task's defaults"):
-        ParseEngine(m, m, ParseConfig())
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ParseEngine(m, m, ParseConfig(judge_yes=" correct", judge_no=" wrong"))
+    eng = ParseEngine(m, m, ParseConfig())
+    for mode in ("target", "sd"):
+        eng.request(["Hi"], mode, 4, 0.0, 0, 0, 1.0, None)
+    assert parse_jax_warnings == []
+    for mode in ("parse", "sequential", "parse"):
+        eng.request(["Hi"], mode, 4, 0.0, 0, 0, 1.0, None)
+    assert len(parse_jax_warnings) == 1 and "PARSE settings are the embedded task's defaults" in parse_jax_warnings[0]
+    ParseEngine(m, m, ParseConfig(judge_yes=" correct", judge_no=" wrong")).request(
+        ["Hi"], "parse", 4, 0.0, 0, 0, 1.0, None)
+    assert len(parse_jax_warnings) == 1
 
 
 def test_the_shipped_qwen3_config_runs_on_a_qwen_format_pair(qwen):

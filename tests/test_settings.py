@@ -157,6 +157,9 @@ def test_load_a_shipped_name_its_file_its_json_and_a_mapping_are_one_config(tmp_
     assert named == ParseConfig.load(flat) == ParseConfig.load(named)
     assert named != ParseConfig()  # the file's settings, not the defaults
     assert ParseConfig.load("qwen3_chat", threshold=0.25).threshold == 0.25
+    for empty in ("", "  "):  # not read as the current folder
+        with pytest.raises(ConfigError, match="PARSE config is empty: give a shipped name"):
+            ParseConfig.load(empty)
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])

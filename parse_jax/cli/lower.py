@@ -5,6 +5,7 @@ tokenizer), so an 8B pair is lowered on a laptop without its weights."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from parse_jax.errors import ConfigError
@@ -28,8 +29,20 @@ def _models(args: argparse.Namespace):
             raise ConfigError("give either --pair or --model/--draft, not both")
         target = shape_model(args.model, args.dtype)
         draft = shape_model(args.draft, args.dtype) if args.draft is not None else None
-    target.eagle3 = shape_head(target.config)
+    target.eagle3 = shape_head(target.config) if args.eagle3 is None else head_shapes(args.eagle3, target)
     return target, draft
+
+
+def head_shapes(path: str, target):
+    """The user's head (any layout `pj.load_eagle3` reads), checked against the target, as shapes: its draft
+    vocabulary, maps and taps are what the programs are lowered with. Its weights are read once, for the check."""
+    import jax
+
+    from parse_jax.speculation.eagle3.formats import load_eagle3
+
+    head = load_eagle3(path, target)
+    return dataclasses.replace(head, params=jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                                         head.params))
 
 
 def cmd_lower(args: argparse.Namespace) -> int:
@@ -80,6 +93,9 @@ def add_lower_command(sub, add_parse_args) -> None:
                    help="target: a model folder (HF or parse-jax; only its config and tokenizer are read), a "
                         "config.json, or a shipped config by name (qwen3-8b, qwen3-0.6b, llama3-8b, llama3-1b)")
     p.add_argument("--draft", default=None, help="draft, as --model")
+    p.add_argument("--eagle3", default=None, metavar="DIR",
+                   help="EAGLE-3 head folder for the target, in any layout pj.load_eagle3 reads (default: a head "
+                        "with the target's default taps and full vocabulary, as shapes)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="the weights' dtype (default: the config's)")
     p.add_argument("--platform", choices=PLATFORMS, default="tpu", help="what to lower for")

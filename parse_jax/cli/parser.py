@@ -284,8 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="folder for sweep_PARAM.json/.md/.png and sweep_PARAM_pareto.png")
     s.set_defaults(func=cmd_sweep)
 
-    k = sub.add_parser("calibrate", help="the fastest threshold whose accuracy stays within a tolerance of the "
-                                         "target's, on dev problems (the task's train split, never the test split)")
+    k = sub.add_parser("calibrate", help="the threshold that accepts the most draft tokens while its accuracy "
+                                         "stays within a tolerance of the target's, on dev problems (the task's "
+                                         "train split, never the test split)")
     run_args(k, 200)
     k.add_argument("--tolerance", type=float, default=0.01, help="allowed accuracy loss (0.01 = 1 point)")
     k.add_argument("--thresholds", default="0.05,0.1,0.2,0.3,0.5,0.7,0.8,0.9,0.95,0.99")

@@ -79,7 +79,7 @@ def run_bench(eng: ParseEngine, task, settings: RunSettings = BENCH_SETTINGS, *,
         result["skipped_modes"] = skipped
     if "draft" in rows and "parse" in rows:
         result["parse_fraction_of_draft_only"] = rows["parse"]["tokens_per_s"] / rows["draft"]["tokens_per_s"]
-    log(format_table(result))
+    log("\n".join([format_table(result), *run_notes(result)]))
     return result
 
 
@@ -92,6 +92,30 @@ def format_table(result: dict) -> str:
         lines.append(format_row(mode, r))
     return "\n".join(lines)
 
+
+
+def run_notes(result: dict) -> list[str]:
+    """What a reader needs to read the table right: what `schedule="auto"` ran in the timed repeats (a mode that
+    decoded plainly measured the target's program, not itself), and the modes whose timing holds compiles."""
+    notes = []
+    ran = []
+    for mode, r in result["modes"].items():
+        total: dict[str, int] = {}
+        for repeat in r.get("schedule_ran_each_repeat") or [r.get("schedule_ran") or {}]:
+            for name, count in repeat.items():
+                total[name] = total.get(name, 0) + count
+        if total:
+            ran.append(f"{mode}: {', '.join(f'{k} x{v}' for k, v in sorted(total.items()))}")
+    if ran:
+        notes.append("What `schedule=\"auto\"` ran in the timed repeats (decisions per choice, a served run being "
+                     "one; `target`: plain decoding, where the cost model or a measurement said speculation would "
+                     "lose at this batch size): " + "; ".join(ran) + ".")
+    compiled = [f"{mode} {r['compiles_in_timing']}" for mode, r in result["modes"].items()
+                if r.get("compiles_in_timing")]
+    if compiled:
+        notes.append("Programs compiled inside the timed runs (those figures include compiling): "
+                     + ", ".join(compiled) + ".")
+    return notes
 
 
 def bench_markdown(result: dict) -> str:
@@ -107,6 +131,8 @@ def bench_markdown(result: dict) -> str:
     if "parse_fraction_of_draft_only" in result:
         lines += [f"PARSE reaches {100 * result['parse_fraction_of_draft_only']:.1f}% of the draft-only throughput.",
                   ""]
+    for note in run_notes(result):
+        lines += [note, ""]
     for mode, why in result.get("skipped_modes", {}).items():
         lines += [f"Skipped `{mode}`: {why}", ""]
     lines += [format_provenance(result["provenance"]), ""]

@@ -91,6 +91,8 @@ def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperatur
     """A callable that generates with `mode` (a bench mode); `draft` may be None for the modes that need none
     (target, eagle3). `eos_ids`: the stop ids (default: the model's own)."""
     check_modes([mode])
+    if config is not None and not isinstance(config, ParseConfig):  # refused in every mode, the target's included
+        raise ConfigError(f"config must be a pj.ParseConfig, got {type(config).__name__}")
     temperature = check_float("temperature", temperature, 0.0, error=InputError)
     eos_ids = check_eos_ids(eos_ids, target.config.vocab_size)
     extra = {} if eos_ids is None else {"eos_ids": eos_ids}  # only when given: the engine's default otherwise

@@ -26,7 +26,8 @@ class ModeSpec:
     its multi-round run drafts again; at one row nothing waits for a row's rounds, so the engine's `rounds="auto"`
     runs multi-round there (docs/design.md §7). `serves_ahead`: its served single-round run verifies ahead of the
     free slots (`modes/verified_slots`: an admission verifies a slot bucket of prompts, rows that continue wait in
-    a park), so its caches hold more rows than the slots (`lowering/memory.cache_rows`)."""
+    a park), so its caches hold more rows than the slots (`lowering/memory.cache_rows`). `judged`: its target judges
+    step prefixes, with the config's verification suffix and judge words."""
 
     name: str
     runner: Callable[[ModeContext, Request], GenerateResult]
@@ -39,6 +40,7 @@ class ModeSpec:
     separate_prefix_passes: bool = False
     single_round_ends_plainly: bool = False
     serves_ahead: bool = False
+    judged: bool = False
 
     @property
     def honours_rounds(self) -> bool:
@@ -92,13 +94,13 @@ MODE_TABLE: dict[str, ModeSpec] = {spec.name: spec for spec in (
              draft_positions=sd_positions, serve=sd.serve),
     ModeSpec("sequential", sequential.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
              draft_positions=draft_answer_positions, serve=sequential.serve, separate_prefix_passes=True,
-             serves_ahead=True),
+             serves_ahead=True, judged=True),
     ModeSpec("parse", parse.run, needs_draft=True, needs_head=False, target_positions=verify_positions,
              draft_positions=parse_draft_positions, multi_label="parse-multi", serve=parse.serve,
-             single_round_ends_plainly=True, serves_ahead=True),
+             single_round_ends_plainly=True, serves_ahead=True, judged=True),
     ModeSpec("eagle3", eagle3.run, needs_draft=False, needs_head=True, target_positions=eagle3_positions,
              serve=eagle3.serve),
     ModeSpec("parse+eagle3", parse.run_eagle3, needs_draft=True, needs_head=True,
              target_positions=verify_eagle3_positions, draft_positions=parse_draft_positions,
-             multi_label="parse+eagle3-multi", serve=parse_eagle3_slots.serve, serves_ahead=True),
+             multi_label="parse+eagle3-multi", serve=parse_eagle3_slots.serve, serves_ahead=True, judged=True),
 )}

@@ -31,7 +31,7 @@ from parse_jax.runtime.requests import (
     resolve_eos,
 )
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.utils.validation import check_eos_ids, check_int
+from parse_jax.utils.validation import check_eos_ids, check_int, check_model
 
 
 @struct.dataclass
@@ -182,8 +182,10 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new
 
     `eos_ids` overrides the stop tokens (default: the config's and the tokenizer's EOS; [] = none).
     """
+    check_model("model", model, error=InputError)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
-    capacity = int(max_cache_len) if max_cache_len is not None else model.config.max_position_embeddings
+    capacity = (model.config.max_position_embeddings if max_cache_len is None
+                else check_int("max_cache_len", max_cache_len, 1, error=InputError))
     req = target_request(model, prompts, max_new_tokens, sampling, eos_ids=eos_ids, add_bos=add_bos,
                          capacity=capacity)
     return run_request(model, req, capacity)

@@ -13,7 +13,8 @@ from flax import struct
 from parse_jax.errors import InputError
 from parse_jax.runtime.metrics import COUNTS, LIST_COUNTS, add_counts, derived
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
-from parse_jax.utils.validation import check_float, check_int, check_seed, check_text
+from parse_jax.utils.progress import logger
+from parse_jax.utils.validation import check_float, check_int, check_seed, check_text, shorten
 
 PAD_ID = 0
 
@@ -108,6 +109,9 @@ class SamplingParams:
                             key=prng_key(self.seed + seed_offset))
 
 
+_WARNED_UNWRITABLE: set[int] = set()  # tokenizers (by id) whose unwritable prompts were reported
+
+
 def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_bos: bool = True) -> list[list[int]]:
     """Text prompts through the tokenizer (BOS prepended when the tokenizer has one); id lists as given."""
     if isinstance(prompts, (str, bytes)):
@@ -120,7 +124,7 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
         kinds = sorted({type(p).__name__ for p in prompts})
         raise InputError(f"prompts must be a list of strings or of token-id lists (a batch: [[1, 2, 3]], not "
                          f"[1, 2, 3]), got items of type {', '.join(kinds)}")
-    out = []
+    out, unwritable = [], []
     for i, p in enumerate(prompts):
         if isinstance(p, str):
             if model.tokenizer is None:
@@ -128,6 +132,9 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
             ids = model.tokenizer.encode(check_text(f"prompt {i}", p))
             if not ids:
                 raise InputError(f"prompt {i} is empty (no tokens)")
+            has_unknown = getattr(model.tokenizer, "has_unknown", None)
+            if has_unknown is not None and has_unknown(ids):
+                unwritable.append((i, p, [int(t) for t in ids].index(model.tokenizer.unk_id)))
             bos = getattr(model.tokenizer, "bos_id", None)
             if add_bos and bos is not None and (not ids or ids[0] != bos):
                 ids = [bos] + ids
@@ -139,6 +146,14 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
         if bad:
             raise InputError(f"prompt {i} has token ids outside [0, {model.config.vocab_size}): {bad[:5]}")
         out.append(ids)
+    if unwritable and id(model.tokenizer) not in _WARNED_UNWRITABLE:
+        # encoded as transformers encodes it, but the model reads its unknown token there: said (once per tokenizer
+        # and process: an eval checks its records one by one), never silent
+        _WARNED_UNWRITABLE.add(id(model.tokenizer))
+        i, p, at = unwritable[0]
+        logger.warning(f"{len(unwritable)} prompt(s) have text this tokenizer's vocabulary cannot write, so the model "
+                       f"reads its unknown token there (prompt {i} {shorten(p)!r}, at token {at}); rewrite them in the "
+                       "vocabulary's words or pass token ids (said once)")
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Iterable
 
 from parse_jax.errors import ConfigError, InputError, ParseJaxError
@@ -73,7 +74,10 @@ def check_draft(draft_len: int) -> None:
 def check_boundaries(boundaries: Iterable[int], draft_len: int) -> list[int]:
     """Prefix ends of a draft (docs/design.md §2) as a validated list: strictly increasing, within (0, draft_len]."""
     check_draft(draft_len)
-    b = [int(x) for x in boundaries]
+    if (isinstance(boundaries, (str, bytes)) or not isinstance(boundaries, Iterable)
+            or getattr(boundaries, "ndim", 1) != 1):
+        raise InputError(f"boundaries must be a list of token positions (ints), got {shorten(repr(boundaries))}")
+    b = [check_int(f"boundary {i}", x, error=InputError) for i, x in enumerate(boundaries)]
     if not b:
         raise InputError("no boundaries given: need at least one prefix to verify")
     if b[0] <= 0 or b[-1] > draft_len:
@@ -119,4 +123,17 @@ def check_text(name: str, value, error: type[ParseJaxError] = InputError) -> str
         raise error(f"{name} is not valid UTF-8 text (a byte that is not UTF-8 at character {e.start}: "
                     f"{shorten(value.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace'), 60)!r})"
                     ) from None
+    return value
+
+
+def check_model(name: str, value, error: type[ParseJaxError] = ConfigError) -> None:
+    """A loaded model (anything with a config and params: pj.load_model, pj.load_pair), not None or a path."""
+    if value is None or not (hasattr(value, "config") and hasattr(value, "params")):
+        raise error(f"{name} must be a model (pj.load_model / pj.load_pair), got {shorten(repr(value))}")
+
+
+def check_path(name: str, value, error: type[ParseJaxError] = InputError) -> str | os.PathLike:
+    """A file or folder path: a non-empty str or os.PathLike."""
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise error(f"{name} must be a path (a non-empty str or os.PathLike), got {shorten(repr(value))}")
     return value

@@ -104,3 +104,30 @@ def test_generate_in_target_mode_is_refused_before_decoding_on_a_device_too_smal
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "does not fit a Fake accelerator chip (0.1 MB): weights" in err, err
     assert small.asked == 1
+
+
+def test_lower_takes_the_user_s_eagle3_head(tmp_path, capsys):
+    """--eagle3 DIR: the programs are lowered with that head (its draft vocabulary and map), checked against the
+    target first; without it, a default head of the target's full vocabulary."""
+    from pathlib import Path
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "eagle3"
+    target = str(fixtures / "target" / "config.json")  # a head written by speculators' own classes for it
+    out = tmp_path / "lowered"
+    assert main(["lower", "--model", target, "--eagle3", str(fixtures / "speculators"), "--mode", "eagle3",
+                 "--max-new-tokens", "16", "--prompt-len", "8", "--out", str(out), "-q"]) == 0
+    inputs = json.loads((out / "report.json").read_text())["runs"][0]["programs"][0]["inputs"]
+    draft_vocab = json.loads((fixtures / "speculators" / "config.json").read_text())["draft_vocab_size"]
+    assert inputs["[1]['d2t']"] == f"int32[{draft_vocab}]"
+    assert inputs["[1]['lm_head']['kernel']"].endswith(f", {draft_vocab}]")
+    capsys.readouterr()
+    assert main(["lower", "--model", target, "--mode", "eagle3", "--max-new-tokens", "16", "--prompt-len", "8",
+                 "--out", str(tmp_path / "default"), "-q"]) == 0
+    default = json.loads((tmp_path / "default" / "report.json").read_text())["runs"][0]["programs"][0]["inputs"]
+    assert "[1]['d2t']" not in default
+    capsys.readouterr()
+    other = config_file(tmp_path, "other")  # hidden size 64: not the head's target
+    assert main(["lower", "--model", str(other), "--eagle3", str(fixtures / "speculators"), "--mode", "eagle3",
+                 "--memory-only", "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trained for another target: hidden_size" in err[0]

@@ -98,6 +98,23 @@ def test_bench_files_agree(bench, tmp_path):
     assert again["provenance"]["git_commit"] in md or again["provenance"]["git_commit"][:12] in md
 
 
+def test_the_report_says_what_auto_ran_and_which_timings_hold_compiles():
+    """A parse row that decoded plainly in every repeat timed the target's program: the report says so, summed over
+    the timed repeats, and names the modes whose timings include compiling; a fixed run says neither."""
+    from parse_jax.harness.bench import run_notes
+
+    rows = {"target": {"schedule_ran": {}, "schedule_ran_each_repeat": [{}, {}], "compiles_in_timing": 0},
+            "parse": {"schedule_ran": {"target": 1}, "schedule_ran_each_repeat": [{"target": 1}, {"target": 1}],
+                      "compiles_in_timing": 0},
+            "sd": {"schedule_ran": {"sd": 1}, "schedule_ran_each_repeat": [{"sd": 1}, {"target": 1}],
+                   "compiles_in_timing": 3}}
+    ran, compiled = run_notes({"modes": rows})
+    assert "parse: target x2; sd: sd x1, target x1." in ran and "target:" not in ran.split("):")[1]
+    assert compiled.endswith(": sd 3.")
+    assert run_notes({"modes": {m: {**r, "schedule_ran": {}, "schedule_ran_each_repeat": [{}, {}],
+                                    "compiles_in_timing": 0} for m, r in rows.items()}}) == []
+
+
 def test_unknown_mode_is_refused():
     eng = ParseEngine(TARGET, DRAFT)
     with pytest.raises(InputError, match="unknown mode"):

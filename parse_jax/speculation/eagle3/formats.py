@@ -33,6 +33,7 @@ from parse_jax.models.config import ModelConfig, config_from_hf, read_json_objec
 from parse_jax.speculation.eagle3.head import Eagle3, Eagle3Config, abstract_params, check_vocab_map
 from parse_jax.speculation.eagle3.torch_bin import BIN_FILE, read_torch_bin
 from parse_jax.utils.atomic import replacing
+from parse_jax.utils.validation import check_path
 
 HEAD_CONFIG_FILE = "eagle3.json"
 HEAD_PARAMS_DIR = "params"
@@ -42,14 +43,17 @@ SPECULATORS_LAYERS = ("llama", "qwen3")  # the decoder layers speculators' Eagle
 
 
 def save_eagle3(head: Eagle3, path: str | Path, overwrite: bool = False) -> Path:
-    """Write a head as `eagle3.json` + Orbax `params/`."""
-    path = Path(path).absolute()
+    """Write a head as `eagle3.json` + Orbax `params/`, into a temporary folder renamed to `path` once complete."""
+    if not isinstance(head, Eagle3):
+        raise ConfigError(f"head must be an EAGLE-3 head (pj.load_eagle3, pj.train_eagle3), got {type(head).__name__}")
+    path = Path(check_path("path", path)).absolute()
     if path.exists() and not overwrite:
         raise CheckpointError(f"{path} already exists; pass overwrite=True to replace it")
-    path.mkdir(parents=True, exist_ok=True)
-    (path / HEAD_CONFIG_FILE).write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
-    with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(path / HEAD_PARAMS_DIR, head.params, force=True)
+    with replacing(path) as tmp:
+        tmp.mkdir()
+        (tmp / HEAD_CONFIG_FILE).write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
+        with ocp.StandardCheckpointer() as ckpt:
+            ckpt.save(tmp / HEAD_PARAMS_DIR, head.params, force=True)
     return path
 
 
@@ -74,7 +78,7 @@ def load_eagle3(path: str | Path, target=None) -> Eagle3:
     wrong drafts), cast to its dtype, replicated on its mesh. Without: the head as stored, checked when it meets a
     target (`ParseEngine(..., eagle3=head)`, `eagle3_generate`); a release head that names no layer ids needs the
     target to know its taps (EAGLE-3's 2, L // 2, L - 3) and says so."""
-    path = Path(path)
+    path = Path(check_path("path", path))
     if not path.is_dir():
         raise CheckpointError(f"EAGLE-3 head folder not found: {path}")
     layout = head_layout(path)
