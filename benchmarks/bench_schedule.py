@@ -20,7 +20,7 @@ import jax
 
 import parse_jax as pj
 from parse_jax.harness.provenance import provenance
-from parse_jax.harness.runs import RunSettings, measure
+from parse_jax.harness.runs import RunSettings, measure, ran_in_repeats
 from parse_jax.settings import BATCHING
 from parse_jax.utils import atomic
 
@@ -57,26 +57,13 @@ def markdown(result: dict) -> str:
             cells.append(f"{r['tokens_per_s']:.0f} tok/s{ratio}, acc {100 * r['accuracy']:.0f}%")
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
     lines += ["", "What the auto engines ran in the timed repeats (decisions per choice, summed over the repeats; a "
-                  "served run is one decision): " + "; ".join(
+                  "served run decides once, and once more per window it explores or measures again): " + "; ".join(
                       f"b{b} {name}: {ran_in_repeats(rows[name])}" for b, rows in result["batches"].items()
                       for name in names if "auto" in name),
               "", "Programs compiled inside the timed runs: " + "; ".join(
                   f"b{b}: {sum(r['compiles_in_timing'] for r in rows.values())}"
                   for b, rows in result["batches"].items())]
     return "\n".join(lines) + "\n"
-
-
-def ran_in_repeats(row: dict) -> dict:
-    """A row's schedule decisions summed over its timed repeats (the first repeat's where a result predates the
-    per-repeat record)."""
-    each = row.get("schedule_ran_each_repeat")
-    if each is None:
-        return row["schedule_ran"]
-    total: dict[str, int] = {}
-    for ran in each:
-        for name, count in ran.items():
-            total[name] = total.get(name, 0) + count
-    return dict(sorted(total.items()))
 
 
 def plot(result: dict, path: Path) -> Path:

@@ -123,7 +123,8 @@ class ParseEngine:
         if tok is None:
             raise ConfigError("the target has no tokenizer: the suffix and judge words cannot be encoded")
         cfg = self.config
-        # said once, by the first request of a mode that judges (target, sd and eagle3 never read these settings)
+        # said once, where the judge first runs: a valid request of a mode that judges (target, sd and eagle3 never
+        # read these settings) or prefix_scores
         self._settings_warning = (
             f"the target is a chat model but the PARSE settings are the embedded task's defaults (suffix "
             f"{VERIFY_SUFFIX!r}, judge words {JUDGE_YES!r}/{JUDGE_NO!r}): its scores will not mean much; pass a "
@@ -230,6 +231,7 @@ class ParseEngine:
         context, draft = self._ids("context_ids", context_ids), self._ids("draft_ids", draft_ids)
         bounds = check_boundaries(boundaries, len(draft))
         self.check_block_positions(len(context), len(draft))
+        self._warn_settings()
         seqs, ends = [context + draft], [[len(context) + b for b in bounds]]
         if self.target.mesh is not None:
             return sharded_score_prefixes(self.target, seqs, ends, suffix=self.suffix_ids, yes_id=self.yes_id,
@@ -488,15 +490,20 @@ class ParseEngine:
             raise ConfigError(f"mode {mode!r} needs an EAGLE-3 head for the target: pass --eagle3 DIR (CLI) or "
                               "ParseEngine(..., eagle3=pj.load_eagle3(DIR, target)); train one with "
                               "`parse-jax train-eagle3` (the embedded pair ships one)")
-        if spec.judged and self._settings_warning is not None:
-            logger.warning(self._settings_warning)
-            self._settings_warning = None
         if spec.needs_head:
             check_tree(self.config.eagle3.tree, sampling.temperature)
         eos_ids = check_eos_ids(eos_ids, self.target.config.vocab_size)
         ids = encode_prompts(self.target, prompts)
         self._check_positions(ids, max_new, mode, self.context)
+        if spec.judged:  # a valid request of a mode that judges
+            self._warn_settings()
         return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(self.target, eos_ids))
+
+    def _warn_settings(self) -> None:
+        """Say once, where the judge first runs, that a chat model is judged with the embedded task's settings."""
+        if self._settings_warning is not None:
+            logger.warning(self._settings_warning)
+            self._settings_warning = None
 
     def _check_positions(self, ids: list[list[int]], max_new: int, mode: str, ctx: ModeContext) -> None:
         """Every mode writes `max_new_tokens` past the prompt plus what its passes write beyond the last token it

@@ -152,16 +152,23 @@ def test_a_prompt_the_tokenizer_cannot_write_is_said_once(parse_jax_warnings, mo
     """Text outside a word-level vocabulary encodes to the unknown token, as transformers encodes it: the model
     then answers another prompt, so a warning names the prompt (once per tokenizer and process: an eval checks its
     records one by one); text it can write says nothing."""
+    import copy
+    import types
+    import weakref
+
     from parse_jax.runtime import requests
 
-    monkeypatch.setattr(requests, "_WARNED_UNWRITABLE", set())
+    monkeypatch.setattr(requests, "_WARNED_UNWRITABLE", weakref.WeakSet())
     requests.encode_prompts(TARGET, [PROMPT])
     assert parse_jax_warnings == []
     requests.encode_prompts(TARGET, [PROMPT, "( 12 + 3 ) :", "2+3="])
     requests.encode_prompts(TARGET, ["2+3="])
     assert len(parse_jax_warnings) == 1
-    assert "2 prompt(s) have text this tokenizer's vocabulary cannot write" in parse_jax_warnings[0]
-    assert "prompt 1 '( 12 + 3 ) :', at token 1" in parse_jax_warnings[0]
+    assert parse_jax_warnings[0].startswith("prompt text this tokenizer's vocabulary cannot write")
+    assert "(first seen: '( 12 + 3 ) :', at token 1 of its text)" in parse_jax_warnings[0]
+    other = types.SimpleNamespace(tokenizer=copy.copy(TARGET.tokenizer), config=TARGET.config)
+    requests.encode_prompts(other, ["2+3="])  # another tokenizer: said for it too
+    assert len(parse_jax_warnings) == 2
 
 
 def test_saving_something_else_as_a_head_is_refused_and_writes_nothing(tmp_path):
@@ -242,3 +249,16 @@ def test_train_eagle3_resume_without_a_checkpoint_fails_before_the_teacher_pass(
     with pytest.raises(CheckpointError, match="nothing to resume"):
         train_eagle3(TARGET, TASK, out, Eagle3Spec(steps=1, samples=2), mode="resume", progress=False)
     assert not out.exists()  # no samples.json: the teacher pass never ran
+
+
+def test_boundaries_as_numpy_or_jax_arrays_are_token_positions():
+    import jax.numpy as jnp
+
+    from parse_jax.utils.validation import check_boundaries
+
+    assert check_boundaries(np.array([2, 4]), 4) == check_boundaries(jnp.array([2, 4]), 4) == [2, 4]
+    assert check_boundaries((x for x in (1, 3.0)), 4) == [1, 3]  # a generator, read once; 3.0 is 3
+    with pytest.raises(InputError, match="boundary 0 must be an integer, got 2.5"):
+        check_boundaries(jnp.array([2.5, 3.0]), 4)
+    with pytest.raises(InputError, match="boundaries must be a list of token positions"):
+        check_boundaries(jnp.array(2), 4)

@@ -117,6 +117,13 @@ def test_a_chat_model_with_the_embedded_tasks_settings_is_warned_about(qwen, par
     ParseEngine(m, m, ParseConfig(judge_yes=" correct", judge_no=" wrong")).request(
         ["Hi"], "parse", 4, 0.0, 0, 0, 1.0, None)
     assert len(parse_jax_warnings) == 1
+    eng = ParseEngine(m, m, ParseConfig())
+    with pytest.raises(pj.InputError):  # a request refused says nothing of the settings
+        eng.request(["Hi"], "parse", 10**6, 0.0, 0, 0, 1.0, None)
+    assert len(parse_jax_warnings) == 1
+    ids = m.tokenizer.encode("Hi there")
+    eng.prefix_scores(ids, ids, [1, 2])  # scores with the judge: said
+    assert len(parse_jax_warnings) == 2
 
 
 def test_the_shipped_qwen3_config_runs_on_a_qwen_format_pair(qwen):

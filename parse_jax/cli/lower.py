@@ -87,7 +87,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
 
 def add_lower_command(sub, add_parse_args) -> None:
     p = sub.add_parser("lower", help="lower a run's programs for a TPU or GPU chip from this machine, with a "
-                                     "memory plan (no accelerator, no weights needed)")
+                                     "memory plan (no accelerator, no model weights needed; an --eagle3 head's are "
+                                     "read for its check)")
     p.add_argument("--pair", default=None, help="folder with target/ and draft/ (default: the embedded pair)")
     p.add_argument("--model", "--target", dest="model", default=None,
                    help="target: a model folder (HF or parse-jax; only its config and tokenizer are read), a "

@@ -29,6 +29,7 @@ from parse_jax.harness.runs import (
     format_row,
     measure,
     mode_runner,
+    ran_in_repeats,
     recorded_settings,
     sampling_text,
     write_json,
@@ -98,18 +99,13 @@ def run_notes(result: dict) -> list[str]:
     """What a reader needs to read the table right: what `schedule="auto"` ran in the timed repeats (a mode that
     decoded plainly measured the target's program, not itself), and the modes whose timing holds compiles."""
     notes = []
-    ran = []
-    for mode, r in result["modes"].items():
-        total: dict[str, int] = {}
-        for repeat in r.get("schedule_ran_each_repeat") or [r.get("schedule_ran") or {}]:
-            for name, count in repeat.items():
-                total[name] = total.get(name, 0) + count
-        if total:
-            ran.append(f"{mode}: {', '.join(f'{k} x{v}' for k, v in sorted(total.items()))}")
+    ran = [f"{mode}: {', '.join(f'{k} x{v}' for k, v in total.items())}"
+           for mode, total in ((mode, ran_in_repeats(r)) for mode, r in result["modes"].items()) if total]
     if ran:
-        notes.append("What `schedule=\"auto\"` ran in the timed repeats (decisions per choice, a served run being "
-                     "one; `target`: plain decoding, where the cost model or a measurement said speculation would "
-                     "lose at this batch size): " + "; ".join(ran) + ".")
+        notes.append("What `schedule=\"auto\"` ran in the timed repeats (decisions per choice, summed over the "
+                     "repeats: a served run decides once, and once more per window it explores or measures again; "
+                     "`target`: plain decoding, where the cost model or a measurement said speculation would lose "
+                     "at this batch size): " + "; ".join(ran) + ".")
     compiled = [f"{mode} {r['compiles_in_timing']}" for mode, r in result["modes"].items()
                 if r.get("compiles_in_timing")]
     if compiled:

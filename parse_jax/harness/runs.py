@@ -319,6 +319,16 @@ def _add_stats(acc: dict, stats: dict, rows: int) -> None:
     acc["row_checks"] = acc.get("row_checks", 0) + stats.get("request_checks", checks * rows)
 
 
+def ran_in_repeats(row: dict) -> dict[str, int]:
+    """A mode's schedule decisions summed over its timed repeats (the first repeat's where a result predates the
+    per-repeat record)."""
+    total: dict[str, int] = {}
+    for repeat in row.get("schedule_ran_each_repeat") or [row.get("schedule_ran") or {}]:
+        for name, count in repeat.items():
+            total[name] = total.get(name, 0) + count
+    return dict(sorted(total.items()))
+
+
 def _count_choices(ran: dict, stats: dict) -> None:
     """A call's schedule decisions counted into `ran`, per choice ("parse-single": the rounds the schedule chose)."""
     for choice in stats.get("schedule", []):

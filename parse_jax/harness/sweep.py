@@ -26,6 +26,7 @@ from parse_jax.harness.runs import (
     measure,
     mode_config,
     mode_runner,
+    ran_in_repeats,
     recorded_settings,
     sampling_text,
     write_json,
@@ -130,13 +131,13 @@ def sweep_markdown(result: dict, title: str) -> str:
               f"{result['n']} problems (split `{result['split']}`) of task `{result.get('task')}`: batches of "
               f"{result['batch_size']}, {result['repeats']} repeats interleaved, {sampling_text(result)}, at most "
               f"{result['max_new_tokens']} new tokens.", "", sweep_table(result), ""]
-    ran = [f"{p['value']}: {', '.join(f'{k} x{v}' for k, v in sorted(p['schedule_ran'].items()))}"
-           for p in result["points"] if p.get("schedule_ran")]
+    ran = [f"{p['value']}: {', '.join(f'{k} x{v}' for k, v in total.items())}"
+           for p, total in ((p, ran_in_repeats(p)) for p in result["points"]) if total]
     if ran:  # schedule="auto": a value whose runs decoded plainly measured the target, not its PARSE setting
-        lines += ["What `schedule=\"auto\"` ran for each value in the first timed repeat (decisions per choice, a "
-                  "served run being one; `target`: plain decoding, "
-                  "where the cost model or a measurement said speculation would lose at this batch size): "
-                  + "; ".join(ran) + ".", ""]
+        lines += ["What `schedule=\"auto\"` ran for each value in the timed repeats (decisions per choice, summed "
+                  "over the repeats: a served run decides once, and once more per window it explores or measures "
+                  "again; `target`: plain decoding, where the cost model or a measurement said speculation would "
+                  "lose at this batch size): " + "; ".join(ran) + ".", ""]
     if "calibration" in result:
         c = result["calibration"]
         lines += [c["message"], ""]

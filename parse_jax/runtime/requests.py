@@ -4,6 +4,7 @@ tokenizer), the stop ids, and the result every mode returns."""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -109,7 +110,7 @@ class SamplingParams:
                             key=prng_key(self.seed + seed_offset))
 
 
-_WARNED_UNWRITABLE: set[int] = set()  # tokenizers (by id) whose unwritable prompts were reported
+_WARNED_UNWRITABLE: weakref.WeakSet = weakref.WeakSet()  # tokenizers whose unwritable prompts were reported
 
 
 def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_bos: bool = True) -> list[list[int]]:
@@ -134,7 +135,7 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
                 raise InputError(f"prompt {i} is empty (no tokens)")
             has_unknown = getattr(model.tokenizer, "has_unknown", None)
             if has_unknown is not None and has_unknown(ids):
-                unwritable.append((i, p, [int(t) for t in ids].index(model.tokenizer.unk_id)))
+                unwritable.append((p, [int(t) for t in ids].index(model.tokenizer.unk_id)))
             bos = getattr(model.tokenizer, "bos_id", None)
             if add_bos and bos is not None and (not ids or ids[0] != bos):
                 ids = [bos] + ids
@@ -146,13 +147,13 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
         if bad:
             raise InputError(f"prompt {i} has token ids outside [0, {model.config.vocab_size}): {bad[:5]}")
         out.append(ids)
-    if unwritable and id(model.tokenizer) not in _WARNED_UNWRITABLE:
+    if unwritable and model.tokenizer not in _WARNED_UNWRITABLE:
         # encoded as transformers encodes it, but the model reads its unknown token there: said (once per tokenizer
         # and process: an eval checks its records one by one), never silent
-        _WARNED_UNWRITABLE.add(id(model.tokenizer))
-        i, p, at = unwritable[0]
-        logger.warning(f"{len(unwritable)} prompt(s) have text this tokenizer's vocabulary cannot write, so the model "
-                       f"reads its unknown token there (prompt {i} {shorten(p)!r}, at token {at}); rewrite them in the "
+        _WARNED_UNWRITABLE.add(model.tokenizer)
+        p, at = unwritable[0]
+        logger.warning(f"prompt text this tokenizer's vocabulary cannot write: the model reads its unknown token "
+                       f"there (first seen: {shorten(p)!r}, at token {at} of its text); rewrite such prompts in the "
                        "vocabulary's words or pass token ids (said once)")
     return out
 

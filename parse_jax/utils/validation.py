@@ -77,7 +77,8 @@ def check_boundaries(boundaries: Iterable[int], draft_len: int) -> list[int]:
     if (isinstance(boundaries, (str, bytes)) or not isinstance(boundaries, Iterable)
             or getattr(boundaries, "ndim", 1) != 1):
         raise InputError(f"boundaries must be a list of token positions (ints), got {shorten(repr(boundaries))}")
-    b = [check_int(f"boundary {i}", x, error=InputError) for i, x in enumerate(boundaries)]
+    values = boundaries.tolist() if hasattr(boundaries, "tolist") else boundaries  # numpy or jax: Python numbers
+    b = [check_int(f"boundary {i}", x, error=InputError) for i, x in enumerate(values)]
     if not b:
         raise InputError("no boundaries given: need at least one prefix to verify")
     if b[0] <= 0 or b[-1] > draft_len:

@@ -111,7 +111,7 @@ def test_a_sweep_report_says_what_the_auto_schedule_ran_per_value():
     (name,) = ran
     assert name == "target" or name.startswith("parse")
     text = sweep_markdown(res, "t")
-    assert "What `schedule=\"auto\"` ran for each value" in text and f"0.5: {name} x1." in text
+    assert "What `schedule=\"auto\"` ran for each value in the timed repeats" in text and f"0.5: {name} x1." in text
 
 
 def test_sweep_runs_target_once_and_each_value():

@@ -188,6 +188,7 @@ def test_figures_of_an_earlier_format_are_not_read(tmp_path, monkeypatch):
     from parse_jax.schedule import setup
     from tests.random_models import random_model
 
+    assert setup.FORMAT >= 2  # format 1's figures were averaged with the prior
     target = random_model("llama3", 5)
     monkeypatch.setattr(setup, "FORMAT", setup.FORMAT - 1)
     setup.load_setup_costs(target, folder=tmp_path).with_total("parse-single", 8, 11.1, None).save()

@@ -43,7 +43,8 @@ SPECULATORS_LAYERS = ("llama", "qwen3")  # the decoder layers speculators' Eagle
 
 
 def save_eagle3(head: Eagle3, path: str | Path, overwrite: bool = False) -> Path:
-    """Write a head as `eagle3.json` + Orbax `params/`, into a temporary folder renamed to `path` once complete."""
+    """Write a head as `eagle3.json` + Orbax `params/`, into a temporary folder renamed to `path` once complete
+    (with `overwrite`, the new folder replaces the old one whole: nothing else kept in it survives)."""
     if not isinstance(head, Eagle3):
         raise ConfigError(f"head must be an EAGLE-3 head (pj.load_eagle3, pj.train_eagle3), got {type(head).__name__}")
     path = Path(check_path("path", path)).absolute()
