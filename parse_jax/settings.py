@@ -218,6 +218,12 @@ class ParseConfig:
             object.__setattr__(self, "delimiter", tuple(self.delimiter))  # frozen
         if not self.verify_suffix:
             raise ConfigError("verify_suffix is empty")
+        for name in ("judge_yes", "judge_no"):  # what needs no tokenizer is checked here; the rest by the engine
+            if not getattr(self, name).strip():
+                raise ConfigError(f"{name} is empty or only whitespace: a judge word must be text")
+        if self.judge_yes == self.judge_no:
+            raise ConfigError(f"judge_yes and judge_no are the same word ({self.judge_yes!r}): the judge could not "
+                              "tell a correct prefix from a wrong one")
         if not isinstance(self.speculation, SpecSettings) or not isinstance(self.eagle3, Eagle3Settings):
             raise ConfigError("speculation / eagle3 must be SpecSettings / Eagle3Settings")
 
