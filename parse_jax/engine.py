@@ -48,7 +48,7 @@ from parse_jax.schedule.policy import Knobs, Workload
 from parse_jax.schedule.prefix_price import prefix_price
 from parse_jax.schedule.profile import pass_costs
 from parse_jax.schedule.setup import SetupCosts, ledger, load_setup_costs
-from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings  # noqa: F401  (re-exported)
+from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings, check_config  # noqa: F401  (re-exported)
 from parse_jax.speculation.draft_model import check_pair
 from parse_jax.speculation.eagle3 import Eagle3, check_tree
 from parse_jax.tasks import JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
@@ -101,8 +101,7 @@ class ParseEngine:
         check_model("target", target)
         if draft is not None:
             check_model("draft (or None)", draft)
-        if config is not None and not isinstance(config, ParseConfig):
-            raise ConfigError(f"config must be a pj.ParseConfig, got {type(config).__name__}")
+        check_config(config)
         if mesh is not None and not isinstance(mesh, Mesh):
             raise ConfigError(f"mesh must be a jax.sharding.Mesh, e.g. pj.make_mesh({{'data': 1}}), got "
                               f"{type(mesh).__name__} {mesh!r}")

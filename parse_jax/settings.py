@@ -323,6 +323,12 @@ def shipped_parse_configs() -> list[str]:
     return sorted(p.stem for p in PARSE_CONFIG_DIR.glob("*.yaml")) if PARSE_CONFIG_DIR.is_dir() else []
 
 
+def check_config(config: Any) -> None:
+    """A `ParseConfig` or None (the defaults): anything else is one clear error, whichever entry point took it."""
+    if config is not None and not isinstance(config, ParseConfig):
+        raise ConfigError(f"config must be a pj.ParseConfig, got {type(config).__name__}")
+
+
 def read_source(source: str | os.PathLike | Mapping[str, Any], where: str | None = None) -> dict[str, Any]:
     """The checked flat settings of one source (see `ParseConfig.load`); errors name `where` (default: the source
     itself)."""

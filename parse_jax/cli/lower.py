@@ -5,7 +5,6 @@ tokenizer), so an 8B pair is lowered on a laptop without its weights."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 from parse_jax.errors import ConfigError
@@ -18,7 +17,7 @@ ALL_MODES = LOWER_MODES[:-1]
 
 
 def _models(args: argparse.Namespace):
-    from parse_jax.lowering.sources import shape_head, shape_model, shape_pair
+    from parse_jax.lowering.sources import read_head_shapes, shape_head, shape_model, shape_pair
 
     if args.model is None:
         if args.draft is not None:
@@ -29,20 +28,8 @@ def _models(args: argparse.Namespace):
             raise ConfigError("give either --pair or --model/--draft, not both")
         target = shape_model(args.model, args.dtype)
         draft = shape_model(args.draft, args.dtype) if args.draft is not None else None
-    target.eagle3 = shape_head(target.config) if args.eagle3 is None else head_shapes(args.eagle3, target)
+    target.eagle3 = shape_head(target.config) if args.eagle3 is None else read_head_shapes(args.eagle3, target)
     return target, draft
-
-
-def head_shapes(path: str, target):
-    """The user's head (any layout `pj.load_eagle3` reads), checked against the target, as shapes: its draft
-    vocabulary, maps and taps are what the programs are lowered with. Its weights are read once, for the check."""
-    import jax
-
-    from parse_jax.speculation.eagle3.formats import load_eagle3
-
-    head = load_eagle3(path, target)
-    return dataclasses.replace(head, params=jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                                         head.params))
 
 
 def cmd_lower(args: argparse.Namespace) -> int:

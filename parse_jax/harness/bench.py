@@ -29,7 +29,7 @@ from parse_jax.harness.runs import (
     format_row,
     measure,
     mode_runner,
-    ran_in_repeats,
+    ran_text,
     recorded_settings,
     sampling_text,
     write_json,
@@ -99,8 +99,7 @@ def run_notes(result: dict) -> list[str]:
     """What a reader needs to read the table right: what `schedule="auto"` ran in the timed repeats (a mode that
     decoded plainly measured the target's program, not itself), and the modes whose timing holds compiles."""
     notes = []
-    ran = [f"{mode}: {', '.join(f'{k} x{v}' for k, v in total.items())}"
-           for mode, total in ((mode, ran_in_repeats(r)) for mode, r in result["modes"].items()) if total]
+    ran = [f"{mode}: {text}" for mode, text in ((mode, ran_text(r)) for mode, r in result["modes"].items()) if text]
     if ran:
         notes.append("What `schedule=\"auto\"` ran in the timed repeats (decisions per choice, summed over the "
                      "repeats: a served run decides once, and once more per window it explores or measures again; "

@@ -25,7 +25,7 @@ from parse_jax.runtime.programs import compiled_programs, setup_events
 from parse_jax.runtime.requests import GenerateResult, SamplingParams
 from parse_jax.runtime.slots import admission_warm_up, serve_request
 from parse_jax.schedule.auto import EXPLORING, option
-from parse_jax.settings import BATCHING, DEFAULT_BATCHING, Batching
+from parse_jax.settings import BATCHING, DEFAULT_BATCHING, Batching, check_config
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.validation import check_choice, check_eos_ids, check_float, check_int, check_seed
 
@@ -91,8 +91,7 @@ def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperatur
     """A callable that generates with `mode` (a bench mode); `draft` may be None for the modes that need none
     (target, eagle3). `eos_ids`: the stop ids (default: the model's own)."""
     check_modes([mode])
-    if config is not None and not isinstance(config, ParseConfig):  # refused in every mode, the target's included
-        raise ConfigError(f"config must be a pj.ParseConfig, got {type(config).__name__}")
+    check_config(config)  # in every mode, the target's included
     temperature = check_float("temperature", temperature, 0.0, error=InputError)
     eos_ids = check_eos_ids(eos_ids, target.config.vocab_size)
     extra = {} if eos_ids is None else {"eos_ids": eos_ids}  # only when given: the engine's default otherwise
@@ -292,7 +291,7 @@ def _measured(runners: dict[str, Runner], task, problems: Sequence[tuple[str, st
             "verify_tokens": int(s.get("verify_tokens", 0)),
             "verify_passes": int(s.get("verify_passes", 0)),
             "compiles_in_timing": compiles[name],
-            "schedule_ran": s.get("schedule_ran", {}),
+            "schedule_ran": ran[name][0],  # the first repeat's, as the stats beside it
             "schedule_ran_each_repeat": ran[name],
             **field_metrics(field[name]),
         }
@@ -307,11 +306,10 @@ def interleaved(names: list[str], seed: int, repeat: int, chunk: int) -> list[st
 
 
 def _add_stats(acc: dict, stats: dict, rows: int) -> None:
-    """A call's counts added into `acc` (its numbers; what the schedule ran, per choice)."""
+    """A call's counts added into `acc` (its numbers)."""
     for key, value in stats.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             acc[key] = acc.get(key, 0) + value
-    _count_choices(acc.setdefault("schedule_ran", {}), stats)
     # passes are batched: per request, each pass counts once per row it carried (the result's own count where it
     # has one: a served or merged result holds many batches)
     acc["row_passes"] = acc.get("row_passes", 0) + stats.get("request_passes", stats.get("target_passes", 0) * rows)
@@ -327,6 +325,11 @@ def ran_in_repeats(row: dict) -> dict[str, int]:
         for name, count in repeat.items():
             total[name] = total.get(name, 0) + count
     return dict(sorted(total.items()))
+
+
+def ran_text(row: dict) -> str:
+    """`ran_in_repeats` as report text ("parse-single x14, target x1"; empty where nothing was scheduled)."""
+    return ", ".join(f"{name} x{count}" for name, count in ran_in_repeats(row).items())
 
 
 def _count_choices(ran: dict, stats: dict) -> None:

@@ -26,7 +26,7 @@ from parse_jax.harness.runs import (
     measure,
     mode_config,
     mode_runner,
-    ran_in_repeats,
+    ran_text,
     recorded_settings,
     sampling_text,
     write_json,
@@ -131,8 +131,7 @@ def sweep_markdown(result: dict, title: str) -> str:
               f"{result['n']} problems (split `{result['split']}`) of task `{result.get('task')}`: batches of "
               f"{result['batch_size']}, {result['repeats']} repeats interleaved, {sampling_text(result)}, at most "
               f"{result['max_new_tokens']} new tokens.", "", sweep_table(result), ""]
-    ran = [f"{p['value']}: {', '.join(f'{k} x{v}' for k, v in total.items())}"
-           for p, total in ((p, ran_in_repeats(p)) for p in result["points"]) if total]
+    ran = [f"{p['value']}: {text}" for p, text in ((p, ran_text(p)) for p in result["points"]) if text]
     if ran:  # schedule="auto": a value whose runs decoded plainly measured the target, not its PARSE setting
         lines += ["What `schedule=\"auto\"` ran for each value in the timed repeats (decisions per choice, summed "
                   "over the repeats: a served run decides once, and once more per window it explores or measures "

@@ -82,3 +82,13 @@ def shape_head(target: ModelConfig) -> Eagle3:
     """An EAGLE-3 head for `target` (its default taps) as shapes: what modes eagle3 and parse+eagle3 lower with."""
     cfg = Eagle3Config.for_target(target)
     return Eagle3(cfg, jax.eval_shape(lambda: init_head(cfg)))
+
+
+def read_head_shapes(path: str | Path, target: Model) -> Eagle3:
+    """A head folder (any layout `load_eagle3` reads), checked against `target`, as shapes: its draft vocabulary,
+    maps and taps are what the programs are lowered with. Unlike the models, its weights are read, once, for that
+    check."""
+    from parse_jax.speculation.eagle3.formats import load_eagle3  # checkpoint readers (Orbax): only when asked
+
+    head = load_eagle3(path, target)
+    return Eagle3(head.config, jax.eval_shape(lambda: head.params))
