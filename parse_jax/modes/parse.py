@@ -125,11 +125,18 @@ def verify_stage(rnd: SingleRound, target_params, prompts: Prompts, answer: Draf
 def split_outputs(v: Verified, answer: Draft, remaining: jax.Array, eos_ids, sampler: Sampler) -> dict:
     """What a staged single round's pass returns at its boundary, for the continuation (`continue_single`, or a
     served run's slots): greedy, a row whose next token is EOS is finished here, without taking a continuation row."""
-    b = remaining.shape[0]
     first = jnp.argmax(v.first_logits, axis=-1).astype(jnp.int32)
-    stop = (is_eos(first, eos_ids) & (remaining > 0)) if sampler.greedy else jnp.zeros((b,), bool)
+    stop = boundary_stop(v, remaining, eos_ids, sampler)
     return {"draft": answer.tokens, "remaining": jnp.where(stop, 0, remaining), "stop": stop, "first": first,
             "cache": v.cache, "context": boundary(v), **_round_stats(v, answer.length)}
+
+
+def boundary_stop(v: Verified, remaining: jax.Array, eos_ids, sampler: Sampler) -> jax.Array:
+    """Greedy, the rows with tokens left whose next token, read from the verification pass at the boundary, is EOS:
+    they end there, that token emitted without a continuation pass (not counted as continued)."""
+    if not sampler.greedy:
+        return jnp.zeros(remaining.shape, bool)
+    return is_eos(jnp.argmax(v.first_logits, axis=-1).astype(jnp.int32), eos_ids) & (remaining > 0)
 
 
 @functools.cache
@@ -146,7 +153,8 @@ def single_round_program(rnd: SingleRound):
         cont, cont_n, extra = continuation(cont_spec, target_params, head_params, v.cache, boundary(v),
                                            remaining=remaining, eos_ids=eos_ids, args=args.replace(key=rng_continue))
         out = join(answer.tokens, v.accepted, cont, shape.draft_new + shape.num_new)
-        return {"tokens": out, "num_new": v.accepted + cont_n, "continued": remaining > 0,
+        continued = (remaining > 0) & ~boundary_stop(v, remaining, eos_ids, rnd.sampler)
+        return {"tokens": out, "num_new": v.accepted + cont_n, "continued": continued,
                 **_round_stats(v, answer.length), **extra}
 
     return register_program(jax.jit(run))

@@ -63,7 +63,7 @@ def admit_program(rnd: SingleRound, length: int):
         fns = head_applies(pair.target, eagle.config, pair.target_impl, target_params, head_params)
         state = eagle_start(fns, out["cache"], out["context"], loop=loop, max_new=budget, eos_ids=eos_ids,
                             sampler=sampler, args=args.fold(1).fold(adm.key_data))
-        counters = {"draft": out["draft"], "continued": budget > 0, **{k: out[k] for k in ROW_STATS}}
+        counters = {"draft": out["draft"], "continued": out["remaining"] > 0, **{k: out[k] for k in ROW_STATS}}
         rows = EagleSlots(state=state, max_new=budget)
         ahead, where = place(ahead, rows)
         return ahead, where, slot_outputs(rows, shape.num_new), counters
@@ -84,11 +84,11 @@ def advance_program(slots_shape: EagleServeShape):
 
 
 def slot_outputs(slots: EagleSlots, num_new: int) -> dict:
-    """What the host reads of each slot (or admitted row): its continuation and EAGLE-3 counters; "rounds" is the
-    run's EAGLE-3 passes (a scalar)."""
+    """What the host reads of each slot (or admitted row): its continuation and EAGLE-3 counters ("drafts": the
+    EAGLE-3 passes the row was live in); "rounds" is the run's EAGLE-3 passes (a scalar)."""
     st = slots.state
     return {"done": st.done, "tokens": st.tokens[:, :num_new], "num_new": st.num_new, "accepted": st.accepted,
-            "proposed": st.proposed, "rounds": st.rounds}
+            "proposed": st.proposed, "drafts": st.drafts, "rounds": st.rounds}
 
 
 def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult | None:
@@ -146,6 +146,7 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     steps = int(run["rounds"])
     res = parse_result(ctx, req, out, seconds, verify_passes=admissions, target_passes=admissions + steps,
                        continue_batch=used)
-    res.stats.update(slots=used, admissions=admissions, request_passes=admissions + steps * used,
-                     parked=len(book.ever_parked))
+    # each request's passes as it counts alone: its verification, then the EAGLE-3 passes its continuation was in
+    res.stats.update(slots=used, admissions=admissions, parked=len(book.ever_parked),
+                     request_passes=len(ids) + int(np.sum(np.where(live, [r["drafts"] for r in book.out], 0))))
     return res

@@ -139,7 +139,8 @@ def admit_program(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
                    *(() if drafted is None else (drafted,)))
         rows = boundary_rows(v, adm.max_new, eos_ids, width=width, sampler=sampler,
                              args=args.fold(1).fold(adm.key_data), steps=ahead.slots.steps)
-        counters = {"continued": v["live"], **{k: v[k] for k in (*ROW_STATS, "verify_passes") if k in v}}
+        continued = v["live"] & ~v["stop"] if "stop" in v else v["live"]  # a stop row emits its EOS here
+        counters = {"continued": continued, **{k: v[k] for k in (*ROW_STATS, "verify_passes") if k in v}}
         ahead, where = place(ahead, rows)
         return ahead, where, {"tokens": rows.tokens, "num_new": rows.num_new}, counters
 
@@ -346,10 +347,18 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     steps = int(run["steps"])
     res = parse_result(ctx, req, out, seconds, verify_passes=verify_passes, target_passes=verify_passes + steps,
                        continue_batch=used)
-    # a decode step carries every slot: per request, at most `used` rows' worth (rows are not tracked per step)
-    res.stats.update(slots=used, admissions=admissions, request_passes=verify_passes + steps * used,
-                     parked=len(book.ever_parked))
+    res.stats.update(slots=used, admissions=admissions, parked=len(book.ever_parked),
+                     request_passes=served_request_passes(counters, out["num_new"], out["accepted"], out["continued"]))
     return res
+
+
+def served_request_passes(counters: list[tuple[list[int], dict]], num_new, accepted, continued) -> int:
+    """Target passes summed over a served run's requests, as each counts alone: the verification passes of the
+    admission it entered with, then one decode step per token its continuation wrote after the first (which the
+    verification pass's logits gave); a row leaves its slot when it ends, so it sits through no other step."""
+    verifying = sum(int(got.get("verify_passes", 1)) * len(batch) for batch, got in counters)
+    return verifying + int(np.sum(np.where(continued, np.maximum(np.asarray(num_new) - np.asarray(accepted) - 1, 0),
+                                           0)))
 
 
 def verified_rows(out: dict) -> dict:

@@ -1,12 +1,15 @@
 """A short profile of what forward passes cost on this device, cached on disk beside the compile cache.
 
 `profile_model` times jitted passes of a `Model` (the same decoder call every mode runs) on a grid of (batch,
-tokens per pass, cache length): compile excluded, `WARMUP` untimed passes, then the median of `repeats`; a pass
-slower than the same one with more rows or a longer cache is timed again. Passes of more than `max_block_tokens`
-rows x tokens are not timed (on a CPU they are compute-bound: seconds each); `CostTable` fills them in proportion
-to tokens. The embedded pair's whole profile (`Grid()` for the target, `DRAFTER_GRID` for the draft and the head:
-210 shapes, 126 of them the target's) is mostly compilation, about a second per shape of the 8-layer target on an
-idle 2-core CPU (about 2 minutes in all on the AVX-512 one); `pass_costs(measure=True)` runs it once and caches it.
+tokens per pass, cache length): every shape compiled first (compile excluded), then `rounds` passes over the whole
+grid, each timing every shape's median of `repeats` passes (after `WARMUP` untimed ones in the first round, one
+after); a shape's figure is the median of its rounds, so a slow spell of the machine (another process on the cores,
+seconds to minutes) costs one round of each shape it meets, not every timing of the few shapes it falls on. A pass
+slower than the same one with more rows, more tokens or a longer cache is timed again. Passes of more than
+`max_block_tokens` rows x tokens are not timed (on a CPU they are compute-bound: seconds each); `CostTable` fills
+them in proportion to tokens. The embedded pair's whole profile (`Grid()` for the target, `DRAFTER_GRID` for the
+draft and the head: 210 shapes, 126 of them the target's) is mostly compilation, about a second per shape of the
+8-layer target on an idle 2-core CPU; `pass_costs(measure=True)` runs it once and caches it.
 
 Tables are JSON files in `profiles/` next to the persistent compile cache (`profiles_dir`), named by a fingerprint
 of the model (config and param shapes/dtypes), the device kind and count (on a CPU, the processor too:
@@ -22,6 +25,7 @@ import hashlib
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +43,8 @@ from parse_jax.utils.progress import logger
 from parse_jax.utils.validation import check_int
 from parse_jax.utils.version import package_version
 
-FORMAT = 2  # bump when the file layout or what is measured changes (2: `WARMUP` passes, suspects re-timed)
+FORMAT = 3  # bump when the file layout or what is measured changes (2: `WARMUP` passes, suspects re-timed;
+#            3: rounds over the whole grid, suspects in tokens too)
 WARMUP = 2  # untimed passes after compiling: the first ones after a compile ran up to 40% slower on a CPU
 
 
@@ -49,19 +54,21 @@ class Grid:
 
     # the batch sizes the commands run (eval's default 8 among them), and the tokens per pass and cache lengths
     # programs run: one token (decode steps) and the verification blocks' length buckets
-    # (`runtime/programs.length_bucket`). Between such points a pass's cost on a CPU is not the line between them:
-    # XLA compiles each shape to its own kernels (benchmarks/results/profile_pair_default, the embedded target at
-    # batch 1, cache 256: 48 tokens 8.72 ms under 32 tokens' 10.53; 16 tokens 5.87 under 12 tokens' 6.06)
+    # (`runtime/programs.length_bucket`). Between such points a pass's cost on a CPU need not be the line between
+    # them: XLA compiles each shape to its own kernels (benchmarks/results/cost_model: at batch 8, cache 256, 12
+    # tokens 22.1 ms over 16 tokens' 20.7, the median of three runs)
     batches: tuple[int, ...] = (1, 4, 8, 16, 64)
     tokens: tuple[int, ...] = (1, 8, 12, 16, 24, 32, 48, 64, 96, 128)
     caches: tuple[int, ...] = (128, 256, 512)
     max_block_tokens: int = 1024
-    repeats: int = 5
+    repeats: int = 3  # timed passes of a shape per round (their median is the round's figure)
+    rounds: int = 3   # passes over the whole grid (a shape's figure: the median of its rounds')
 
     def __post_init__(self) -> None:
         check_axes(self, "profile grid")
         object.__setattr__(self, "max_block_tokens", check_int("max_block_tokens", self.max_block_tokens, 1))
         object.__setattr__(self, "repeats", check_int("repeats", self.repeats, 1, 100))
+        object.__setattr__(self, "rounds", check_int("rounds", self.rounds, 1, 100))
 
     def timed(self, batch: int, tokens: int) -> bool:
         return tokens == 1 or batch * tokens <= self.max_block_tokens
@@ -103,37 +110,53 @@ def profile_path(key: dict[str, Any], folder: Path | None = None) -> Path:
     return (profiles_dir() if folder is None else Path(folder)) / f"{digest}.json"
 
 
-def _time_pass(model: Model, batch: int, tokens: int, cache_len: int, repeats: int) -> float:
-    """Median seconds of one pass of `tokens` new tokens per row over a cache of `cache_len` slots, the block
-    written at its end; the compiled program is built first so compilation is never timed."""
+def _pass_timer(model: Model, batch: int, tokens: int, cache_len: int) -> Callable[[int, int], float]:
+    """Compile one pass of `tokens` new tokens per row over a cache of `cache_len` slots (the block written at its
+    end) and return `timer(repeats, warmup)`: the median seconds of `repeats` passes after `warmup` untimed ones.
+    Compilation is never timed; each call builds its own cache (the pass donates it), so timers can be called in any
+    order without holding every shape's cache at once."""
     fn = decoder_fn(model.config, model.attention_impl, False)
-    lengths = jnp.full((batch,), cache_len - tokens, jnp.int32)
-    positions = lengths[:, None] + jnp.arange(tokens, dtype=jnp.int32)[None, :]
+    positions = (cache_len - tokens) + jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32)[None, :],
+                                                        (batch, tokens))
     ids = jnp.zeros((batch, tokens), jnp.int32)
     limit, group = causal_metadata(batch, tokens)
-    cache = model.init_cache(batch, cache_len).set_lengths(lengths)
-    compiled = fn.lower(model.params, ids, positions, cache, limit, group).compile()
-    times = []
-    for i in range(repeats + WARMUP):
-        start = time.perf_counter()
-        logits, cache, _ = compiled(model.params, ids, positions, cache, limit, group)
-        logits.block_until_ready()
-        if i >= WARMUP:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    def new_cache():
+        return model.init_cache(batch, cache_len).set_lengths(jnp.full((batch,), cache_len - tokens, jnp.int32))
+
+    compiled = fn.lower(model.params, ids, positions, new_cache(), limit, group).compile()
+
+    def timer(repeats: int, warmup: int) -> float:
+        cache, times = new_cache(), []
+        for i in range(repeats + warmup):
+            start = time.perf_counter()
+            logits, cache, _ = compiled(model.params, ids, positions, cache, limit, group)
+            logits.block_until_ready()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return timer
+
+
+def _time_pass(model: Model, batch: int, tokens: int, cache_len: int, repeats: int) -> float:
+    """Median seconds of `repeats` passes of one shape, compiled and timed now (after `WARMUP` untimed passes)."""
+    return _pass_timer(model, batch, tokens, cache_len)(repeats, WARMUP)
 
 
 def profile_model(model: Model, grid: Grid = Grid()) -> CostTable:
-    """Time `model`'s passes on `grid` (see the module docstring), then time again each pass that took longer than
-    the same pass with more rows or over a longer cache (`_suspects`), keeping the lower figure. A model whose
-    params are shapes (`head_model`'s) is timed with random ones."""
+    """Time `model`'s passes on `grid` in rounds (see the module docstring), then time again each pass that took
+    longer than the same pass with more rows, more tokens or over a longer cache (`_suspects`), keeping the lower
+    figure. A model whose params are shapes (`head_model`'s) is timed with random ones."""
     model = _with_weights(model)
-    timed = {(i, j, k): _time_pass(model, b, t, max(c, t), grid.repeats)
-             for i, b in enumerate(grid.batches) for j, t in enumerate(grid.tokens) if grid.timed(b, t)
-             for k, c in enumerate(grid.caches)}
-    for i, j, k in _suspects(timed):
-        b, t, c = grid.batches[i], grid.tokens[j], grid.caches[k]
-        timed[(i, j, k)] = min(timed[(i, j, k)], _time_pass(model, b, t, max(c, t), grid.repeats))
+    timers = {(i, j, k): _pass_timer(model, b, t, max(c, t))
+              for i, b in enumerate(grid.batches) for j, t in enumerate(grid.tokens) if grid.timed(b, t)
+              for k, c in enumerate(grid.caches)}
+    rounds = [{key: timer(grid.repeats, WARMUP if r == 0 else 1) for key, timer in timers.items()}
+              for r in range(grid.rounds)]
+    timed = {key: statistics.median(one[key] for one in rounds) for key in timers}
+    for key in _suspects(timed):
+        timed[key] = min(timed[key], timers[key](grid.repeats, 1))
     seconds, measured = [], []
     for i in range(len(grid.batches)):
         plane = [[timed.get((i, j, k)) for k in range(len(grid.caches))] for j in range(len(grid.tokens))]
@@ -146,17 +169,18 @@ def profile_model(model: Model, grid: Grid = Grid()) -> CostTable:
                 plane[j] = [x * t / grid.tokens[last] for x in plane[last]]
         seconds.append(plane)
         measured.append(mask)
-    meta = {"device_kind": current_device_kind(), "model": repr(model), "repeats": grid.repeats}
+    meta = {"device_kind": current_device_kind(), "model": repr(model), "repeats": grid.repeats, "rounds": grid.rounds}
     return CostTable(grid.batches, grid.tokens, grid.caches, seconds, measured, meta)
 
 
 def _suspects(timed: dict[tuple[int, int, int], float]) -> list[tuple[int, int, int]]:
-    """Grid points (batch, tokens, cache indices) timed slower than the same pass with more rows or over a longer
-    cache, which does strictly more work. On a shared machine a timing is off only upwards (another process took
-    the cores), so such a point is the likelier one to be wrong. (Not in tokens: there XLA's per-shape kernels make
-    a longer block cheaper for real, e.g. 48 tokens against 32 at batch 1.)"""
+    """Grid points (batch, tokens, cache indices) timed slower than the same pass with more rows, more tokens or
+    over a longer cache, which does more work. On a shared machine a timing is off only upwards (another process
+    took the cores), so such a point is the likelier one to be wrong; where the longer block is cheaper for real
+    (XLA's per-shape kernels), its second timing says so again and the figure stands."""
     return [key for key, x in timed.items()
             if any(x > timed.get(other, float("inf")) for other in ((key[0] + 1, key[1], key[2]),
+                                                                  (key[0], key[1] + 1, key[2]),
                                                                   (key[0], key[1], key[2] + 1)))]
 
 

@@ -104,6 +104,10 @@ def test_refilled_slots_equal_each_prompt_alone(engine, eos, mode):
     # every admission's passes for every request
     alone_checks = sum(r.stats["request_checks"] for r in alone)
     assert alone_checks <= res.stats["request_checks"] < res.stats["verify_passes"] * len(PROMPTS)
+    if mode == "parse":  # one verification pass each: every request's passes as it counts alone, whatever its slot
+        for served in (res, ahead):
+            for key in ("request_passes", "continued_requests"):
+                assert served.stats[key] == sum(r.stats[key] for r in alone), key
 
 
 def test_generate_with_max_batch_serves_and_compiles_nothing_per_prompt(engine, eos):
@@ -151,6 +155,8 @@ def test_single_round_parse_eagle3_served_equals_each_prompt_alone(tree):
             assert sum(res.stats["accepted_per_request"]) > 0 and res.stats["eagle3_accepted_tokens"] > 0  # both
             assert res.stats["accepted_per_request"] == [r.stats["accepted_tokens"] for r in alone]
             assert res.stats["eagle3_accepted_tokens"] == sum(r.stats["eagle3_accepted_tokens"] for r in alone)
+            for key in ("request_passes", "continued_requests"):  # each request's passes as it counts alone
+                assert res.stats[key] == sum(r.stats[key] for r in alone), key
             assert res.stats["slots"] == slots and res.stats["admissions"] > 1
             assert slots > 1 or res.stats["parked"] == 0  # one slot: no park
             parked += res.stats["parked"]

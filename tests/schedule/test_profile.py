@@ -11,7 +11,7 @@ from parse_jax.schedule.costs import CostTable, Roofline
 from parse_jax.schedule.profile import Grid, load_or_profile, pass_costs
 from tests.random_models import random_model
 
-TINY = Grid(batches=(1, 2), tokens=(1, 4), caches=(16,), max_block_tokens=4, repeats=1)
+TINY = Grid(batches=(1, 2), tokens=(1, 4), caches=(16,), max_block_tokens=4, repeats=1, rounds=1)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,8 @@ def test_grid_refuses_bad_axes():
         Grid(batches=(4, 1))
     with pytest.raises(parse_jax.ConfigError, match="repeats must be >= 1"):
         Grid(repeats=0)
+    with pytest.raises(parse_jax.ConfigError, match="rounds must be >= 1"):
+        Grid(rounds=0)
 
 
 def test_the_default_grid_times_the_shapes_programs_run():
@@ -93,29 +95,56 @@ def test_the_default_grid_times_the_shapes_programs_run():
     assert grid.timed(8, 128) and grid.timed(64, 16) and not grid.timed(64, 24)
 
 
-def test_a_pass_slower_than_a_larger_one_is_timed_again_and_the_lower_figure_kept(model, monkeypatch):
-    """Interference on a shared machine only adds time: a pass that reads slower than the same pass with more rows
-    or over a longer cache is timed again, and the lower of its two figures kept; the others are timed once."""
-    grid = Grid(batches=(1, 2), tokens=(1, 4), caches=(16, 32), max_block_tokens=8, repeats=1)
-    readings = {  # (batch, tokens, cache): the readings in order, where not the clean one
-        (1, 4, 16): [10.0, 1.0],   # slower than more rows and than a longer cache; clean on its second timing
-        (2, 4, 16): [10.0, 20.0],  # slower than the longer cache only (no larger batch); its second reading worse
-    }
+def _fake_timers(monkeypatch, readings: dict) -> list:
+    """Replace compiled passes by timers of a clean machine (cost grows with rows, tokens and cache), except the
+    shapes in `readings` (batch, tokens, cache) -> factors of the clean figure, in order of the timer's calls.
+    Returns the list of timed shapes, in call order."""
     calls = []
 
-    def fake_time(m, batch, tokens, cache_len, repeats):  # a clean machine: cost grows with rows, tokens, cache
+    def fake_timer(m, batch, tokens, cache_len):
         key = (batch, tokens, cache_len)
-        calls.append(key)
-        clean = 1e-3 * batch * tokens * (1 + cache_len / 16)
-        seen = calls.count(key)
-        return clean * readings[key][seen - 1] if key in readings else clean
 
-    monkeypatch.setattr(profile, "_time_pass", fake_time)
+        def timer(repeats, warmup):
+            calls.append(key)
+            clean = 1e-3 * batch * tokens * (1 + cache_len / 16)
+            return clean * readings[key][calls.count(key) - 1] if key in readings else clean
+
+        return timer
+
+    monkeypatch.setattr(profile, "_pass_timer", fake_timer)
+    return calls
+
+
+def test_a_pass_slower_than_a_larger_one_is_timed_again_and_the_lower_figure_kept(model, monkeypatch):
+    """Interference on a shared machine only adds time: a pass that reads slower than the same pass with more rows,
+    more tokens or over a longer cache is timed again, and the lower of its two figures kept; the others are timed
+    once."""
+    grid = Grid(batches=(1, 2), tokens=(1, 4), caches=(16, 32), max_block_tokens=8, repeats=1, rounds=1)
+    readings = {  # the readings in order, where not the clean one
+        (1, 4, 16): [10.0, 1.0],   # slower than more rows and than a longer cache; clean on its second timing
+        (2, 4, 16): [10.0, 20.0],  # slower than the longer cache only (no larger batch); its second reading worse
+        (1, 1, 32): [5.0, 1.0],    # slower than more tokens only (4 tokens, 16 slots: 6e-3 s)
+    }
+    calls = _fake_timers(monkeypatch, readings)
     table = profile.profile_model(model, grid)
-    assert calls.count((1, 4, 16)) == calls.count((2, 4, 16)) == 2 and len(calls) == 8 + 2
+    assert calls.count((1, 4, 16)) == calls.count((2, 4, 16)) == calls.count((1, 1, 32)) == 2
+    assert len(calls) == 8 + 3
     assert table.seconds(1, 4, 16) == pytest.approx(1e-3 * 4 * 2)  # the clean second reading
     assert table.seconds(2, 4, 16) == pytest.approx(1e-3 * 8 * 2 * 10)  # the first, lower than the second
+    assert table.seconds(1, 1, 32) == pytest.approx(1e-3 * 3)  # a suspect in tokens: its clean second reading
     assert table.seconds(2, 4, 32) == pytest.approx(1e-3 * 8 * 3)  # timed once
+
+
+def test_the_grid_is_timed_in_rounds_and_a_slow_spell_costs_one_round(model, monkeypatch):
+    """Every shape is timed once per round before any is timed again, and a shape's figure is the median of its
+    rounds: a slow spell of the machine that falls on one round of a shape leaves its figure clean."""
+    grid = Grid(batches=(1, 2), tokens=(1, 4), caches=(16,), max_block_tokens=8, repeats=1, rounds=3)
+    calls = _fake_timers(monkeypatch, {(1, 4, 16): [3.0, 1.0, 1.0], (2, 1, 16): [3.0, 5.0, 1.0]})
+    table = profile.profile_model(model, grid)
+    shapes = [(1, 1, 16), (1, 4, 16), (2, 1, 16), (2, 4, 16)]
+    assert calls == shapes * 3  # round by round, no suspect left (medians clean or not below a larger shape)
+    assert table.seconds(1, 4, 16) == pytest.approx(1e-3 * 4 * 2)  # its slow first round is not the figure
+    assert table.seconds(2, 1, 16) == pytest.approx(1e-3 * 2 * 2 * 3)  # slow in two of three rounds: it is
 
 
 def test_the_heads_model_is_looked_up_without_compiling_and_measured_with_weights(model, tmp_path):

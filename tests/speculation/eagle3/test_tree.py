@@ -257,6 +257,29 @@ def test_one_target_pass_verifies_every_node_and_the_accepted_path_is_compacted(
     assert tokens[np.asarray(slots[0])[int(n_acc[0])]] == best[-1]
 
 
+def test_compaction_moves_only_rows_whose_path_left_the_trunk():
+    """A row whose accepted path is the trunk's own prefix has its KV in place already: its cache is left as it is,
+    whether or not another row of the batch moves one of its entries."""
+    from parse_jax.models.cache import KVCache
+
+    layer = jnp.arange(2 * 3 * 12 * 2, dtype=jnp.float32).reshape(2, 3, 12, 2)  # [B, kv heads, slots, head dim]
+    cache = KVCache(k=(layer, -layer), v=(layer + 0.5, 2 * layer), lengths=jnp.asarray([2, 2], jnp.int32))
+    start = jnp.asarray([2, 2], jnp.int32)
+    n_acc = jnp.asarray([2, 2], jnp.int32)
+    on_trunk = jnp.asarray([[0, 1, 2, 0], [0, 1, 2, 0]], jnp.int32)
+    left_trunk = jnp.asarray([[0, 1, 2, 0], [0, 1, 6, 0]], jnp.int32)  # row 1's depth-2 token sat in block slot 6
+    same = compact_kv(cache, start, on_trunk, n_acc)
+    for a, b in zip(same.k + same.v, cache.k + cache.v):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    moved = compact_kv(cache, start, left_trunk, n_acc)
+    for a, b in zip(moved.k + moved.v, cache.k + cache.v):
+        a, b = np.asarray(a), np.asarray(b)
+        np.testing.assert_array_equal(a[0], b[0])  # row 0: on the trunk, untouched
+        np.testing.assert_array_equal(a[1, :, 2 + 2], b[1, :, 2 + 6])  # row 1: slot 6's entry now at depth 2
+        keep = [i for i in range(12) if i != 4]
+        np.testing.assert_array_equal(a[1][:, keep], b[1][:, keep])
+
+
 @pytest.mark.parametrize("family,tree,k,width", [("qwen2", 4, 2, 0), ("qwen3", 8, 3, 0), ("llama3", 3, 1, 0),
                                                  ("qwen3", 4, 3, 1), ("llama3", 6, 4, 2)])
 def test_tree_drafting_is_token_identical(family, tree, k, width):
