@@ -8,8 +8,8 @@ where one exists, else the roofline); each timing is the median of repeats of a 
 
 Every pair is timed in each of `--runs` passes over the whole list (one after the other, a couple of minutes apart),
 and the measured figure is their median: the spread between runs (max / min) is the machine's own noise, the floor
-under any prediction (`benchmarks/results/cost_model/`: 18 of 55 pairs more than 1.25x apart over 3 runs; 30 in a
-run earlier that day).
+under any prediction (18 and 30 of 55 pairs more than 1.25x apart over 3 runs in two runs of 2026-12-05; 33 in
+`benchmarks/results/cost_model/`, 2026-12-06).
 
 Writes cost_model.json and cost_model.md (predicted / measured per pair, the runs' spread, and the share within 25%).
 """

@@ -110,8 +110,10 @@ class ParseEngine:
             target, draft = align_vocab(target, draft)
             check_pair(target, draft)
         eagle3 = eagle3 if eagle3 is not None else target.eagle3
-        if eagle3 is not None:
-            eagle3.config.check_target(target.config)
+        if eagle3 is not None:  # a head loaded alone meets its target here: checked, in the target's dtype
+            if not isinstance(eagle3, Eagle3):
+                raise ConfigError(f"eagle3 must be an EAGLE-3 head (pj.load_eagle3), got {type(eagle3).__name__}")
+            eagle3 = eagle3.for_target(target.config)
         if mesh is not None:  # weights over `model`, requests over `data` (see parse_jax.distributed)
             target = shard_model(target, mesh)
             draft = shard_model(draft, mesh, fallback_replicated=True) if draft is not None else None
@@ -306,7 +308,10 @@ class ParseEngine:
                                   windows_after=self._windows_after(n, start, size))
                 choice = self._choose(mode, batch, rounds, explore=start + size < n and explorations < len(rounds) + 1
                                       and attempts < 2 * (len(rounds) + 1), outlook=outlook)
-                choices.append(choice.as_dict())
+                record = choice.as_dict()
+                if record["rounds"] is None and MODE_TABLE[choice.run].honours_rounds:  # the rounds given
+                    record["rounds"] = self.context.config.rounds
+                choices.append(record)
                 attempts += choice.explored
             run = mode if choice is None else choice.run
             ctx = self.context if choice is None else self._context(choice.rounds)

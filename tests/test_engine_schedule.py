@@ -75,7 +75,8 @@ def test_auto_keeps_explicit_settings_and_records_what_it_measured():
     # nothing measured at batch 4 yet: the predicted best runs on prompts of its own before anything is served; with
     # 7 prompts in 4 slots no fill is left over for a served exploration, so it is a fixed batch (no slots)
     assert first.stats["schedule"][0]["why"].startswith("exploring") and first.stats["schedule"][0]["slots"] is None
-    assert all(c["rounds"] is None for c in first.stats["schedule"])  # the user's rounds, never the schedule's
+    # the user's rounds, never the schedule's choice, and each record names the rounds that ran (none: plain)
+    assert all(c["rounds"] == ("single" if c["ran"] == "parse" else None) for c in first.stats["schedule"])
     second = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=4)  # (the first served run compiled)
     res = eng.generate(PROMPTS, mode="parse", max_new_tokens=14, max_batch=4)
     ran = first.stats["schedule"] + second.stats["schedule"] + res.stats["schedule"]
@@ -227,7 +228,7 @@ def test_in_one_slot_rounds_auto_runs_parse_multi_round_whatever_single_round_me
     single = _engine(schedule="auto", rounds="single")
     single._costs, single.schedule_state = eng._costs, state
     res = single.generate(PROMPTS[:2], mode="parse", max_new_tokens=12, max_batch=1)
-    assert {c["rounds"] for c in res.stats["schedule"]} == {None}
+    assert all(c["rounds"] == ("single" if c["ran"] == "parse" else None) for c in res.stats["schedule"])
     assert res.tokens == _engine(rounds="single").generate(PROMPTS[:2], mode="parse", max_new_tokens=12,
                                                            max_batch=1).tokens
 

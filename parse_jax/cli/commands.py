@@ -303,7 +303,7 @@ def cmd_train_eagle3(args: argparse.Namespace) -> int:
 
         train_eagle3_data(target, args.data, args.out, spec, regenerate=args.regenerate,
                           run=PhaseOptions(mode=args.mode, progress=not args.no_progress),
-                          verifier=args.verifier or args.model)
+                          verifier=args.verifier or _verifier_of(args.model))
         extra = f" and {Path(args.out) / 'speculators'} (the speculators format, for vLLM)"
     else:
         train_eagle3(target, load_task(args.task), args.out, spec, mode=args.mode, progress=not args.no_progress)
@@ -311,3 +311,9 @@ def cmd_train_eagle3(args: argparse.Namespace) -> int:
     print(f"wrote {Path(args.out) / 'eagle3'}{extra} (load with pj.load_eagle3(DIR, target), or --eagle3 DIR; "
           "copy it to PAIR/eagle3 to make it the pair's default head)")
     return 0
+
+
+def _verifier_of(model: str | None) -> str | None:
+    """What OUT/speculators names as its verifier by default: the --model folder as an absolute path (the path as
+    typed means nothing outside this working directory), else the name as given."""
+    return str(Path(model).absolute()) if model is not None and Path(model).is_dir() else model

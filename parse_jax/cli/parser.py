@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --data: the target writes the responses (greedy) instead of taking them as given")
     h.add_argument("--verifier", default=None,
                    help="with --data: the target's name or path written into OUT/speculators' speculators_config "
-                        "(default: the --model folder)")
+                        "(default: the --model folder, as an absolute path)")
     for name in ("steps", "batch_size", "lr", "unroll", "samples", "seq_len", "seed", "draft_vocab_size"):
         add_setting_flag(h, Eagle3Spec, name)
     hm = h.add_mutually_exclusive_group()

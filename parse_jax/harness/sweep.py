@@ -75,7 +75,11 @@ def sweep_configs(base: ParseConfig, param: str, values: Sequence[str]) -> list[
     out = []
     for v in values:
         overrides = parse_value(param, str(v))
-        out.append((str(v).strip(), overrides, dataclasses.replace(base, **overrides)))  # ConfigError if invalid
+        try:
+            config = dataclasses.replace(base, **overrides)
+        except ConfigError as e:  # the value's own check, named as the user gave it
+            raise type(e)(f"--values for {param}: {str(v).strip()!r}: {e}") from None
+        out.append((str(v).strip(), overrides, config))
     labels = [label for label, _, _ in out]
     if len(set(labels)) != len(labels):
         raise InputError(f"repeated sweep values: {labels}")

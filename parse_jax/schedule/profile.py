@@ -55,8 +55,8 @@ class Grid:
     # the batch sizes the commands run (eval's default 8 among them), and the tokens per pass and cache lengths
     # programs run: one token (decode steps) and the verification blocks' length buckets
     # (`runtime/programs.length_bucket`). Between such points a pass's cost on a CPU need not be the line between
-    # them: XLA compiles each shape to its own kernels (benchmarks/results/cost_model: at batch 8, cache 256, 12
-    # tokens 22.1 ms over 16 tokens' 20.7, the median of three runs)
+    # them: XLA compiles each shape to its own kernels (benchmarks/results/cost_model: at batch 64, cache 256, 12
+    # tokens 313.0 ms against 16 tokens' 312.6, the median of three runs)
     batches: tuple[int, ...] = (1, 4, 8, 16, 64)
     tokens: tuple[int, ...] = (1, 8, 12, 16, 24, 32, 48, 64, 96, 128)
     caches: tuple[int, ...] = (128, 256, 512)

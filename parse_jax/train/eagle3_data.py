@@ -86,12 +86,12 @@ def read_records(path: str | Path, need_response: bool) -> list[dict[str, Any]]:
             prompt_msgs = msgs[:-1] if response is not None else msgs
             if not prompt_msgs:
                 raise InputError(f"{where}: field 'messages' has no message before the assistant's")
-            out.append({"messages": prompt_msgs, "response": response})
+            out.append({"messages": prompt_msgs, "response": response, "where": where})
         elif isinstance(rec.get("prompt"), str):
             response = rec.get("response")
             if response is not None and not isinstance(response, str):
                 raise InputError(f"{where}: field 'response' must be a string, got {type(response).__name__}")
-            out.append({"prompt": rec["prompt"], "response": response})
+            out.append({"prompt": rec["prompt"], "response": response, "where": where})
         else:
             raise InputError(f"{where}: a record needs 'prompt' (a string, with 'response') or 'messages'")
         if need_response and out[-1]["response"] is None:
@@ -104,7 +104,10 @@ def read_records(path: str | Path, need_response: bool) -> list[dict[str, Any]]:
 
 def _prompt_ids(target, rec: dict[str, Any]) -> list[int]:
     if "messages" in rec:
-        text = target.tokenizer.apply_chat_template(rec["messages"], add_generation_prompt=True)
+        try:
+            text = target.tokenizer.apply_chat_template(rec["messages"], add_generation_prompt=True)
+        except InputError as e:  # e.g. a role the target's template does not know: name the record's line
+            raise InputError(f"{rec.get('where', '--data')}: {e}") from None
         return target.tokenizer.encode(text)
     return encode_prompts(target, [rec["prompt"]])[0]
 
@@ -224,6 +227,10 @@ def train_eagle3_data(target, data: str | Path, out: str | Path, spec: Eagle3Spe
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"EAGLE-3 training: out {out} is a file; a training run needs a folder")
+    vocab = target.config.vocab_size
+    if spec.draft_vocab_size > vocab:
+        raise ConfigError(f"draft_vocab_size (--draft-vocab-size) {spec.draft_vocab_size} is above the target's "
+                          f"vocabulary of {vocab}; allowed 0 (the full vocabulary) to {vocab}")
     rows, ids = prepare(target, data, spec, out, regenerate, progress)
     cfg = Eagle3Config.for_target(target.config, taps=data_taps(target.config.num_layers),
                                   draft_vocab=None if ids is None else len(ids))

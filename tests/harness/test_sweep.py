@@ -46,6 +46,11 @@ def test_bad_sweep_values_fail_before_work(param, values, error):
         sweep_configs(BASE, param, values)
 
 
+def test_a_value_the_config_refuses_is_named_as_given():
+    with pytest.raises(ConfigError, match=r"--values for max_prefixes: '0': max_prefixes must be >= 1, got 0"):
+        sweep_configs(BASE, "max_prefixes", ["2", " 0"])
+
+
 def _point(value, acc, accepted, tps=100.0):
     return {"value": value, "accuracy": acc, "accepted_tokens": accepted, "tokens_per_s": tps,
             "speedup_vs_target": tps / 100}

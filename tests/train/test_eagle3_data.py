@@ -65,7 +65,26 @@ def test_bad_records_name_the_line(tmp_path):
     bad.write_text('{"prompt": "a"}\n')
     with pytest.raises(InputError, match="--regenerate"):
         read_records(bad, need_response=True)
-    assert read_records(bad, need_response=False) == [{"prompt": "a", "response": None}]
+    assert read_records(bad, need_response=False) == [{"prompt": "a", "response": None, "where": f"{bad}:1"}]
+
+
+def test_a_record_the_chat_template_refuses_names_its_line_and_a_draft_vocabulary_must_fit(hf_target, tmp_path):
+    """Every bad record names its line, one the target's chat template refuses (a role it does not know) too; a
+    draft vocabulary larger than the target's is refused before any record is read, not silently the full one."""
+    from parse_jax.errors import ConfigError
+
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"prompt": "a", "response": "b"}) + "\n"
+                    + json.dumps({"messages": [{"role": "tool", "content": "x"},
+                                               {"role": "assistant", "content": "y"}]}) + "\n")
+    spec = Eagle3Spec(samples=4, seq_len=24, steps=1, batch_size=2)
+    with pytest.raises(InputError, match=r"chat.jsonl:2: chat template refused the messages: unknown role tool"):
+        train_eagle3_data(hf_target, data, tmp_path / "run", spec)
+    vocab = hf_target.config.vocab_size
+    with pytest.raises(ConfigError, match=rf"--draft-vocab-size\) {vocab + 1} is above the target's vocabulary of "
+                                          rf"{vocab}; allowed 0 \(the full vocabulary\) to {vocab}"):
+        train_eagle3_data(hf_target, data, tmp_path / "run2", Eagle3Spec(draft_vocab_size=vocab + 1))
+    assert not (tmp_path / "run2").exists()
 
 
 def test_responses_as_given_follow_the_prompt(hf_target, data_file, tmp_path):

@@ -50,6 +50,12 @@ def summarize(results: Iterable[dict]) -> dict:
             hits = sum(bool(r[f"correct_{scoring}"]) for r in scored)
             out[f"accuracy_{scoring}"] = hits / len(scored)
             out[f"accuracy_{scoring}_ci95"] = list(wilson(hits, len(scored)))
+    ran: dict[str, int] = {}
+    for r in rows:  # what schedule="auto" ran, in records ("target": plain decoding)
+        if "ran" in r:
+            ran[r["ran"]] = ran.get(r["ran"], 0) + 1
+    if ran:
+        out["schedule_ran"] = dict(sorted(ran.items()))
     drafted = [r["stats"] for r in rows if "num_drafts" in r.get("stats", {})]
     if drafted and sum(s["num_drafts"] for s in drafted):  # sd / eagle3: vLLM's acceptance length
         out["acceptance_length"] = 1 + sum(s["accepted_tokens"] for s in drafted) / sum(s["num_drafts"]
@@ -64,5 +70,8 @@ def format_summary(s: dict) -> str:
     tps = f", {s['tokens_per_s']:.1f} tok/s" if s.get("tokens_per_s") else ""
     lm = "".join(f", {name} {100 * s[f'accuracy_{key}']:.1f}%" for key, name in
                  (("strict", "strict-match"), ("flexible", "flexible-extract")) if f"accuracy_{key}" in s)
+    ran = s.get("schedule_ran")
+    ran = ("; schedule auto ran " + ", ".join(f"{name} for {count}" for name, count in ran.items())
+           + " records (target: plain decoding)") if ran else ""
     return (f"accuracy {100 * s['accuracy']:.1f}% ({s['correct']}/{s['n']}; 95% CI {100 * lo:.1f}-{100 * hi:.1f}%)"
-            f"{lm}, {s['no_answer']} without an answer, {s['new_tokens']} new tokens{tps}")
+            f"{lm}, {s['no_answer']} without an answer, {s['new_tokens']} new tokens{tps}{ran}")

@@ -31,6 +31,7 @@ from parse_jax.harness.eval.extract import (
 from parse_jax.harness.eval.report import format_summary, summarize
 from parse_jax.harness.runs import RunSettings
 from parse_jax.runtime.requests import GenerateResult
+from parse_jax.schedule.auto import option
 from parse_jax.utils.atomic import check_file_writable, write_text
 from parse_jax.utils.validation import SEED_MAX, check_choice, check_int, shorten
 
@@ -193,6 +194,16 @@ REQUEST_STATS = {"accepted_per_request": "accepted_tokens", "prefixes_per_reques
                  "drafts_per_request": "num_drafts"}
 
 
+def ran_per_prompt(stats: dict, n: int) -> list[str] | None:
+    """What `schedule="auto"` ran for each of a call's `n` prompts ("parse-single", "target": plain decoding), from
+    its decisions in prompt order (each says how many prompts it ran); None where nothing was scheduled."""
+    decisions = stats.get("schedule")
+    if not decisions:
+        return None
+    names = [option(d["ran"], d.get("rounds")) for d in decisions for _ in range(int(d.get("rows") or 0))]
+    return names if len(names) == n else None
+
+
 def record_stats(stats: dict, j: int) -> dict:
     """The speculation stats of request `j` of a call's result: its own counts, and its verification passes (the
     passes it was live in, where the result says; else the call's, a batched pass counting once for each row)."""
@@ -294,6 +305,7 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
         t0 = time.perf_counter()
         res = generate(prompts, batch[0].line)
         seconds = time.perf_counter() - t0
+        ran = ran_per_prompt(res.stats, len(batch))
         rows = []
         for j, r in enumerate(batch):
             correct, extracted = grade(r, res.texts[j], task)
@@ -301,6 +313,8 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
                    "extracted": extracted, **lm_eval_scores(r, res.texts[j]), "reference": r.reference,
                    "new_tokens": len(res.tokens[j]), "seconds": seconds / len(batch),
                    "prompt": prompt_text(prompts[j], tokenizer), "output": res.texts[j]}
+            if ran is not None:
+                row["ran"] = ran[j]
             stats = record_stats(res.stats, j)
             if stats:
                 row["stats"] = stats

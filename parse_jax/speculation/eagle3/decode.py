@@ -374,7 +374,9 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
     chain of `gamma`, a tree of depth `gamma` and `gamma + tree` nodes, `tree_width` paths drafted per depth
     (0: `tree_top_k`) and `tree_top_k` children proposed per node, all verified in one target pass
     (docs/design.md, EAGLE-3)."""
-    head.config.check_target(target.config)
+    if not isinstance(head, Eagle3):
+        raise ConfigError(f"head must be an EAGLE-3 head (pj.load_eagle3), got {type(head).__name__}")
+    head = head.for_target(target.config)  # checked, in the target's dtype
     check_tree(tree, temperature, tree_top_k)
     if int(gamma) < 1:
         raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")

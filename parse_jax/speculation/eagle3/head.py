@@ -159,6 +159,18 @@ class Eagle3:
         vocab = f", draft_vocab={c.draft_vocab}" if c.draft_vocab is not None else ""
         return f"Eagle3(hidden={c.layer.hidden_size}, taps={c.taps}{vocab})"
 
+    def for_target(self, target_cfg: ModelConfig) -> Eagle3:
+        """The head as it meets a target: checked against it (`Eagle3Config.check_target`) and in its dtype, as
+        `load_eagle3(path, target)` loads it (a head loaded alone keeps its stored dtype; a bfloat16 target runs it
+        in bfloat16)."""
+        cfg = dataclasses.replace(self.config, layer=self.config.layer.replace(dtype=target_cfg.dtype))
+        cfg.check_target(target_cfg)
+        if cfg == self.config:
+            return self
+        dtype = jnp.dtype(target_cfg.dtype)
+        return Eagle3(cfg, jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                                        self.params))
+
 
 @functools.cache
 def head_module(cfg: Eagle3Config, attention_impl: str) -> Eagle3Head:

@@ -215,3 +215,24 @@ def test_gsm8k_records_carry_both_lm_eval_scorings_the_prompt_and_the_stats(tmp_
     assert [r["prompt"] for r in rows] == list(replies) and [r["output"] for r in rows] == list(replies.values())
     assert rows[0]["stats"] == {"accepted_tokens": 3, "num_drafts": 2, "verify_passes": 2}
     assert s["acceptance_length"] == pytest.approx(1 + 8 / 8)
+
+
+def test_each_record_says_what_the_auto_schedule_ran_and_the_summary_counts_them(data, tmp_path):
+    """A call's decisions, in prompt order, each over its own prompts: every record carries the choice that ran it,
+    and the summary (and its printed line) counts the records of each, over the whole file."""
+    records, _ = load_records(data, TASK)
+
+    def scheduled(prompts, offset):
+        res = _generate(prompts, offset)
+        half = len(prompts) // 2
+        res.stats["schedule"] = [{"ran": "parse", "rounds": "single", "rows": half},
+                                 {"ran": "target", "rounds": None, "rows": len(prompts) - half}]
+        return res
+
+    lines = []
+    summary = run_eval(records, scheduled, _open(tmp_path / "r.jsonl", data), FIXED_2, task=TASK, log=lines.append)
+    assert [r["ran"] for r in _results(tmp_path / "r.jsonl")] == ["parse-single", "target"] * 4
+    assert summary["schedule_ran"] == {"parse-single": 4, "target": 4}
+    assert "schedule auto ran parse-single for 4, target for 4 records (target: plain decoding)" in lines[-1]
+    plain = run_eval(records, _generate, _open(tmp_path / "p.jsonl", data), FIXED_2, task=TASK, log=lambda s: None)
+    assert "schedule_ran" not in plain and all("ran" not in r for r in _results(tmp_path / "p.jsonl"))

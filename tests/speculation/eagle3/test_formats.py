@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -261,3 +262,31 @@ def test_a_head_loads_without_its_target_and_is_checked_when_it_meets_one(tmp_pa
         ParseEngine(wide, None, eagle3=alone)
     with pytest.raises(ConfigError, match="vocab_size: head 103, target 90"):
         eagle3_generate(random_model("qwen3", 0, num_layers=8, vocab_size=90), alone, [[1, 2]], max_new_tokens=2)
+
+
+def test_a_head_loaded_alone_runs_in_its_target_s_dtype(tmp_path):
+    """A head loaded without its target keeps its stored dtype; meeting a bfloat16 target (`--dtype bfloat16`) it
+    runs in bfloat16, as `load_eagle3(path, target)` loads it, not refused as trained for another target. Anything
+    but a head is refused by name, where a head is asked for."""
+    import parse_jax as pj
+    from parse_jax.engine import ParseEngine
+    from parse_jax.models.tokenizer import Tokenizer
+    from parse_jax.tasks import TOKENIZER_DIR
+
+    target = fixture_target()  # with the embedded task's word-level tokenizer (27 ids, inside this vocabulary)
+    bf16 = Model(target.config.replace(dtype="bfloat16"), jax.tree.map(lambda x: x.astype(jnp.bfloat16),
+                                                                       target.params),
+                 Tokenizer.from_folder(TOKENIZER_DIR))
+    alone = pj.load_eagle3(FIXTURES / "speculators")
+    assert alone.config.layer.dtype == "float32"
+    eng = ParseEngine(bf16, None, eagle3=alone)
+    assert eng.eagle3.config == load_eagle3(FIXTURES / "speculators", bf16).config
+    assert {x.dtype for x in jax.tree.leaves(eng.eagle3.params) if jnp.issubdtype(x.dtype, jnp.floating)} == {
+        jnp.dtype(jnp.bfloat16)}
+    res = eagle3_generate(bf16, alone, [[1, 2, 3]], max_new_tokens=4, eos_ids=[])
+    assert len(res.tokens[0]) == 4 and res.stats["num_drafts"] > 0
+    with pytest.raises(ConfigError, match="eagle3 must be an EAGLE-3 head .*got Model"):
+        ParseEngine(bf16, None, eagle3=bf16)
+    with pytest.raises(ConfigError, match="head must be an EAGLE-3 head .*got Model"):
+        pj.export_speculators(bf16, bf16, tmp_path / "spec")
+    assert not (tmp_path / "spec").exists()
