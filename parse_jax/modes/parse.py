@@ -126,17 +126,18 @@ def split_outputs(v: Verified, answer: Draft, remaining: jax.Array, eos_ids, sam
     """What a staged single round's pass returns at its boundary, for the continuation (`continue_single`, or a
     served run's slots): greedy, a row whose next token is EOS is finished here, without taking a continuation row."""
     first = jnp.argmax(v.first_logits, axis=-1).astype(jnp.int32)
-    stop = boundary_stop(v, remaining, eos_ids, sampler)
+    stop = boundary_stop(v.first_logits, remaining, eos_ids, sampler)
     return {"draft": answer.tokens, "remaining": jnp.where(stop, 0, remaining), "stop": stop, "first": first,
             "cache": v.cache, "context": boundary(v), **_round_stats(v, answer.length)}
 
 
-def boundary_stop(v: Verified, remaining: jax.Array, eos_ids, sampler: Sampler) -> jax.Array:
-    """Greedy, the rows with tokens left whose next token, read from the verification pass at the boundary, is EOS:
-    they end there, that token emitted without a continuation pass (not counted as continued)."""
+def boundary_stop(first_logits: jax.Array, remaining: jax.Array, eos_ids, sampler: Sampler) -> jax.Array:
+    """Greedy, the rows with tokens left whose next token, read from the verification pass at the boundary
+    (`first_logits`), is EOS: they end there, that token emitted without a continuation pass (not counted as
+    continued, in parse and sequential, fused or served)."""
     if not sampler.greedy:
         return jnp.zeros(remaining.shape, bool)
-    return is_eos(jnp.argmax(v.first_logits, axis=-1).astype(jnp.int32), eos_ids) & (remaining > 0)
+    return is_eos(jnp.argmax(first_logits, axis=-1).astype(jnp.int32), eos_ids) & (remaining > 0)
 
 
 @functools.cache
@@ -153,7 +154,7 @@ def single_round_program(rnd: SingleRound):
         cont, cont_n, extra = continuation(cont_spec, target_params, head_params, v.cache, boundary(v),
                                            remaining=remaining, eos_ids=eos_ids, args=args.replace(key=rng_continue))
         out = join(answer.tokens, v.accepted, cont, shape.draft_new + shape.num_new)
-        continued = (remaining > 0) & ~boundary_stop(v, remaining, eos_ids, rnd.sampler)
+        continued = (remaining > 0) & ~boundary_stop(v.first_logits, remaining, eos_ids, rnd.sampler)
         return {"tokens": out, "num_new": v.accepted + cont_n, "continued": continued,
                 **_round_stats(v, answer.length), **extra}
 

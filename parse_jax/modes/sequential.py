@@ -16,7 +16,7 @@ from flax import struct
 from parse_jax.models.cache import KVCache
 from parse_jax.models.decoder import Decoder
 from parse_jax.modes.context import ModeContext, PairSpec, parse_result
-from parse_jax.modes.parse import ContinueSpec, continuation
+from parse_jax.modes.parse import ContinueSpec, boundary_stop, continuation
 from parse_jax.modes.verified_slots import serve_verified
 from parse_jax.runtime.decode import prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
@@ -53,7 +53,8 @@ class SegmentState:
 def sequential_verify(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, sampler: Sampler):
     """The traced verification of mode `sequential`: `(target_params, draft_params, prompts, eos_ids, judge, args)
     -> dict` of the draft, the accepted prefix committed in the target's cache (`cache`, `first_logits` after it),
-    `live` (rows with tokens left to write), the per-row counters and `verify_passes`."""
+    `live` (rows with tokens left to write), `stop` (those of them whose next token is EOS: written with no pass),
+    the per-row counters and `verify_passes`."""
     target, draft = Decoder(pair.target, pair.target_impl), Decoder(pair.draft, pair.draft_impl)
     target_cfg = pair.target
 
@@ -116,7 +117,8 @@ def sequential_verify(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, s
         remaining = jnp.where(ends_in_eos(d_tokens, s.accepted, eos_ids) | (max_new <= 0), 0,
                               jnp.maximum(max_new - s.accepted, 0))
         return {"draft": d_tokens, "cache": cache, "first_logits": s.first_logits, "live": remaining > 0,
-                "remaining": remaining, "accepted": s.accepted, "prefixes": count, "draft_len": d_len,
+                "stop": boundary_stop(s.first_logits, remaining, eos_ids, sampler), "remaining": remaining,
+                "accepted": s.accepted, "prefixes": count, "draft_len": d_len,
                 "block_tokens": s.block_tokens + prompt_lens, "verify_passes": s.passes}
 
     return verify
@@ -136,7 +138,7 @@ def sequential_program(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, 
                                            args=args.replace(key=rng_continue))
         out = join(v["draft"], v["accepted"], cont, shape.draft_new + shape.num_new)
         keep = ("accepted", "prefixes", "draft_len", "block_tokens", "verify_passes")
-        return {"tokens": out, "num_new": v["accepted"] + cont_n, "continued": v["live"],
+        return {"tokens": out, "num_new": v["accepted"] + cont_n, "continued": v["live"] & ~v["stop"],
                 **{k: v[k] for k in keep}, **extra}
 
     return register_program(jax.jit(run))

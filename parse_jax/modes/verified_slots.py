@@ -139,7 +139,7 @@ def admit_program(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
                    *(() if drafted is None else (drafted,)))
         rows = boundary_rows(v, adm.max_new, eos_ids, width=width, sampler=sampler,
                              args=args.fold(1).fold(adm.key_data), steps=ahead.slots.steps)
-        continued = v["live"] & ~v["stop"] if "stop" in v else v["live"]  # a stop row emits its EOS here
+        continued = v["live"] & ~v["stop"]  # a stop row emits its EOS here, with no pass
         counters = {"continued": continued, **{k: v[k] for k in (*ROW_STATS, "verify_passes") if k in v}}
         ahead, where = place(ahead, rows)
         return ahead, where, {"tokens": rows.tokens, "num_new": rows.num_new}, counters
@@ -353,9 +353,11 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
 
 
 def served_request_passes(counters: list[tuple[list[int], dict]], num_new, accepted, continued) -> int:
-    """Target passes summed over a served run's requests, as each counts alone: the verification passes of the
-    admission it entered with, then one decode step per token its continuation wrote after the first (which the
-    verification pass's logits gave); a row leaves its slot when it ends, so it sits through no other step."""
+    """Target passes summed over a served run's requests: the verification passes of the admission each entered
+    with (all of them: a sequential admission's rows sit through its longest row's segments, as a fixed batch's
+    do; an admission of single-round parse is one pass, so there this equals each request alone), then one decode
+    step per token its continuation wrote after the first (which the verification pass's logits gave); a row leaves
+    its slot when it ends, so it sits through no other step."""
     verifying = sum(int(got.get("verify_passes", 1)) * len(batch) for batch, got in counters)
     return verifying + int(np.sum(np.where(continued, np.maximum(np.asarray(num_new) - np.asarray(accepted) - 1, 0),
                                            0)))

@@ -8,8 +8,10 @@ seconds to minutes) costs one round of each shape it meets, not every timing of 
 slower than the same one with more rows, more tokens or a longer cache is timed again. Passes of more than
 `max_block_tokens` rows x tokens are not timed (on a CPU they are compute-bound: seconds each); `CostTable` fills
 them in proportion to tokens. The embedded pair's whole profile (`Grid()` for the target, `DRAFTER_GRID` for the
-draft and the head: 210 shapes, 126 of them the target's) is mostly compilation, about a second per shape of the
-8-layer target on an idle 2-core CPU; `pass_costs(measure=True)` runs it once and caches it.
+draft and the head: 210 shapes, 126 of them the target's) is compilation (about a second per shape of the 8-layer
+target on an idle 2-core CPU, less from a warm compile cache) and about 13 timed or warm-up passes per shape (about
+170 s of the target's 378 s on a slow hour: benchmarks/results/profile_pair_default); `pass_costs(measure=True)` runs
+it once and caches it.
 
 Tables are JSON files in `profiles/` next to the persistent compile cache (`profiles_dir`), named by a fingerprint
 of the model (config and param shapes/dtypes), the device kind and count (on a CPU, the processor too:

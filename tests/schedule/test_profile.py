@@ -123,15 +123,15 @@ def test_a_pass_slower_than_a_larger_one_is_timed_again_and_the_lower_figure_kep
     readings = {  # the readings in order, where not the clean one
         (1, 4, 16): [10.0, 1.0],   # slower than more rows and than a longer cache; clean on its second timing
         (2, 4, 16): [10.0, 20.0],  # slower than the longer cache only (no larger batch); its second reading worse
-        (1, 1, 32): [5.0, 1.0],    # slower than more tokens only (4 tokens, 16 slots: 6e-3 s)
-    }
+        (2, 1, 32): [5.0, 1.0],    # 30e-3 s: slower than more tokens only (2 x 4 tokens: 24e-3; no larger batch,
+    }                              # no longer cache)
     calls = _fake_timers(monkeypatch, readings)
     table = profile.profile_model(model, grid)
-    assert calls.count((1, 4, 16)) == calls.count((2, 4, 16)) == calls.count((1, 1, 32)) == 2
+    assert calls.count((1, 4, 16)) == calls.count((2, 4, 16)) == calls.count((2, 1, 32)) == 2
     assert len(calls) == 8 + 3
     assert table.seconds(1, 4, 16) == pytest.approx(1e-3 * 4 * 2)  # the clean second reading
     assert table.seconds(2, 4, 16) == pytest.approx(1e-3 * 8 * 2 * 10)  # the first, lower than the second
-    assert table.seconds(1, 1, 32) == pytest.approx(1e-3 * 3)  # a suspect in tokens: its clean second reading
+    assert table.seconds(2, 1, 32) == pytest.approx(1e-3 * 2 * 3)  # a suspect in tokens: its clean second reading
     assert table.seconds(2, 4, 32) == pytest.approx(1e-3 * 8 * 3)  # timed once
 
 

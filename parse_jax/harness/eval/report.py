@@ -70,8 +70,11 @@ def format_summary(s: dict) -> str:
     tps = f", {s['tokens_per_s']:.1f} tok/s" if s.get("tokens_per_s") else ""
     lm = "".join(f", {name} {100 * s[f'accuracy_{key}']:.1f}%" for key, name in
                  (("strict", "strict-match"), ("flexible", "flexible-extract")) if f"accuracy_{key}" in s)
-    ran = s.get("schedule_ran")
-    ran = ("; schedule auto ran " + ", ".join(f"{name} for {count}" for name, count in ran.items())
-           + " records (target: plain decoding)") if ran else ""
+    ran = ""
+    if s.get("schedule_ran"):
+        told = sum(s["schedule_ran"].values())  # records of an older results file say nothing
+        of = f" (of {s['n']})" if told < s["n"] else ""
+        ran = ("; schedule auto ran " + ", ".join(f"{name} for {count}" for name, count in s["schedule_ran"].items())
+               + f" records{of} (target: plain decoding)")
     return (f"accuracy {100 * s['accuracy']:.1f}% ({s['correct']}/{s['n']}; 95% CI {100 * lo:.1f}-{100 * hi:.1f}%)"
             f"{lm}, {s['no_answer']} without an answer, {s['new_tokens']} new tokens{tps}{ran}")

@@ -373,7 +373,8 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
     distribution (rejection sampling against the head's distribution). `tree` > 0 (greedy only): instead of the
     chain of `gamma`, a tree of depth `gamma` and `gamma + tree` nodes, `tree_width` paths drafted per depth
     (0: `tree_top_k`) and `tree_top_k` children proposed per node, all verified in one target pass
-    (docs/design.md, EAGLE-3)."""
+    (docs/design.md, EAGLE-3). A head loaded without its target runs in the target's dtype, cast on each call:
+    `pj.load_eagle3(path, target)` loads it cast once."""
     if not isinstance(head, Eagle3):
         raise ConfigError(f"head must be an EAGLE-3 head (pj.load_eagle3), got {type(head).__name__}")
     head = head.for_target(target.config)  # checked, in the target's dtype
