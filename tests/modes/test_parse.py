@@ -160,3 +160,20 @@ def test_multi_round_step_metrics_count_every_pass():
     assert sum(s["accepted_score_hist"]) + sum(s["rejected_score_hist"]) == s["num_steps_drafted"]
     assert s["num_steps_drafted"] == sum(s["prefixes_per_request"])
     assert s["accepted_tokens_per_verification"] == pytest.approx(s["accepted_tokens"] / passes)
+
+
+def test_a_row_whose_boundary_token_is_eos_ends_there_not_continued():
+    """Greedy, a row with tokens left whose next token at the accepted boundary is EOS ends at the verification
+    (that token written with no pass): it is not a continued row, in parse and sequential, fused or served. Not one
+    whose budget is spent, nor any row when sampling."""
+    import jax.numpy as jnp
+
+    from parse_jax.modes.parse import boundary_stop
+    from parse_jax.runtime.sampling import Sampler
+
+    logits = jnp.array([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 5.0, 1.0], [0.0, 1.0, 9.0]])  # argmax 1, 0, 1, 2
+    remaining = jnp.array([4, 4, 0, 4])
+    eos = jnp.array([1, 2])
+    stop = boundary_stop(logits, remaining, eos, Sampler(greedy=True))
+    assert stop.tolist() == [True, False, False, True]  # row 2: its budget is spent (not live), not a stop
+    assert not boundary_stop(logits, remaining, eos, Sampler(greedy=False)).any()
