@@ -57,6 +57,7 @@ def test_fused_programs_equal_the_reference_path(segmenter, policy, rounds, batc
             assert got.stats["accepted_tokens"] == expect.stats["accepted_tokens"]
             if rounds == "single":
                 assert got.stats["target_passes"] == expect.stats["target_passes"]
+                assert got.stats["continued_requests"] == expect.stats["continued_requests"]
             else:  # the reference prefills the prompt in a pass of its own; the fused program verifies it with
                 assert got.stats["rounds"] == expect.stats["rounds"]  # the first draft
                 assert got.stats["target_passes"] == expect.stats["target_passes"] - 1

@@ -27,4 +27,6 @@ def test_summary_counts_each_key_once():
     s = summarize(rows)
     assert (s["n"], s["correct"], s["accuracy"], s["no_answer"], s["new_tokens"]) == (2, 1, 0.5, 1, 10)
     assert s["kinds"] == {"task": 1, "gsm8k": 1} and s["tokens_per_s"] == pytest.approx(5.0)
-    assert "1/2" in format_summary(s)
+    assert "1/2" in format_summary(s) and "schedule" not in format_summary(s)
+    rows[1]["ran"] = "target"  # a resumed file: the older records say nothing of what ran them
+    assert "schedule auto ran target for 1 records (of 2)" in format_summary(summarize(rows))
