@@ -50,7 +50,7 @@ from parse_jax.schedule.profile import pass_costs
 from parse_jax.schedule.setup import SetupCosts, ledger, load_setup_costs
 from parse_jax.settings import MODES, Eagle3Settings, Mode, ParseConfig, SpecSettings, check_config  # noqa: F401  (re-exported)
 from parse_jax.speculation.draft_model import check_pair
-from parse_jax.speculation.eagle3 import Eagle3, check_tree
+from parse_jax.speculation.eagle3 import Eagle3, check_head, check_tree
 from parse_jax.tasks import JUDGE_NO, JUDGE_YES, VERIFY_SUFFIX
 from parse_jax.utils.progress import logger
 from parse_jax.utils.validation import (
@@ -111,9 +111,7 @@ class ParseEngine:
             check_pair(target, draft)
         eagle3 = eagle3 if eagle3 is not None else target.eagle3
         if eagle3 is not None:  # a head loaded alone meets its target here: checked, in the target's dtype
-            if not isinstance(eagle3, Eagle3):
-                raise ConfigError(f"eagle3 must be an EAGLE-3 head (pj.load_eagle3), got {type(eagle3).__name__}")
-            eagle3 = eagle3.for_target(target.config)
+            eagle3 = check_head("eagle3", eagle3).for_target(target.config)
         if mesh is not None:  # weights over `model`, requests over `data` (see parse_jax.distributed)
             target = shard_model(target, mesh)
             draft = shard_model(draft, mesh, fallback_replicated=True) if draft is not None else None

@@ -332,11 +332,26 @@ def ran_text(row: dict) -> str:
     return ", ".join(f"{name} x{count}" for name, count in ran_in_repeats(row).items())
 
 
+def decision_name(decision: dict) -> str:
+    """The choice a schedule decision ran, as reports name it ("parse-single"; "target": plain decoding)."""
+    return option(decision["ran"], decision.get("rounds"))
+
+
 def _count_choices(ran: dict, stats: dict) -> None:
     """A call's schedule decisions counted into `ran`, per choice ("parse-single": the rounds the schedule chose)."""
     for choice in stats.get("schedule", []):
-        name = option(choice["ran"], choice.get("rounds"))
+        name = decision_name(choice)
         ran[name] = ran.get(name, 0) + 1
+
+
+def ran_per_prompt(stats: dict, n: int) -> list[str] | None:
+    """What `schedule="auto"` ran for each of a call's `n` prompts, from its decisions in prompt order (each says how
+    many prompts it ran); None where nothing was scheduled."""
+    decisions = stats.get("schedule")
+    if not decisions:
+        return None
+    names = [decision_name(d) for d in decisions for _ in range(int(d.get("rows") or 0))]
+    return names if len(names) == n else None
 
 
 def field_metrics(parts: list[dict]) -> dict:

@@ -6,6 +6,7 @@ which is where quick evals live.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Iterable
 
@@ -50,10 +51,7 @@ def summarize(results: Iterable[dict]) -> dict:
             hits = sum(bool(r[f"correct_{scoring}"]) for r in scored)
             out[f"accuracy_{scoring}"] = hits / len(scored)
             out[f"accuracy_{scoring}_ci95"] = list(wilson(hits, len(scored)))
-    ran: dict[str, int] = {}
-    for r in rows:  # what schedule="auto" ran, in records ("target": plain decoding)
-        if "ran" in r:
-            ran[r["ran"]] = ran.get(r["ran"], 0) + 1
+    ran = collections.Counter(r["ran"] for r in rows if "ran" in r)  # what schedule="auto" ran, in records
     if ran:
         out["schedule_ran"] = dict(sorted(ran.items()))
     drafted = [r["stats"] for r in rows if "num_drafts" in r.get("stats", {})]

@@ -29,9 +29,8 @@ from parse_jax.harness.eval.extract import (
     strict_answer,
 )
 from parse_jax.harness.eval.report import format_summary, summarize
-from parse_jax.harness.runs import RunSettings
+from parse_jax.harness.runs import RunSettings, ran_per_prompt
 from parse_jax.runtime.requests import GenerateResult
-from parse_jax.schedule.auto import option
 from parse_jax.utils.atomic import check_file_writable, write_text
 from parse_jax.utils.validation import SEED_MAX, check_choice, check_int, shorten
 
@@ -192,16 +191,6 @@ def lm_eval_scores(record: Record, text: str) -> dict:
 # per-request speculation counts of a result (GenerationStats' lists) -> the record's `stats` keys
 REQUEST_STATS = {"accepted_per_request": "accepted_tokens", "prefixes_per_request": "steps_drafted",
                  "drafts_per_request": "num_drafts"}
-
-
-def ran_per_prompt(stats: dict, n: int) -> list[str] | None:
-    """What `schedule="auto"` ran for each of a call's `n` prompts ("parse-single", "target": plain decoding), from
-    its decisions in prompt order (each says how many prompts it ran); None where nothing was scheduled."""
-    decisions = stats.get("schedule")
-    if not decisions:
-        return None
-    names = [option(d["ran"], d.get("rounds")) for d in decisions for _ in range(int(d.get("rows") or 0))]
-    return names if len(names) == n else None
 
 
 def record_stats(stats: dict, j: int) -> dict:

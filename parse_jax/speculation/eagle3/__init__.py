@@ -26,6 +26,7 @@ from parse_jax.speculation.eagle3.head import (
     Eagle3Config,
     Eagle3Head,
     abstract_params,
+    check_head,
     default_taps,
     draft_logits,
     embed,
@@ -50,7 +51,7 @@ from parse_jax.speculation.eagle3.tree import (
 
 __all__ = [
     "Eagle3", "Eagle3Config", "Eagle3Head", "EagleContext", "EagleFns", "EagleLoop", "EagleState", "abstract_params",
-    "check_tree", "continue_program", "default_taps", "draft_logits", "eagle3_generate", "eagle3_launch",
+    "check_head", "check_tree", "continue_program", "default_taps", "draft_logits", "eagle3_generate", "eagle3_launch",
     "eagle3_speculate", "Layout", "Tree", "accept_path", "compact_kv", "expand", "expand_spine", "layout",
     "slots_needed",
     "eagle_loop", "eagle_round", "eagle_start", "embed", "first_token", "export_speculators", "generate_program",

@@ -36,6 +36,7 @@ from parse_jax.speculation.eagle3.head import (
     Eagle3,
     Eagle3Config,
     Eagle3Head,
+    check_head,
     draft_logits,
     embed,
     head_module,
@@ -375,9 +376,7 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
     (0: `tree_top_k`) and `tree_top_k` children proposed per node, all verified in one target pass
     (docs/design.md, EAGLE-3). A head loaded without its target runs in the target's dtype, cast on each call:
     `pj.load_eagle3(path, target)` loads it cast once."""
-    if not isinstance(head, Eagle3):
-        raise ConfigError(f"head must be an EAGLE-3 head (pj.load_eagle3), got {type(head).__name__}")
-    head = head.for_target(target.config)  # checked, in the target's dtype
+    head = check_head("head", head).for_target(target.config)  # checked, in the target's dtype
     check_tree(tree, temperature, tree_top_k)
     if int(gamma) < 1:
         raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")

@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from parse_jax.checkpoints.hf import _HF_CLASSES, hf_config_dict, read_safetensors
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import ModelConfig, config_from_hf, read_json_object
-from parse_jax.speculation.eagle3.head import Eagle3, Eagle3Config, abstract_params, check_vocab_map
+from parse_jax.speculation.eagle3.head import Eagle3, Eagle3Config, abstract_params, check_head, check_vocab_map
 from parse_jax.speculation.eagle3.torch_bin import BIN_FILE, read_torch_bin
 from parse_jax.utils.atomic import replacing
 from parse_jax.utils.validation import check_model, check_path
@@ -45,9 +45,7 @@ SPECULATORS_LAYERS = ("llama", "qwen3")  # the decoder layers speculators' Eagle
 def save_eagle3(head: Eagle3, path: str | Path, overwrite: bool = False) -> Path:
     """Write a head as `eagle3.json` + Orbax `params/`, into a temporary folder renamed to `path` once complete
     (with `overwrite`, the new folder replaces the old one whole: nothing else kept in it survives)."""
-    if not isinstance(head, Eagle3):
-        raise ConfigError(f"head must be an EAGLE-3 head (pj.load_eagle3; `parse-jax train-eagle3` trains one), got "
-                          f"{type(head).__name__}")
+    check_head("head", head)
     path = Path(check_path("path", path)).absolute()
     if path.exists() and not overwrite:
         raise CheckpointError(f"{path} already exists; pass overwrite=True to replace it")
@@ -276,9 +274,7 @@ def export_speculators(head: Eagle3, target, out: str | Path, *, verifier: str |
     and renamed, so nothing half-written lands under `out`."""
     import safetensors.numpy
 
-    if not isinstance(head, Eagle3):
-        raise ConfigError(f"head must be an EAGLE-3 head (pj.load_eagle3; `parse-jax train-eagle3` trains one), got "
-                          f"{type(head).__name__}")
+    check_head("head", head)
     check_model("target", target)
     cfg, p = head.config, jax.device_get(head.params)
     cfg.check_target(dataclasses.replace(target.config, dtype=cfg.layer.dtype))

@@ -172,6 +172,14 @@ class Eagle3:
                                         self.params))
 
 
+def check_head(name: str, value) -> Eagle3:
+    """`value` as an EAGLE-3 head: a model, None or a path given where a head is asked for is one clear error."""
+    if not isinstance(value, Eagle3):
+        raise ConfigError(f"{name} must be an EAGLE-3 head (pj.load_eagle3; `parse-jax train-eagle3` trains one), "
+                          f"got {type(value).__name__}")
+    return value
+
+
 @functools.cache
 def head_module(cfg: Eagle3Config, attention_impl: str) -> Eagle3Head:
     return Eagle3Head(cfg.layer, attention_impl, cfg.norm_before_residual, cfg.norm_output)
