@@ -160,6 +160,23 @@ class Eagle3Settings:
         if self.tree_width > self.tree_top_k:
             raise ConfigError(f"eagle3_tree_width must be <= eagle3_tree_top_k ({self.tree_top_k}), got "
                               f"{self.tree_width}")
+        if self.tree > self.max_tree:
+            raise ConfigError(f"eagle3_tree must be <= {self.max_tree}, got {self.tree}: a tree of depth "
+                              f"{self.gamma} (eagle3_gamma) with eagle3_tree_top_k {self.tree_top_k} and "
+                              f"eagle3_tree_width {self.tree_width} proposes {self.tree_candidates} candidates, "
+                              f"{self.gamma} of them its trunk")
+
+    @property
+    def tree_candidates(self) -> int:
+        """Nodes a round's expansion proposes (speculation/eagle3/tree.py): the spine's k per depth at width 1,
+        else k first tokens and w * k at each later depth; the tree keeps the gamma + tree most likely."""
+        k, w = self.tree_top_k, min(self.tree_width or self.tree_top_k, self.tree_top_k)
+        return self.gamma * k if w == 1 else k + (self.gamma - 1) * w * k
+
+    @property
+    def max_tree(self) -> int:
+        """The most nodes beyond the depth that a tree can hold: more would be slots no candidate fills."""
+        return self.tree_candidates - self.gamma
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,10 +326,10 @@ class ParseConfig:
         path = Path(path)
         if path.suffix.lower() == ".json":
             return write_text(path, json.dumps(flat, indent=2, ensure_ascii=False) + "\n")
-        import yaml
+        from parse_jax.utils.yaml_file import write_yaml
 
         return write_text(path, "# PARSE settings (parse_jax.ParseConfig.save); read with ParseConfig.load or "
-                                "--parse-config\n" + yaml.safe_dump(flat, sort_keys=False, allow_unicode=True))
+                                "--parse-config\n" + write_yaml(flat))
 
 
 PARSE_CONFIG_DIR = config_dir() / "parse"

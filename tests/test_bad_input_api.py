@@ -70,6 +70,9 @@ CASES = [
      "eos_ids must be a list of token ids, got '20'"),
     (lambda: generate(TARGET, ["   "], max_new_tokens=2), InputError, "prompt 0 is empty or only whitespace"),
     (lambda: generate(TARGET, ["( 1 \udcff"], max_new_tokens=2), InputError, "prompt 0 is not valid UTF-8 text"),
+    (lambda: generate(TARGET, ["\ud800 ( 1"], max_new_tokens=2), InputError,  # a surrogate no byte escaped
+     "prompt 0 is not valid UTF-8 text (a byte that is not UTF-8 at character 0: '? ( 1')"),
+    (lambda: TARGET.logits([[1, 5, 6], [1, 5]]), InputError, "logits expects rows of equal length"),
     (lambda: _engine().boundaries([-1, 5]), InputError, "draft_ids: token ids outside [0, 27): [-1]"),
     (lambda: _engine().boundaries([5, 999]), InputError, "draft_ids: token ids outside [0, 27): [999]"),
     (lambda: _engine().boundaries("3 + 4 ;"), InputError, "draft_ids must be a list of token ids, got str"),

@@ -176,6 +176,13 @@ def test_save_writes_a_file_load_reads_back_equal(tmp_path, suffix):
     assert ParseConfig.load(out) == ParseConfig(threshold=0.7)
 
 
+@pytest.mark.parametrize("text", ["1e3", "2E5", "1e+3", "-1e3", ".5e-1"])
+def test_strings_that_read_as_exponent_floats_are_saved_quoted(tmp_path, text):
+    """YAML 1.2 (what load reads) takes 1e3 for a float; PyYAML's dumper, following YAML 1.1, leaves it bare."""
+    cfg = ParseConfig(judge_no=text, delimiter=(text, ";"))
+    assert ParseConfig.load(cfg.save(tmp_path / "pc.yaml")) == cfg
+
+
 def test_load_reads_exponent_floats_as_yaml_1_2_does(tmp_path):
     f = tmp_path / "pc.yaml"
     f.write_text("threshold: 1e-1\nmax_prefixes: 3\n")

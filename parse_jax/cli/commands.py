@@ -232,7 +232,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ResultsFile.check(args.out, header)  # another run's file, a folder, an unwritable place: before loading
     target, draft = models_from_args(args, need_draft=needs_draft([mode]))
     eos = eos_ids_from_args(args, target)
-    runner = mode_runner(target, draft, cfg, mode, temperature=args.temperature, eos_ids=eos)
+    runner = mode_runner(target, draft, cfg, mode, temperature=args.temperature, eos_ids=eos, honour_rounds=True)
     from parse_jax.harness.eval.results import PromptFormat, check_records
     from parse_jax.harness.runs import RunSettings
 

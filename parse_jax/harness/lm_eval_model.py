@@ -164,7 +164,8 @@ class ParseJaxLM(LM):
             from parse_jax.harness.runs import mode_runner
 
             eos = None if not stop_ids else sorted({*self.eos_ids, *stop_ids})
-            self._runners[stop_ids] = mode_runner(self.target, self.draft, self.config, self.mode, eos_ids=eos)
+            self._runners[stop_ids] = mode_runner(self.target, self.draft, self.config, self.mode, eos_ids=eos,
+                                                  honour_rounds=True)
         return self._runners[stop_ids]
 
     def _generate(self, prompts: list[str], max_new: int, until: tuple[str, ...]) -> list[str]:

@@ -54,12 +54,17 @@ def check_modes(modes: Sequence[str]) -> list[str]:
 
 
 
-def mode_config(config: ParseConfig, mode: str) -> tuple[ParseConfig, str]:
+def mode_config(config: ParseConfig, mode: str, *, honour_rounds: bool = False) -> tuple[ParseConfig, str]:
     """(config, engine mode) a bench mode runs with: a mode's `multi_label` (parse-multi) is that mode with
-    rounds="multi"; a mode that honours rounds, by its own name, is single round; the rest run as they are."""
+    rounds="multi"; a mode that honours rounds, by its own name, is single round (so that `parse` and `parse-multi`
+    side by side in a bench are the two), unless `honour_rounds` (eval, `pj.evaluate`, lm-eval: one mode, whose
+    config's rounds, where set to "single" or "multi", are never overridden); the rest run as they are."""
     for spec in MODE_TABLE.values():
         if spec.honours_rounds and mode in spec.bench_labels:
-            return dataclasses.replace(config, rounds="multi" if mode == spec.multi_label else "single"), spec.name
+            rounds = "multi" if mode == spec.multi_label else "single"
+            if honour_rounds and mode == spec.name and config.rounds != "auto":
+                rounds = config.rounds
+            return dataclasses.replace(config, rounds=rounds), spec.name
     return config, mode
 
 
@@ -87,7 +92,7 @@ class ModeRunner:
 
 
 def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperature: float = 0.0,
-                eos_ids: Sequence[int] | None = None) -> ModeRunner:
+                eos_ids: Sequence[int] | None = None, *, honour_rounds: bool = False) -> ModeRunner:
     """A callable that generates with `mode` (a bench mode); `draft` may be None for the modes that need none
     (target, eagle3). `eos_ids`: the stop ids (default: the model's own)."""
     check_modes([mode])
@@ -105,7 +110,7 @@ def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperatur
 
         return ModeRunner(lambda prompts, max_new, seed, max_batch=None: alone(
             model, prompts, max_new, seed, max_batch, temperature=temperature, **extra), check_alone)
-    cfg, engine_mode = mode_config(config or ParseConfig(), mode)
+    cfg, engine_mode = mode_config(config or ParseConfig(), mode, honour_rounds=honour_rounds)
     if draft is None and MODE_TABLE[engine_mode].needs_draft:
         raise ConfigError(f"mode {mode!r} needs a draft model")
     eng = ParseEngine(target, draft, cfg)

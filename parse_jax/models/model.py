@@ -101,7 +101,11 @@ class Model:
 
     def logits(self, ids) -> np.ndarray:
         """Plain causal forward from position 0: int [B, T] -> float32 [B, T, V]."""
-        ids = np.asarray(ids)
+        try:
+            ids = np.asarray(ids)
+        except ValueError:  # numpy refuses a ragged list
+            raise InputError("logits expects rows of equal length (an int array [B, T]); pad them or call it per "
+                             "row") from None
         if ids.ndim == 1:
             ids = ids[None, :]
         if ids.ndim != 2 or ids.shape[1] == 0:

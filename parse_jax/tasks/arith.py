@@ -263,6 +263,8 @@ class Task:
 
     def grade(self, prompt: str, text: str) -> bool:
         """True iff the final answer of `text` (see `final_answer`) is the value of `prompt`'s expression."""
+        if not isinstance(text, str):
+            raise InputError(f"grade: text must be a string (the model's output), got {type(text).__name__}")
         return self.final_answer(text) == str(self.parse(prompt).value)
 
     def _parse_step(self, step: str) -> tuple[int, str, int, int] | None:

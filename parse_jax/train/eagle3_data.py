@@ -43,7 +43,7 @@ from parse_jax.train.forward import train_forward
 from parse_jax.train.recipe import Eagle3Spec
 from parse_jax.train.trainer import PhaseOptions, train_phase
 from parse_jax.utils.atomic import write_json
-from parse_jax.utils.progress import bar
+from parse_jax.utils.progress import bar, logger
 
 DATA_FILE = "data.json"
 REGENERATE_BATCH = 32
@@ -119,7 +119,8 @@ def encode_rows(target, records: list[dict[str, Any]], spec: Eagle3Spec, regener
     if target.tokenizer is None:
         raise ConfigError("train-eagle3 --data needs a target with a tokenizer (an HF folder with tokenizer.json)")
     eos = target.tokenizer.eos_id
-    prompts = [_prompt_ids(target, r)[: spec.seq_len - 1] for r in records]
+    full_prompts = [_prompt_ids(target, r) for r in records]
+    prompts = [p[: spec.seq_len - 1] for p in full_prompts]
     if regenerate:
         from parse_jax.runtime.decode import generate
 
@@ -133,13 +134,33 @@ def encode_rows(target, records: list[dict[str, Any]], spec: Eagle3Spec, regener
     else:
         responses = [target.tokenizer.encode(r["response"]) for r in records]
     rows = np.full((len(records), spec.seq_len + 2), PAD_ID, np.int32)
+    lengths = []  # each record's whole length: prompt, response, EOS
     for i, (p, r) in enumerate(zip(prompts, responses)):
+        whole = full_prompts[i] + list(r) + ([eos] if eos is not None else [])
+        lengths.append(len(whole))
         row = (p + list(r) + ([eos] if eos is not None else []))[: spec.seq_len]
         rows[i, : len(row)] = row
         rows[i, -2], rows[i, -1] = len(p), len(row)
     if int((rows[:, -1] - rows[:, -2]).sum()) <= 0:
-        raise InputError("--data: no response token fits in --seq-len after the prompts; raise --seq-len")
+        raise InputError(f"--data: no response token fits in --seq-len {spec.seq_len} after the prompts (the longest "
+                         f"record has {max(lengths)} tokens); raise --seq-len")
+    report_cut_rows(records, lengths, rows, spec.seq_len)
     return rows
+
+
+def report_cut_rows(records: list[dict[str, Any]], lengths: list[int], rows: np.ndarray, seq_len: int) -> None:
+    """Warn, naming --seq-len, when records are longer than a row: their tokens past it are not trained on (rows
+    are cut at the end, as speculators' and the EAGLE-3 recipes' max length cuts them). Silent cuts trained heads
+    on system prompts alone."""
+    cut = [i for i, n in enumerate(lengths) if n > seq_len]
+    if not cut:
+        return
+    longest = max(cut, key=lambda i: lengths[i])
+    empty = int(((rows[:, -1] - rows[:, -2]) <= 0).sum())
+    logger.warning(f"--seq-len {seq_len} cuts {len(cut)} of {len(records)} records (the longest, "
+                   f"{records[longest].get('where', 'a record')}, has {lengths[longest]} tokens"
+                   + (f"; {empty} keep no response token" if empty else "")
+                   + f"): their tokens past {seq_len} are not trained on; --seq-len {max(lengths)} fits them all")
 
 
 def draft_vocabulary(rows: np.ndarray, size: int, vocab_size: int) -> np.ndarray:

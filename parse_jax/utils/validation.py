@@ -121,10 +121,17 @@ def check_text(name: str, value, error: type[ParseJaxError] = InputError) -> str
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
+        shown = value.encode("utf-8", "surrogateescape" if _escaped_bytes(value) else "replace")
         raise error(f"{name} is not valid UTF-8 text (a byte that is not UTF-8 at character {e.start}: "
-                    f"{shorten(value.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace'), 60)!r})"
-                    ) from None
+                    f"{shorten(shown.decode('utf-8', 'replace'), 60)!r})") from None
     return value
+
+
+def _escaped_bytes(value: str) -> bool:
+    """Whether every lone surrogate in `value` is an escaped byte (U+DC80..U+DCFF: a command-line byte that is not
+    UTF-8), which `surrogateescape` turns back into that byte; any other surrogate (U+D800.., from Python code) it
+    cannot encode."""
+    return all(0xDC80 <= ord(c) <= 0xDCFF for c in value if 0xD800 <= ord(c) <= 0xDFFF)
 
 
 def check_model(name: str, value, error: type[ParseJaxError] = ConfigError) -> None:

@@ -5,6 +5,9 @@ file means what it says.
   which wants a dot and a signed exponent and reads `1e-1` as the string "1e-1".
 - A key given twice in one mapping is an error naming the key and its line (PyYAML keeps the last one, silently).
 
+`write_yaml` writes what `read_yaml` reads back equal (it quotes the strings that the first change would read as
+floats).
+
 Errors are one line (ConfigError) naming `where`: the file, the flag or the text it came from. Nothing here imports
 jax; PyYAML is imported when a text is read.
 """
@@ -69,6 +72,22 @@ def read_yaml(text: str, where: str) -> Any:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(f"{where} is not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+
+
+def write_yaml(data: Any) -> str:
+    """`data` as YAML that `read_yaml` reads back equal: PyYAML's safe dumper, except that a string YAML 1.2 reads
+    as a float (`1e3`: PyYAML, following YAML 1.1, leaves it unquoted) is quoted."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> Any:
+        style = "'" if _EXP_FLOAT.match(value) else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True)
 
 
 def read_yaml_scalar(text: str) -> Any:

@@ -126,8 +126,15 @@ def test_modes_follow_the_engine():
     assert check_modes(["all"]) == list(BENCH_MODES)
     assert check_modes(["parse", "target", "parse"]) == ["parse", "target"]
     cfg = ParseConfig(rounds="multi")
-    assert mode_config(cfg, "parse") == (ParseConfig(rounds="single"), "parse")
+    single = ParseConfig(rounds="single")
+    assert mode_config(cfg, "parse") == (single, "parse")  # bench: the label names the rounds
     assert mode_config(ParseConfig(), "parse-multi") == (cfg, "parse")
+    assert mode_config(single, "parse-multi") == (cfg, "parse")
+    # eval's one mode: rounds set in the config are honoured, "auto" is the label's single round
+    assert mode_config(cfg, "parse", honour_rounds=True) == (cfg, "parse")
+    assert mode_config(cfg, "parse+eagle3", honour_rounds=True) == (cfg, "parse+eagle3")
+    assert mode_config(ParseConfig(), "parse", honour_rounds=True) == (single, "parse")
+    assert mode_config(single, "parse-multi", honour_rounds=True) == (cfg, "parse")
     assert mode_config(cfg, "sd") == (cfg, "sd")
 
 

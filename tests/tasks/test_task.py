@@ -174,6 +174,8 @@ def test_grade_garbage():
     assert task.grade_steps(p, "") == []
     assert task.grade_steps(p, "3 + 4 = 7 ; ; 5 - 2 = 3 ;") == [True, False, True]
     assert task.grade_steps(p, "3 + 4 = 7 ; 5 - 2") == [True, False]  # truncated step
+    with pytest.raises(InputError, match="grade: text must be a string"):
+        task.grade(p, None)
     with pytest.raises(InputError):
         task.grade("3 + 4 =", "answer 7")
     with pytest.raises(InputError):

@@ -103,6 +103,31 @@ def test_responses_as_given_follow_the_prompt(hf_target, data_file, tmp_path):
     assert rows[0, : rows[0, -2]].tolist() == prompt
 
 
+def test_records_longer_than_a_row_are_reported_naming_seq_len(hf_target, data_file, tmp_path, caplog):
+    """Rows are cut at --seq-len as speculators cuts them, but never silently: a warning names the flag, how many
+    records it cuts, the longest (its line and length) and the length that fits them all; none when all fit."""
+    from parse_jax.train.eagle3_data import prepare
+
+    records = read_records(data_file, True)[:6]
+    with caplog.at_level("WARNING", logger="parse_jax"):
+        prepare(hf_target, data_file, Eagle3Spec(samples=6, seq_len=200, draft_vocab_size=0), tmp_path / "a",
+                False, False)
+    assert not [r for r in caplog.records if "--seq-len" in r.getMessage()]
+    rows, _ = prepare(hf_target, data_file, Eagle3Spec(samples=6, seq_len=200, draft_vocab_size=0), tmp_path / "b",
+                      False, False)
+    lengths = rows[:, -1].tolist()  # at 200 nothing is cut: the rows are the records' whole lengths
+    short = sorted(lengths)[2]  # cuts the three or more records longer than this
+    cut = sum(n > short for n in lengths)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="parse_jax"):
+        prepare(hf_target, data_file, Eagle3Spec(samples=6, seq_len=short, draft_vocab_size=0), tmp_path / "c",
+                False, False)
+    (msg,) = [r.getMessage() for r in caplog.records if "--seq-len" in r.getMessage()]
+    longest = records[int(np.argmax(lengths))]["where"]
+    assert f"--seq-len {short} cuts {cut} of 6 records" in msg and longest in msg
+    assert f"has {max(lengths)} tokens" in msg and f"--seq-len {max(lengths)} fits them all" in msg
+
+
 def test_training_lowers_the_loss_resumes_and_the_head_loads(hf_target, data_file, tmp_path):
     class Crash(Exception):
         pass

@@ -102,7 +102,8 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
                            eos_ids=eos_ids, progress=progress, batching=batching)
     task = task if task is not None else load_task()
     records = as_records(records, task, limit)
-    runner = mode_runner(target, draft, config, mode, temperature=settings.temperature, eos_ids=settings.eos_ids)
+    runner = mode_runner(target, draft, config, mode, temperature=settings.temperature, eos_ids=settings.eos_ids,
+                         honour_rounds=True)
     prompt_format = PromptFormat(chat, instruction, template_kwargs)
     records, _ = check_records(records, runner.check, settings, tokenizer=target.tokenizer,
                                prompt_format=prompt_format)

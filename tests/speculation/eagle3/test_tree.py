@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from pallas_kernels.mask import visible
+from parse_jax.errors import ConfigError
 from parse_jax.models.decoder import causal_metadata
 from parse_jax.runtime.decode import generate
+from parse_jax.settings import Eagle3Settings
 from parse_jax.speculation.eagle3 import (
     Tree,
     accept_path,
@@ -280,7 +282,7 @@ def test_compaction_moves_only_rows_whose_path_left_the_trunk():
         np.testing.assert_array_equal(a[1][:, keep], b[1][:, keep])
 
 
-@pytest.mark.parametrize("family,tree,k,width", [("qwen2", 4, 2, 0), ("qwen3", 8, 3, 0), ("llama3", 3, 1, 0),
+@pytest.mark.parametrize("family,tree,k,width", [("qwen2", 4, 2, 0), ("qwen3", 8, 3, 0), ("llama3", 3, 2, 1),
                                                  ("qwen3", 4, 3, 1), ("llama3", 6, 4, 2)])
 def test_tree_drafting_is_token_identical(family, tree, k, width):
     target = random_model(family, 60, vocab_size=6)
@@ -297,6 +299,20 @@ def test_tree_drafting_is_token_identical(family, tree, k, width):
     if k > 1:  # a tree accepts more per pass than the chain of its depth (a 6-token vocabulary: often)
         assert (res.stats["accepted_tokens"] / res.stats["num_drafts"]
                 > chain.stats["accepted_tokens"] / chain.stats["num_drafts"])
+
+
+def test_a_tree_larger_than_its_candidates_is_refused():
+    """Slots no candidate can fill would be verified every pass for nothing (depth 3, top-k 2, width 2: 2 + 2 * 4 =
+    10 candidates, 3 of them the trunk; one path wide, 3 * 2; top-k 1 is a chain)."""
+    assert Eagle3Settings(gamma=3, tree=7, tree_top_k=2).max_tree == 7
+    assert Eagle3Settings(gamma=3, tree=3, tree_top_k=2, tree_width=1).max_tree == 3
+    with pytest.raises(ConfigError, match=r"eagle3_tree must be <= 7, got 8: a tree of depth 3 \(eagle3_gamma\) "
+                                          r"with eagle3_tree_top_k 2 and eagle3_tree_width 0 proposes 10 candidates"):
+        Eagle3Settings(gamma=3, tree=8, tree_top_k=2)
+    with pytest.raises(ConfigError, match="eagle3_tree must be <= 0, got 2"):
+        Eagle3Settings(gamma=3, tree=2, tree_top_k=1)
+    with pytest.raises(ConfigError, match="eagle3_tree must be <= 3, got 4"):
+        Eagle3Settings(gamma=3, tree=4, tree_top_k=2, tree_width=1)
 
 
 def test_trees_on_the_embedded_pair_are_token_identical_and_take_side_paths():
