@@ -237,7 +237,8 @@ def run_task(args: argparse.Namespace, target=None):
                          "or fewer")
     if target is None:
         return None
-    return DataTask(args.data, records, target.tokenizer, task, args.chat, args.instruction, template_kwargs(args))
+    return DataTask(args.data, records, target.tokenizer, task, args.chat, args.instruction, template_kwargs(args),
+                    on_bad_line=args.on_bad_line)
 
 
 

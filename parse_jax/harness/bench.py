@@ -31,6 +31,7 @@ from parse_jax.harness.runs import (
     mode_runner,
     ran_text,
     recorded_settings,
+    runnable_problems,
     sampling_text,
     write_json,
     write_text,
@@ -56,21 +57,29 @@ def run_bench(eng: ParseEngine, task, settings: RunSettings = BENCH_SETTINGS, *,
         modes = ["target", *modes]  # the baseline every speed-up is measured against
     problems = task.problems(settings.n, settings.seed)
     runners, skipped = {}, {}
-    probe = tqdm(modes, desc="checking which modes run (one short call each)", unit="mode",
-                 disable=not (settings.progress and skip_unavailable))
-    for m in probe:
-        probe.set_postfix_str(m)
+
+    def skip(m: str, e: ConfigError) -> None:
+        if not skip_unavailable or m == "target":
+            raise e
+        runners.pop(m, None)
+        skipped[m] = str(e)
+        logger.warning(f"skipping mode {m}: {e}")
+
+    for m in modes:
         try:
             runners[m] = mode_runner(eng.target, eng.draft, eng.config, m, temperature=settings.temperature,
                                      eos_ids=settings.eos_ids)
-            if skip_unavailable and m != "target":
-                runners[m]([problems[0][0]], 1, settings.seed, None)
         except ConfigError as e:
-            if not skip_unavailable or m == "target":
-                raise
-            runners.pop(m, None)
-            skipped[m] = str(e)
-            logger.warning(f"skipping mode {m}: {e}")
+            skip(m, e)
+    task, problems, settings = runnable_problems(task, runners, problems, settings)  # --data records, up front
+    probe = tqdm([m for m in runners if m != "target"], desc="checking which modes run (one short call each)",
+                 unit="mode", disable=not (settings.progress and skip_unavailable))
+    for m in probe if skip_unavailable else ():
+        probe.set_postfix_str(m)
+        try:
+            runners[m]([problems[0][0]], 1, settings.seed, None)
+        except ConfigError as e:
+            skip(m, e)
     rows = measure(runners, task, problems, settings)
     recorded = recorded_settings(settings, task)
     config = {**recorded, "parse_config": dataclasses.asdict(eng.config), "models": models}

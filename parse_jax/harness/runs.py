@@ -10,6 +10,7 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -118,6 +119,19 @@ def mode_runner(target, draft, config: ParseConfig | None, mode: str, temperatur
         prompts, mode=engine_mode, max_new_tokens=max_new, temperature=temperature, seed=seed, max_batch=max_batch,
         **extra), lambda prompts, max_new, seed: eng.request(prompts, engine_mode, max_new, temperature, seed, 0, 1.0,
                                                               eos_ids), eng.job)
+
+
+def runnable_problems(task, runners: dict, problems: list, settings: RunSettings) -> tuple[Any, list, RunSettings]:
+    """(task, problems, settings) with the --data records some runner's check refuses handled before any run (a
+    `DataTask.runnable`: refused, or skipped with a warning and `n` lowered to what is left); the embedded task's
+    problems as they are."""
+    if not hasattr(task, "runnable"):
+        return task, problems, settings
+    kept = task.runnable([r.check for r in runners.values()], settings)
+    if kept is task:
+        return task, problems, settings
+    settings = dataclasses.replace(settings, n=min(settings.n, len(kept)))
+    return kept, kept.problems(settings.n, settings.seed), settings
 
 
 def alone(model, prompts: list, max_new: int, seed: int, max_batch: int | None, *, temperature: float,

@@ -28,6 +28,7 @@ from parse_jax.harness.runs import (
     mode_runner,
     ran_text,
     recorded_settings,
+    runnable_problems,
     sampling_text,
     write_json,
     write_text,
@@ -111,6 +112,7 @@ def run_sweep(eng: ParseEngine | SweepBase, task, param: str, values: Sequence[s
         runners[f"{param}={label}"] = mode_runner(target, draft, cfg, mode, **sampling)
     split = getattr(task, "split", split)
     problems = task.problems(settings.n, settings.seed, split=split)
+    task, problems, settings = runnable_problems(task, runners, problems, settings)
     rows = measure(runners, task, problems, settings)
     recorded = {"param": param, "values": [label for label, _, _ in configs], "mode": mode,
                 **recorded_settings(settings, task, split)}

@@ -301,6 +301,23 @@ def test_eval_skips_a_record_too_long_for_the_models(work, pair_dir, capsys, tmp
     assert [b["line"] for b in summary["bad_lines"]] == [2]
 
 
+def test_bench_checks_data_records_up_front_and_skips_them_when_asked(work, pair_dir, capsys, tmp_path):
+    """bench --data checks every record against its modes before any run, as eval does: a record longer than the
+    positions is refused by its line (nothing written), and --on-bad-line skip leaves it out with a warning."""
+    args = ["bench", "--pair", str(pair_dir), "--data", str(work / "long.jsonl"), "--modes", "target",
+            "--max-new-tokens", "4", "--repeats", "1", "--no-progress"]
+    rc = main([*args, "--json", str(tmp_path / "a.json")])
+    _, err = capsys.readouterr()
+    assert rc == 2 and "1 record(s) cannot be run: line 2: the record has" in err and "--on-bad-line skip" in err
+    assert not (tmp_path / "a.json").exists()
+    rc = main([*args, "--on-bad-line", "skip", "--json", str(tmp_path / "b.json")])
+    _, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "skipping line 2: the record has" in err
+    res = json.loads((tmp_path / "b.json").read_text())
+    assert res["n"] == 1 and "target" in res["modes"]  # the record that fits, alone
+
+
 def test_a_rerun_starts_over_a_header_only_results_file(work, pair_dir, capsys, tmp_path):
     """A results file holding only a header (a run that stopped before its first record) does not block the
     corrected rerun, whatever settings or data it was started with; one holding records still does."""

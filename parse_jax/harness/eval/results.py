@@ -9,6 +9,7 @@ error, not a silent mix; a torn last line (a write cut by a kill) is dropped and
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -340,9 +341,12 @@ class DataTask:
     split = "data"
 
     def __init__(self, path: str | Path, records: Sequence[Record], tokenizer, task=None, chat: str = "auto",
-                 instruction: str = DEFAULT_INSTRUCTION, template_kwargs: dict | None = None) -> None:
+                 instruction: str = DEFAULT_INSTRUCTION, template_kwargs: dict | None = None, *,
+                 on_bad_line: str = "error") -> None:
         from parse_jax.harness.eval.data import file_sha256
 
+        check_choice("on_bad_line", on_bad_line, ON_BAD_LINE, error=InputError)
+        self.on_bad_line = on_bad_line
         self.data, self.data_sha256 = str(path), file_sha256(path)
         self.name = f"data:{Path(path).name}"
         self.records, self.task = list(records), task
@@ -351,6 +355,36 @@ class DataTask:
 
     def __len__(self) -> int:
         return len(self.records)
+
+    def runnable(self, checks: Sequence[Callable[[list, int, int], None]], settings: RunSettings) -> DataTask:
+        """This task less the records that a mode's check refuses (`ModeRunner.check`: the record against the
+        models' positions, its tokens), before anything runs, as eval checks them: `on_bad_line="error"` refuses
+        them, naming their lines; "skip" names them in a warning and leaves them out."""
+        from parse_jax.utils.progress import logger
+
+        bad: dict[int, BadLine] = {}
+        for check in checks:
+            for r, x in zip(self.records, self.inputs):
+                if r.line in bad:
+                    continue
+                try:
+                    check([x], settings.max_new_tokens, settings.seed)
+                except InputError as e:
+                    bad[r.line] = BadLine(r.line, shorten(re.sub(r"^prompt 0\b", "the record", str(e)), 300))
+        if not bad:
+            return self
+        shown = sorted(bad.values(), key=lambda b: b.line)
+        if self.on_bad_line == "error" or len(bad) == len(self.records):
+            listed = "; ".join(str(b) for b in shown[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+            more = " (--on-bad-line skip to skip them)" if self.on_bad_line == "error" else ""
+            raise InputError(f"{self.data}: {len(bad)} record(s) cannot be run: {listed}{more}")
+        for b in shown:
+            logger.warning(f"skipping {b}")
+        kept = copy.copy(self)
+        keep = [i for i, r in enumerate(self.records) if r.line not in bad]
+        kept.records = [self.records[i] for i in keep]
+        kept.inputs = [self.inputs[i] for i in keep]
+        return kept
 
     def problems(self, n: int, seed: int = 0, split: str = "data") -> list[tuple]:
         check_int("n", n, 1, error=InputError)
