@@ -317,9 +317,10 @@ class ParseConfig:
         fields.update(read_settings(overrides, "overrides"))
         return cls.from_flat(**fields)
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, *, comment: str | None = None) -> Path:
         """Write every setting (flat names) to `path`, YAML unless it ends in .json, atomically (the old file stays
-        whole until the new one is complete); `ParseConfig.load(path)` reads back an equal config."""
+        whole until the new one is complete); `ParseConfig.load(path)` reads back an equal config. `comment`: a
+        line of YAML comment after the header (how the file came about); JSON has no comments and ignores it."""
         from parse_jax.utils.atomic import write_text
 
         flat = {k: list(v) if isinstance(v, tuple) else v for k, v in self.flat().items()}
@@ -328,8 +329,9 @@ class ParseConfig:
             return write_text(path, json.dumps(flat, indent=2, ensure_ascii=False) + "\n")
         from parse_jax.utils.yaml_file import write_yaml
 
+        note = "".join(f"# {line}\n" for line in (comment or "").splitlines())
         return write_text(path, "# PARSE settings (parse_jax.ParseConfig.save); read with ParseConfig.load or "
-                                "--parse-config\n" + write_yaml(flat))
+                                "--parse-config\n" + note + write_yaml(flat))
 
 
 PARSE_CONFIG_DIR = config_dir() / "parse"

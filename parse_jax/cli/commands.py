@@ -153,6 +153,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from parse_jax.engine import ParseEngine
+    from parse_jax.harness.runs import mode_config
     from parse_jax.harness.sweep import CALIBRATED_CONFIG, calibrate, write_sweep
     from parse_jax.utils.atomic import check_writable
 
@@ -190,7 +191,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 1
     print(f"threshold: {chosen['threshold']:g}")
     # the calibrated settings, for every command (--parse-config) and ParseConfig.load
-    path = dataclasses.replace(cfg, threshold=chosen["threshold"]).save(Path(args.out) / CALIBRATED_CONFIG)
+    rounds = mode_config(cfg, args.mode)[0].rounds
+    how = (f"threshold {chosen['threshold']:g}: chosen by parse-jax calibrate on {res['n']} dev problems with mode "
+           f"{args.mode} ({rounds} round, schedule fixed, batch {res['batch_size']});\nthe other settings are "
+           f"as given (schedule {cfg.schedule}, rounds {cfg.rounds})")
+    path = dataclasses.replace(cfg, threshold=chosen["threshold"]).save(Path(args.out) / CALIBRATED_CONFIG,
+                                                                        comment=how)
     print(f"wrote {path}: run with --parse-config {path}")
     return 0
 

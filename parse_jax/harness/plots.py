@@ -177,10 +177,17 @@ def acceptance_figures(rows: dict) -> dict[str, Figure]:
     return figs
 
 
+BENCH_PLOTS = ("bench_throughput", "bench_accuracy", "bench_acceptance", "bench_rejected_step")
+
+
 def bench_plots(result: dict, folder: Path) -> list[Path]:
     """bench_throughput.png (tokens/s, speed-up, the draft-alone ceiling), bench_accuracy.png and, for the modes
-    that report them, bench_acceptance.png (per draft position) and bench_rejected_step.png (PARSE)."""
-    return [_save(fig, Path(folder) / f"{name}.png") for name, fig in bench_figures(result).items()]
+    that report them, bench_acceptance.png (per draft position) and bench_rejected_step.png (PARSE). A bench plot
+    of an earlier run that this result has none of is removed, so the folder never shows another run's figure."""
+    figs = bench_figures(result)
+    for name in set(BENCH_PLOTS) - set(figs):
+        (Path(folder) / f"{name}.png").unlink(missing_ok=True)
+    return [_save(fig, Path(folder) / f"{name}.png") for name, fig in figs.items()]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:

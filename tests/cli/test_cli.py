@@ -131,6 +131,10 @@ def test_calibrate_writes_its_settings_with_the_threshold_it_chose(pair_dir, tmp
     cfg = ParseConfig.load(out / "parse_config.yaml")
     assert cfg.threshold == chosen and cfg.prefix_choice == "auto"
     assert f"--parse-config {out / 'parse_config.yaml'}" in stdout
+    head = (out / "parse_config.yaml").read_text().splitlines()[:3]  # how the threshold was chosen
+    assert head[1] == (f"# threshold {chosen:g}: chosen by parse-jax calibrate on 4 dev problems with mode parse "
+                       "(single round, schedule fixed, batch 4);")
+    assert head[2] == "# the other settings are as given (schedule auto, rounds auto)"
 
 
 def test_new_commands_fail_early_with_one_line(pair_dir, tmp_path, capsys):

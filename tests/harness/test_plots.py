@@ -182,3 +182,13 @@ def test_plots_are_written(tmp_path):
     del without_draft["modes"]["draft"]
     assert len(bench_figures(without_draft)["bench_throughput"].axes) == 2
     plt.close("all")
+
+
+def test_a_rerun_removes_the_plots_it_has_none_of(tmp_path):
+    """Another run's acceptance plot does not stay beside a bench that ran no token-level speculation; files that
+    are not bench plots stay."""
+    for name in ("bench_acceptance.png", "bench_rejected_step.png", "notes.png"):
+        (tmp_path / name).write_bytes(b"old")
+    bench_plots(bench_result(0), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench_accuracy.png", "bench_throughput.png", "notes.png"]
+    plt.close("all")
