@@ -44,7 +44,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_text(f"prompt {i}", p)
     from parse_jax.modes.table import MODE_TABLE
 
-    target, draft = models_from_args(args, need_draft=MODE_TABLE[mode].needs_draft)
+    target, draft = models_from_args(args, need_draft=MODE_TABLE[mode].needs_draft,
+                                     uses_draft=MODE_TABLE[mode].needs_draft)
     eos = eos_ids_from_args(args, target)
     if args.chat:  # rendered by the template (which writes its own BOS), then token ids: the same in every mode
         prompts = [target.tokenizer.encode(target.tokenizer.apply_chat_template(
@@ -103,7 +104,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = parse_config(args)
     eos_ids_from_args(args)
     run_task(args)
-    target, draft = models_from_args(args, need_draft=needs_draft(names))
+    target, draft = models_from_args(args, need_draft=needs_draft(names),
+                                     uses_draft="all" in names or needs_draft(names))
     task = run_task(args, target)
     eng = ParseEngine(target, draft, cfg)
     settings = run_settings(args, eos_ids=eos_ids_from_args(args, target))
@@ -236,7 +238,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         settings["enable_thinking"] = False
     header = make_header(args.data, file_sha256(args.data), settings)
     ResultsFile.check(args.out, header)  # another run's file, a folder, an unwritable place: before loading
-    target, draft = models_from_args(args, need_draft=needs_draft([mode]))
+    target, draft = models_from_args(args, need_draft=needs_draft([mode]), uses_draft=needs_draft([mode]))
     eos = eos_ids_from_args(args, target)
     runner = mode_runner(target, draft, cfg, mode, temperature=args.temperature, eos_ids=eos, honour_rounds=True)
     from parse_jax.harness.eval.results import PromptFormat, check_records
@@ -302,7 +304,7 @@ def cmd_train_eagle3(args: argparse.Namespace) -> int:
         raise ConfigError("--regenerate and --draft-vocab-size train on a dataset: add --data FILE.jsonl")
     if args.data is not None and not Path(args.data).is_file():
         raise InputError(f"--data: file not found: {args.data}")
-    target, _ = models_from_args(args, need_draft=False)
+    target, _ = models_from_args(args, need_draft=False, uses_draft=False)
     if args.data is not None:
         from parse_jax.train.eagle3_data import train_eagle3_data
         from parse_jax.train.trainer import PhaseOptions

@@ -16,8 +16,10 @@ from parse_jax.utils.progress import logger, phase
 from parse_jax.utils.validation import check_int
 
 
-def models_from_args(args: argparse.Namespace, need_draft: bool):
-    """(target, draft or None): --model/--draft folders, else the pair in --pair (default: the embedded one)."""
+def models_from_args(args: argparse.Namespace, need_draft: bool, *, uses_draft: bool = True):
+    """(target, draft or None): --model/--draft folders, else the pair in --pair (default: the embedded one).
+    `need_draft`: refuse a run without a draft; `uses_draft=False`: the run has no use for one, so a --draft given
+    is not loaded (a pair folder loads both)."""
     from parse_jax.checkpoints.load import load_model
     from parse_jax.checkpoints.pair import load_pair
 
@@ -44,6 +46,9 @@ def models_from_args(args: argparse.Namespace, need_draft: bool):
     if args.draft is None:
         if need_draft:
             raise ConfigError("this mode needs a draft model: add --draft DIR")
+        return target, None
+    if not uses_draft:
+        phase(f"not loading the draft {args.draft}: this run uses none")
         return target, None
     phase(f"loading the draft {args.draft}")
     try:

@@ -276,6 +276,11 @@ VALID = [
     # --on-bad-line skip where the errors suggest it
     ["bench", "--pair", P, "--data", f"{W}/badline.jsonl", "--on-bad-line", "skip", "--modes", "target", "--n", "1",
      "--repeats", "1", "--max-new-tokens", "2", "--json", "TMP/c.json", "--no-progress"],
+    # a mode that needs no draft does not load one (this folder would fail to load: the parse case above)
+    ["generate", "--model", f"{P}/target", "--draft", f"{W}/draft_run", "--mode", "target", "--max-new-tokens", "2",
+     PROMPT],
+    ["eval", "--model", f"{P}/target", "--draft", f"{W}/draft_run", "--data", f"{W}/data.jsonl", "--out",
+     "TMP/d.jsonl", "--mode", "target", "--max-new-tokens", "2", "--no-progress"],
 ]
 
 
