@@ -130,6 +130,10 @@ class ParseEngine:
             "ParseConfig for the model (e.g. --parse-config qwen3_chat)"
             if tok.chat_template and cfg.suffix_format == "plain"
             and (cfg.verify_suffix, cfg.judge_yes, cfg.judge_no) == (VERIFY_SUFFIX, JUDGE_YES, JUDGE_NO) else None)
+        if cfg.suffix_format == "chat" and not tok.chat_template:
+            raise ConfigError("suffix_format='chat' writes the verification suffix with the target's chat template, "
+                              "and its tokenizer has none; use suffix_format='plain' (a chat config such as "
+                              "qwen3_chat is for chat models)")
         self.suffix_ids = (chat_suffix(tok, cfg.verify_suffix) if cfg.suffix_format == "chat"
                            else self._encode_setting("verify_suffix", cfg.verify_suffix))
         self.yes_id, self.no_id, shared = judge_ids(tok, cfg.judge_yes, cfg.judge_no)

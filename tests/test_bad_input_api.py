@@ -73,6 +73,8 @@ CASES = [
     (lambda: generate(TARGET, ["\ud800 ( 1"], max_new_tokens=2), InputError,  # a surrogate no byte escaped
      "prompt 0 is not valid UTF-8 text (a byte that is not UTF-8 at character 0: '? ( 1')"),
     (lambda: TARGET.logits([[1, 5, 6], [1, 5]]), InputError, "logits expects rows of equal length"),
+    (lambda: ParseEngine(TARGET, DRAFT, ParseConfig(suffix_format="chat")), ConfigError,
+     "suffix_format='chat' writes the verification suffix with the target's chat template, and its tokenizer has none"),
     (lambda: _engine().boundaries([-1, 5]), InputError, "draft_ids: token ids outside [0, 27): [-1]"),
     (lambda: _engine().boundaries([5, 999]), InputError, "draft_ids: token ids outside [0, 27): [999]"),
     (lambda: _engine().boundaries("3 + 4 ;"), InputError, "draft_ids must be a list of token ids, got str"),

@@ -75,10 +75,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         texts = [target.tokenizer.decode(t) for t in tokens]
     if not writes_results():
         return 0
-    if args.json:  # one JSON object per prompt, one per line
+    if args.json:  # one JSON object per prompt, one per line; the prompts ran as one call, whose stats each carries
         stats = jsonable(res.stats)
         for prompt, text, ids in zip(list(args.prompt), texts, tokens):
-            print(json.dumps({"prompt": prompt, "text": text, "tokens": [int(t) for t in ids], "stats": stats}))
+            print(json.dumps({"prompt": prompt, "text": text, "tokens": [int(t) for t in ids],
+                              "new_tokens": len(ids), "stats": stats}))
     else:
         for text in texts:
             print(text)

@@ -252,7 +252,8 @@ def test_generate_json_round_trip_and_stats_as_json(pair_dir, capsys):
     assert [o["tokens"] for o in objects] == [[int(t) for t in ts] for ts in expect.tokens]
     for o in objects:
         assert target.tokenizer.decode(o["tokens"]) == o["text"]
-        assert o["stats"]["target_passes"] == expect.stats["target_passes"]
+        assert o["stats"]["target_passes"] == expect.stats["target_passes"]  # the call's, in each
+        assert o["new_tokens"] == len(o["tokens"])
     stats = json.loads(err.strip().splitlines()[-1])  # --stats: one JSON object on stderr, not a Python repr
     assert stats["verify_passes"] == expect.stats["verify_passes"]
 
