@@ -158,6 +158,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from parse_jax.engine import ParseEngine
     from parse_jax.harness.runs import mode_config
     from parse_jax.harness.sweep import CALIBRATED_CONFIG, calibrate, write_sweep
+    from parse_jax.modes.table import MODE_TABLE
     from parse_jax.utils.atomic import check_writable
 
     no_rounds(args)
@@ -194,9 +195,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 1
     print(f"threshold: {chosen['threshold']:g}")
     # the calibrated settings, for every command (--parse-config) and ParseConfig.load
-    rounds = mode_config(cfg, args.mode)[0].rounds
+    ran, engine_mode = mode_config(cfg, args.mode)
+    rounds = f"{ran.rounds} round, " if MODE_TABLE[engine_mode].honours_rounds else ""
     how = (f"threshold {chosen['threshold']:g}: chosen by parse-jax calibrate on {res['n']} dev problems with mode "
-           f"{args.mode} ({rounds} round, schedule fixed, batch {res['batch_size']});\nthe other settings are "
+           f"{args.mode} ({rounds}schedule fixed, batch {res['batch_size']});\nthe other settings are "
            f"as given (schedule {cfg.schedule}, rounds {cfg.rounds})")
     path = dataclasses.replace(cfg, threshold=chosen["threshold"]).save(Path(args.out) / CALIBRATED_CONFIG,
                                                                         comment=how)
@@ -219,7 +221,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if mode == "all":
         raise ConfigError("eval runs one mode; give --mode MODE")
     check_modes([mode])
-    no_rounds(args)
+    from parse_jax.modes.table import MODE_TABLE
+
+    if args.rounds is not None and any(mode == spec.multi_label for spec in MODE_TABLE.values()):
+        raise ConfigError(f"--rounds does not apply to --mode {mode}: the mode name sets it (multi round); "
+                          f"--rounds applies to --mode {mode.removesuffix('-multi')}")
     if args.no_thinking and args.chat == "off":
         raise ConfigError("--no-thinking applies to the chat template; it cannot go with --chat off")
     eos_ids_from_args(args)

@@ -237,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
     g.add_argument("--stats", action="store_true", help="print generation stats to stderr (one JSON object)")
     g.add_argument("--json", action="store_true",
-                   help="print one JSON object per prompt (prompt, text, tokens, stats), one per line, not the text")
+                   help="print one JSON object per prompt (prompt, text, tokens, new_tokens, and stats: the one "
+                        "call's), one per line, not the text")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="every mode on the same held-out problems of the embedded task, one process")

@@ -21,7 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from parse_jax.engine import ParseEngine
-from parse_jax.errors import ConfigError
+from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.provenance import format_provenance, provenance
 from parse_jax.harness.runs import (
     RunSettings,
@@ -71,6 +71,14 @@ def run_bench(eng: ParseEngine, task, settings: RunSettings = BENCH_SETTINGS, *,
                                      eos_ids=settings.eos_ids)
         except ConfigError as e:
             skip(m, e)
+    if skip_unavailable:  # a mode this pair cannot run (a head it lacks) refuses any request: skip it first
+        for m in [m for m in runners if m != "target"]:
+            try:
+                runners[m].check([problems[0][0]], settings.max_new_tokens, settings.seed)
+            except ConfigError as e:
+                skip(m, e)
+            except InputError:
+                pass  # this record's own trouble: runnable_problems reports it
     task, problems, settings = runnable_problems(task, runners, problems, settings)  # --data records, up front
     probe = tqdm([m for m in runners if m != "target"], desc="checking which modes run (one short call each)",
                  unit="mode", disable=not (settings.progress and skip_unavailable))

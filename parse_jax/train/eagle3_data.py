@@ -134,9 +134,11 @@ def encode_rows(target, records: list[dict[str, Any]], spec: Eagle3Spec, regener
     else:
         responses = [target.tokenizer.encode(r["response"]) for r in records]
     rows = np.full((len(records), spec.seq_len + 2), PAD_ID, np.int32)
-    lengths = []  # each record's whole length: prompt, response, EOS
+    # each record's whole length: prompt, response, EOS; regenerated responses are written up to the row's end, so
+    # there only a prompt that leaves no room for a response token is cut
+    lengths = []
     for i, (p, r) in enumerate(zip(prompts, responses)):
-        whole = full_prompts[i] + list(r) + ([eos] if eos is not None else [])
+        whole = full_prompts[i] + ([0] if regenerate else list(r) + ([eos] if eos is not None else []))
         lengths.append(len(whole))
         row = (p + list(r) + ([eos] if eos is not None else []))[: spec.seq_len]
         rows[i, : len(row)] = row
@@ -144,14 +146,16 @@ def encode_rows(target, records: list[dict[str, Any]], spec: Eagle3Spec, regener
     if int((rows[:, -1] - rows[:, -2]).sum()) <= 0:
         raise InputError(f"--data: no response token fits in --seq-len {spec.seq_len} after the prompts (the longest "
                          f"record has {max(lengths)} tokens); raise --seq-len")
-    report_cut_rows(records, lengths, rows, spec.seq_len)
+    report_cut_rows(records, lengths, rows, spec.seq_len, regenerate)
     return rows
 
 
-def report_cut_rows(records: list[dict[str, Any]], lengths: list[int], rows: np.ndarray, seq_len: int) -> None:
+def report_cut_rows(records: list[dict[str, Any]], lengths: list[int], rows: np.ndarray, seq_len: int,
+                    regenerate: bool = False) -> None:
     """Warn, naming --seq-len, when records are longer than a row: their tokens past it are not trained on (rows
     are cut at the end, as speculators' and the EAGLE-3 recipes' max length cuts them). Silent cuts trained heads
-    on system prompts alone."""
+    on system prompts alone. `regenerate`: `lengths` are the prompts' plus one response token (the target writes
+    each response up to the row's end)."""
     cut = [i for i, n in enumerate(lengths) if n > seq_len]
     if not cut:
         return
@@ -160,7 +164,8 @@ def report_cut_rows(records: list[dict[str, Any]], lengths: list[int], rows: np.
     logger.warning(f"--seq-len {seq_len} cuts {len(cut)} of {len(records)} records (the longest, "
                    f"{records[longest].get('where', 'a record')}, has {lengths[longest]} tokens"
                    + (f"; {empty} keep no response token" if empty else "")
-                   + f"): their tokens past {seq_len} are not trained on; --seq-len {max(lengths)} fits them all")
+                   + f"): their tokens past {seq_len} are not trained on; --seq-len {max(lengths)} fits them all"
+                   + (" (the target writes each response up to --seq-len)" if regenerate else ""))
 
 
 def draft_vocabulary(rows: np.ndarray, size: int, vocab_size: int) -> np.ndarray:

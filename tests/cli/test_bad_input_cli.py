@@ -152,6 +152,8 @@ CASES = [
     (["bench", "--pair", P, "--json", f"{W}/good.json", "--seed", str(2**31)], f"--seed must be <= {SEED_MAX}",
      False),
     (["bench", "--pair", P, "--rounds", "multi"], "--rounds does not apply here", False),
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--mode", "parse-multi",
+      "--rounds", "single"], "--rounds does not apply to --mode parse-multi", False),
     (["bench", "--pair", P, "--json", f"{W}/good.json", "--eos-ids", "1,x"], "--eos-ids must be comma-separated",
      False),
     # sweep and calibrate

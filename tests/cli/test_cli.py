@@ -250,10 +250,10 @@ def test_generate_json_round_trip_and_stats_as_json(pair_dir, capsys):
     assert [o["prompt"] for o in objects] == prompts
     assert [o["text"] for o in objects] == expect.texts
     assert [o["tokens"] for o in objects] == [[int(t) for t in ts] for ts in expect.tokens]
-    for o in objects:
+    for o, ids in zip(objects, expect.tokens, strict=True):
         assert target.tokenizer.decode(o["tokens"]) == o["text"]
         assert o["stats"]["target_passes"] == expect.stats["target_passes"]  # the call's, in each
-        assert o["new_tokens"] == len(o["tokens"])
+        assert o["new_tokens"] == len(ids)
     stats = json.loads(err.strip().splitlines()[-1])  # --stats: one JSON object on stderr, not a Python repr
     assert stats["verify_passes"] == expect.stats["verify_passes"]
 

@@ -214,6 +214,20 @@ def test_skipped_modes_are_diagnostics_on_stderr(capsys):
     assert not any("skipping" in line for line in lines)  # `log` carries results (the table) only
 
 
+def test_modes_a_pair_cannot_run_are_skipped_before_data_records_are_checked(tmp_path):
+    """--modes all with --data: a mode this pair lacks a head for is skipped as without --data (its check refuses
+    every record with a ConfigError, which the records' check must not take for a bad record)."""
+    from parse_jax.harness.eval.data import load_records, write_task_jsonl
+    from parse_jax.harness.eval.results import DataTask
+
+    data = write_task_jsonl(load_task(), 2, tmp_path / "data.jsonl", seed=1)
+    task = DataTask(data, load_records(data, load_task())[0], TARGET.tokenizer, load_task(), chat="off")
+    eng = ParseEngine(TARGET, DRAFT, ParseConfig(max_draft_tokens=4, schedule="fixed"))
+    res = run_bench(eng, task, RunSettings(n=2, max_new_tokens=2, batch_size=1, repeats=1, progress=False),
+                    modes=["target", "eagle3"], log=lambda _: None, skip_unavailable=True)
+    assert set(res["modes"]) == {"target"} and "needs an EAGLE-3 head" in res["skipped_modes"]["eagle3"]
+
+
 def test_warm_up_repeats_while_an_auto_engine_still_compiles_or_explores():
     """A schedule="auto" engine explores, measures and then serves what it measured best, each its own programs:
     the warm-up calls again while a call set anything up (any trace or compile jax reports) or explored (so the

@@ -103,11 +103,14 @@ def test_responses_as_given_follow_the_prompt(hf_target, data_file, tmp_path):
     assert rows[0, : rows[0, -2]].tolist() == prompt
 
 
-def test_records_longer_than_a_row_are_reported_naming_seq_len(hf_target, data_file, tmp_path, caplog):
+def test_records_longer_than_a_row_are_reported_naming_seq_len(hf_target, data_file, tmp_path, caplog,
+                                                                monkeypatch):
     """Rows are cut at --seq-len as speculators cuts them, but never silently: a warning names the flag, how many
     records it cuts, the longest (its line and length) and the length that fits them all; none when all fit."""
     from parse_jax.train.eagle3_data import prepare
+    from parse_jax.utils.progress import logger
 
+    monkeypatch.setattr(logger, "propagate", True)  # the CLI's configure() turns it off: caplog listens at the root
     records = read_records(data_file, True)[:6]
     with caplog.at_level("WARNING", logger="parse_jax"):
         prepare(hf_target, data_file, Eagle3Spec(samples=6, seq_len=200, draft_vocab_size=0), tmp_path / "a",
@@ -126,6 +129,11 @@ def test_records_longer_than_a_row_are_reported_naming_seq_len(hf_target, data_f
     longest = records[int(np.argmax(lengths))]["where"]
     assert f"--seq-len {short} cuts {cut} of 6 records" in msg and longest in msg
     assert f"has {max(lengths)} tokens" in msg and f"--seq-len {max(lengths)} fits them all" in msg
+    caplog.clear()  # regenerated responses are written up to the row's end: only prompts that leave no room count
+    with caplog.at_level("WARNING", logger="parse_jax"):
+        prepare(hf_target, data_file, Eagle3Spec(samples=6, seq_len=48, draft_vocab_size=0), tmp_path / "d",
+                True, False)
+    assert not [r for r in caplog.records if "--seq-len" in r.getMessage()]
 
 
 def test_training_lowers_the_loss_resumes_and_the_head_loads(hf_target, data_file, tmp_path):

@@ -259,18 +259,29 @@ def check_records(records: Sequence[Record], check: Callable[[list, int, int], N
     check_choice("on_bad_line", on_bad_line, ON_BAD_LINE, error=InputError)
     good, bad = [], []
     for r in records:
-        try:
-            check([prompt_format.build(r, tokenizer)], settings.max_new_tokens, batch_seed(settings.seed, r.line))
-        except InputError as e:
-            bad.append(BadLine(r.line, shorten(re.sub(r"^prompt 0\b", "the record", str(e)), 300)))
-        else:
-            good.append(r)
+        refused = refusal(check, prompt_format.build(r, tokenizer), r.line, settings.max_new_tokens,
+                          batch_seed(settings.seed, r.line))
+        (bad if refused else good).append(refused or r)
     if bad and on_bad_line == "error":
-        shown = "; ".join(str(b) for b in bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise InputError(f"{where}: {len(bad)} record(s) cannot be run: {shown} (--on-bad-line skip to skip them)")
+        refuse_records(where, bad)
     if not good:
         raise InputError(f"{where}: no record can be run: {bad[0]}")
     return good, bad
+
+
+def refusal(check: Callable[[list, int, int], None], prompt, line: int, max_new: int, seed: int) -> BadLine | None:
+    """Why `check` (a `ModeRunner.check`) refuses the record of `line` with this model input, or None."""
+    try:
+        check([prompt], max_new, seed)
+    except InputError as e:
+        return BadLine(line, shorten(re.sub(r"^prompt 0\b", "the record", str(e)), 300))
+    return None
+
+
+def refuse_records(where: str, bad: Sequence[BadLine]) -> None:
+    """The one error for records that cannot run: how many, the first five by line, and how to skip them."""
+    shown = "; ".join(str(b) for b in bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+    raise InputError(f"{where}: {len(bad)} record(s) cannot be run: {shown} (--on-bad-line skip to skip them)")
 
 
 def run_eval(records: Sequence[Record], generate: Callable[[list, int], GenerateResult], results: ResultsFile,
@@ -357,31 +368,31 @@ class DataTask:
         return len(self.records)
 
     def runnable(self, checks: Sequence[Callable[[list, int, int], None]], settings: RunSettings) -> DataTask:
-        """This task less the records that a mode's check refuses (`ModeRunner.check`: the record against the
-        models' positions, its tokens), before anything runs, as eval checks them: `on_bad_line="error"` refuses
-        them, naming their lines; "skip" names them in a warning and leaves them out."""
+        """This task with the records a run of `settings.n` would take, each passed by every mode's check
+        (`ModeRunner.check`: the record against the models' positions, its tokens) before anything runs, as eval
+        checks them: `on_bad_line="error"` refuses the first n's bad ones, naming their lines; "skip" names them
+        in a warning and takes the next records, up to n that run."""
         from parse_jax.utils.progress import logger
 
-        bad: dict[int, BadLine] = {}
-        for check in checks:
-            for r, x in zip(self.records, self.inputs):
-                if r.line in bad:
-                    continue
-                try:
-                    check([x], settings.max_new_tokens, settings.seed)
-                except InputError as e:
-                    bad[r.line] = BadLine(r.line, shorten(re.sub(r"^prompt 0\b", "the record", str(e)), 300))
+        bad, keep = [], []
+        for i, (r, x) in enumerate(zip(self.records, self.inputs)):
+            if len(keep) == settings.n or (self.on_bad_line == "error" and i >= settings.n):
+                break
+            refused = next((b for b in (refusal(c, x, r.line, settings.max_new_tokens, settings.seed)
+                                        for c in checks) if b), None)
+            if refused:
+                bad.append(refused)
+            else:
+                keep.append(i)
         if not bad:
             return self
-        shown = sorted(bad.values(), key=lambda b: b.line)
-        if self.on_bad_line == "error" or len(bad) == len(self.records):
-            listed = "; ".join(str(b) for b in shown[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
-            more = " (--on-bad-line skip to skip them)" if self.on_bad_line == "error" else ""
-            raise InputError(f"{self.data}: {len(bad)} record(s) cannot be run: {listed}{more}")
-        for b in shown:
+        if self.on_bad_line == "error":
+            refuse_records(self.data, bad)
+        if not keep:
+            raise InputError(f"{self.data}: no record can be run: {bad[0]}")
+        for b in bad:
             logger.warning(f"skipping {b}")
         kept = copy.copy(self)
-        keep = [i for i, r in enumerate(self.records) if r.line not in bad]
         kept.records = [self.records[i] for i in keep]
         kept.inputs = [self.inputs[i] for i in keep]
         return kept

@@ -79,6 +79,30 @@ def test_eval_result_fields(runs):
     assert res.accepted_per_pass == pytest.approx(accepted / sum(r["verify_passes"] for r in res.records))
 
 
+def test_evaluate_and_eval_honour_the_rounds_a_config_sets(runs, tmp_path, capsys):
+    """Mode "parse" runs the rounds the config sets (threshold 1 keeps no step: single round verifies once per
+    record, multi round again after each step of at most max_segment tokens the target writes); "auto" is the
+    mode name's single round. `parse-jax eval --rounds multi` runs what the API runs."""
+    import dataclasses
+
+    target_run, draft_run = runs
+    target, draft = pj.load_model(target_run), pj.load_model(draft_run)
+    data = write_task_jsonl(TASK, 4, tmp_path / "data.jsonl", seed=5)
+    passes = {}
+    for rounds in ("single", "multi", "auto"):
+        cfg = dataclasses.replace(CFG, threshold=1.0, max_segment=4, rounds=rounds)
+        res = pj.evaluate(target, draft, data, config=cfg, batch_size=2, max_new_tokens=16)
+        passes[rounds] = [r["verify_passes"] for r in res.records]
+    assert passes["single"] == passes["auto"] == [1] * 4 and min(passes["multi"]) > 1
+    out = tmp_path / "r.jsonl"
+    rc = main(["eval", "--data", str(data), "--target", str(target_run), "--draft", str(draft_run), "--mode", "parse",
+               "--rounds", "multi", "--threshold", "1", "--set", "max_segment=4", "--max-draft-tokens", "12",
+               "--schedule", "fixed", "--batch-size", "2", "--max-new-tokens", "16", "--out", str(out),
+               "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    assert [json.loads(x)["verify_passes"] for x in out.read_text().splitlines()[1:]] == passes["multi"]
+
+
 class BackendCompiles:
     """Counts XLA compilations (jax's backend-compile event), whatever program they are for."""
 
