@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from parse_jax.distributed.mesh import check_mesh
 from parse_jax.distributed.sharded import kernel_context, replicate, shard_model
 from parse_jax.distributed.verify import sharded_score_prefixes
 from parse_jax.errors import ConfigError, InputError
@@ -102,9 +103,7 @@ class ParseEngine:
         if draft is not None:
             check_model("draft (or None)", draft)
         check_config(config)
-        if mesh is not None and not isinstance(mesh, Mesh):
-            raise ConfigError(f"mesh must be a jax.sharding.Mesh, e.g. pj.make_mesh({{'data': 1}}), got "
-                              f"{type(mesh).__name__} {mesh!r}")
+        check_mesh(mesh)
         self.config = config or ParseConfig()
         if draft is not None:  # one tokenizer, embeddings padded differently: pad the smaller, mask its padding
             target, draft = align_vocab(target, draft)

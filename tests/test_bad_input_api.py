@@ -6,6 +6,8 @@ import math
 import numpy as np
 import pytest
 
+import parse_jax as pj
+from parse_jax.checkpoints.pair import PAIR_DIR
 from parse_jax.distributed.mesh import parse_mesh_spec
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError, ParseJaxError
@@ -79,6 +81,9 @@ CASES = [
     (lambda: _engine().boundaries([5, 999]), InputError, "draft_ids: token ids outside [0, 27): [999]"),
     (lambda: _engine().boundaries("3 + 4 ;"), InputError, "draft_ids must be a list of token ids, got str"),
     (lambda: ParseEngine(TARGET, DRAFT, mesh="data=1"), ConfigError, "mesh must be a jax.sharding.Mesh"),
+    (lambda: pj.load_model(PAIR_DIR / "target", mesh="data=1"), ConfigError,
+     "mesh must be a jax.sharding.Mesh, e.g. pj.make_mesh({'data': 1}) or pj.make_mesh('data=2,model=4'), got str"),
+    (lambda: pj.shard_model(TARGET, 4), ConfigError, "mesh must be a jax.sharding.Mesh"),
     # eval: each record is checked before the first runs, named by its line
     (lambda: _eval(records=[TASK.problems(1, 3)[0], {"question": "What is " + "1 + " * 300 + "1?",
                                                      "answer": "#### 301"}]), InputError,

@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 from parse_jax.checkpoints import runs as checkpoint_manager
 from parse_jax.checkpoints.hf import INDEX_FILE, SINGLE_FILE, check_vocab, load_hf
 from parse_jax.checkpoints.orbax import CONFIG_FILE, PARAMS_DIR, load_orbax, restore_params, save_model
+from parse_jax.distributed.mesh import check_mesh
 from parse_jax.distributed.sharded import ShardedModel, shard_model
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import ModelConfig
@@ -38,6 +39,7 @@ def load_model(path: str | Path, step: int | None = None, params_path: str | Non
     (`parse_jax.checkpoints.load.load_sharded`); `fallback_replicated` then replicates a model the mesh cannot split."""
     from parse_jax.checkpoints import runs as checkpoint_manager
 
+    check_mesh(mesh)
     path = Path(path).absolute()  # Orbax reads metadata only through absolute paths
     if not path.exists():
         raise CheckpointError(f"model path not found: {path}")
@@ -92,6 +94,9 @@ def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = Non
     (`step`, `params_path`, `config_from`: see `checkpoints.runs.load_run`), is restored shard by shard, never
     whole on one device; so is a Hugging Face folder (each device reads its slices of the safetensors files,
     `checkpoints.hf.load_hf_sharded`). `rules` default: `fitting_rules(config, mesh, fallback_replicated)`."""
+    check_mesh(mesh)
+    if mesh is None:
+        raise ConfigError("load_sharded needs a mesh; pj.load_model(path) loads onto one device")
     path = Path(path).absolute()
     if checkpoint_manager.locate(path, step) is not None:
         return checkpoint_manager.load_run(path, checkpoint_manager.RunStep(step, params_path, config_from),

@@ -8,8 +8,9 @@ mode: target, sd, sequential, parse, parse-multi, eagle3, parse+eagle3; default 
 `ParseConfig.load` reads: a shipped name, a YAML/JSON path, inline JSON), `batch_size`, `max_gen_toks`, `dtype`,
 `seed`, `stats_path` (a JSON file for the speculation stats).
 
-- `generate_until` groups the requests by their generation kwargs (`max_gen_toks` and `until`, as lm-eval's HF
-  model does) and runs each group batched through the engine in `mode`. A request's stop strings end its row:
+- `generate_until` groups the requests by their generation kwargs (`max_gen_toks`, `until` and the sampling
+  temperature that `do_sample` / `temperature` ask for, as lm-eval's HF model reads them; top_k / top_p are
+  refused) and runs each group batched through the engine in `mode`. A request's stop strings end its row:
   those that are one token are stop ids of the device program beside the model's EOS; in the modes whose output
   a resumed call continues exactly (target, draft, sd, eagle3) a longer one is checked on the committed text
   between segments of 16, 32, 64, ... tokens; PARSE modes run a batch in one call (docs/design.md §8). Outputs are
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry fills itself only when empty)
@@ -39,9 +41,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
-from parse_jax.errors import ConfigError
+from parse_jax.errors import ConfigError, InputError, ParseJaxError
 from parse_jax.runtime.metrics import combine
-from parse_jax.utils.validation import check_int
+from parse_jax.utils.validation import check_float, check_int
 
 FIRST_SEGMENT = 16  # new tokens of a generation's first segment when a stop string spans tokens; then doubled
 RESUMABLE = ("target", "draft", "sd", "eagle3")  # modes whose output a resumed call continues exactly
@@ -119,7 +121,7 @@ class ParseJaxLM(LM):
         self.mode, self.stats_path = a.mode, a.stats_path
         self.target, self.draft = _load_models(a.pair, a.target, a.draft, a.eagle3, a.dtype)
         self.eos_ids = [int(x) for x in resolve_eos(self.target) if x >= 0]  # the model's own stop ids
-        self._runners: dict[tuple[int, ...], Any] = {}
+        self._runners: dict[tuple[tuple[int, ...], float], Any] = {}
         self._runner(())  # the mode's checks (its models, its settings) now, not at the first request
         self.stats_parts: list[dict] = []
 
@@ -138,37 +140,41 @@ class ParseJaxLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         out: list[str | None] = [None] * len(requests)
-        groups: dict[tuple[int, tuple[str, ...]], list[int]] = {}  # as lm-eval's HF model: by generation kwargs
+        groups: dict[tuple[int, tuple[str, ...], float], list[int]] = {}  # as lm-eval's HF model: by gen kwargs
         for i, req in enumerate(requests):
             _, kwargs = req.args
-            key = (int(kwargs.get("max_gen_toks", self.max_gen_toks)), stop_strings(kwargs.get("until")))
+            key = (int(kwargs.get("max_gen_toks", self.max_gen_toks)), stop_strings(kwargs.get("until")),
+                   sampling_temperature(kwargs))
             groups.setdefault(key, []).append(i)
         tok = self.target.tokenizer
-        for (max_new, until), idx in groups.items():
+        for (max_new, until, temperature), idx in groups.items():
             # one job per group, as `parse-jax eval` declares its records: under schedule="auto" a choice's program
             # setup is charged to the group's rows (docs/design.md §7). Not where rows go on in segments (several
             # calls per prompt would spend the job's count before its first batch ends)
-            runner = self._runner(single_token_stops(tok, until))
+            runner = self._runner(single_token_stops(tok, until), temperature)
             with runner.job(len(idx)) if not self._segmented(until) else contextlib.nullcontext():
                 for start in range(0, len(idx), self.batch_size):
                     batch = idx[start: start + self.batch_size]
-                    texts = self._generate([requests[i].args[0] for i in batch], max_new, until)
+                    texts = self._generate([requests[i].args[0] for i in batch], max_new, until, temperature)
                     for i, text in zip(batch, texts):
                         out[i] = postprocess_generated_text(text, list(until), None)  # lm-eval's own cut
         self._write_stats()
         return [str(x) for x in out]
 
-    def _runner(self, stop_ids: tuple[int, ...]):
-        """The mode's runner stopping at the model's EOS and `stop_ids` (one per stop-id set, built once)."""
-        if stop_ids not in self._runners:
+    def _runner(self, stop_ids: tuple[int, ...], temperature: float = 0.0):
+        """The mode's runner stopping at the model's EOS and `stop_ids`, sampling at `temperature` (0: greedy); one
+        per setting, built once."""
+        key = (stop_ids, temperature)
+        if key not in self._runners:
             from parse_jax.harness.runs import mode_runner
 
             eos = None if not stop_ids else sorted({*self.eos_ids, *stop_ids})
-            self._runners[stop_ids] = mode_runner(self.target, self.draft, self.config, self.mode, eos_ids=eos,
-                                                  honour_rounds=True)
-        return self._runners[stop_ids]
+            self._runners[key] = mode_runner(self.target, self.draft, self.config, self.mode, temperature,
+                                             eos_ids=eos, honour_rounds=True)
+        return self._runners[key]
 
-    def _generate(self, prompts: list[str], max_new: int, until: tuple[str, ...]) -> list[str]:
+    def _generate(self, prompts: list[str], max_new: int, until: tuple[str, ...],
+                  temperature: float = 0.0) -> list[str]:
         """Uncut texts of a batch. Stop strings of one token end their row inside the device program (stop ids
         beside the EOS); a row whose committed text holds a longer stop string ends at the next check: generation
         runs in segments of 16, 32, 64, ... tokens (at most log2(max_new) calls), each on the prompt and the ids
@@ -176,7 +182,7 @@ class ParseJaxLM(LM):
         where a call's output does not depend on where it starts (target, draft alone, sd, eagle3: the target's
         own tokens); PARSE modes run each batch in one call and cut after it (docs/design.md §8)."""
         tok = self.target.tokenizer
-        runner = self._runner(single_token_stops(tok, until))
+        runner = self._runner(single_token_stops(tok, until), temperature)
         if not self._segmented(until):
             res = runner(prompts, max_new, self.seed)
             self.stats_parts.append(res.stats)
@@ -229,12 +235,20 @@ class ParseJaxLM(LM):
         return [] if first is None else [int(first)]
 
     def _score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
-        """log p(continuation | context) on the target and whether greedy decoding writes it."""
-        full = context + continuation
-        length = -(-len(full) // 16) * 16  # right padding to a multiple of 16: fewer shapes to compile
+        """log p(continuation | context) on the target and whether greedy decoding writes it. As lm-eval's HF model
+        scores: the last token is never fed (nothing reads its logits) and a context longer than the target's
+        positions is cut from the left, so a rolling window of `max_length` + 1 tokens fits."""
+        if not continuation:
+            return 0.0, True
+        width = self.target.config.max_position_embeddings
+        if len(continuation) > width:
+            raise InputError(f"loglikelihood: a continuation of {len(continuation)} tokens is longer than the "
+                             f"target's {width} positions")
+        fed = (context + continuation)[-(width + 1):][:-1]
+        length = min(-(-len(fed) // 16) * 16, width)  # right padding to a multiple of 16: fewer shapes to compile
         ids = np.zeros((1, length), np.int64)
-        ids[0, : len(full)] = full
-        logits = np.asarray(self.target.logits(ids), np.float64)[0, len(context) - 1: len(full) - 1]
+        ids[0, : len(fed)] = fed
+        logits = np.asarray(self.target.logits(ids), np.float64)[0, len(fed) - len(continuation): len(fed)]
         logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
         cont = np.asarray(continuation)
         return float(logp[np.arange(len(cont)), cont].sum()), bool((logits.argmax(-1) == cont).all())
@@ -270,6 +284,20 @@ def stop_strings(until: Any) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
+def sampling_temperature(kwargs: dict[str, Any]) -> float:
+    """The temperature a request's generation kwargs ask for, as lm-eval's HF model reads them: `do_sample` false
+    (or absent with temperature 0, lm-eval's default) is greedy; `do_sample` true samples at `temperature` (default
+    1). top_k / top_p other than off are refused: the engine's programs here take a temperature only."""
+    for name, off in (("top_k", (None, 0)), ("top_p", (None, 1, 1.0))):
+        if kwargs.get(name) not in off:
+            raise ConfigError(f"generate_until: {name}={kwargs[name]!r} is not supported by the parse-jax model "
+                              "(temperature and do_sample are)")
+    do_sample = kwargs.get("do_sample")
+    temperature = check_float("generate_until: temperature", kwargs.get("temperature", 1.0 if do_sample else 0.0),
+                              0.0)
+    return 0.0 if do_sample is False else temperature
+
+
 def single_token_stops(tok, until: tuple[str, ...]) -> tuple[int, ...]:
     """The ids of the stop strings that are one token of `tok` (special tokens included): stop ids of the device
     program, as EOS is."""
@@ -286,7 +314,11 @@ def main() -> None:
     registered."""
     from lm_eval.__main__ import cli_evaluate
 
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ParseJaxError as e:  # bad model_args or requests: one line, as every parse-jax command says it
+        print(f"parse-jax-lm-eval: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -76,5 +76,10 @@ def pad_vocab(model: Model, size: int, limit: int) -> Model:
     return out
 
 
-def _pad(x: Any, widths: tuple[tuple[int, int], ...]) -> jax.Array:
+def _pad(x: Any, widths: tuple[tuple[int, int], ...]) -> Any:
+    """`x` with zero rows / columns appended; shape-only params (`jax.ShapeDtypeStruct`: a model `parse-jax lower`
+    plans from its config alone) get the padded shape."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        shape = tuple(n + lo + hi for n, (lo, hi) in zip(x.shape, widths, strict=True))
+        return jax.ShapeDtypeStruct(shape, x.dtype, sharding=x.sharding)
     return jnp.pad(jnp.asarray(x), widths) if isinstance(x, jax.Array) else jnp.asarray(np.pad(x, widths))

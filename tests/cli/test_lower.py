@@ -71,6 +71,19 @@ def test_memory_only_plans_a_qwen3_8b_pair_at_once(capsys):
         "memory (parse): batch 8 x 256 prompt + 512 new tokens does not fit a v5e chip (17.2 GB): weights 17.57 GB")
 
 
+def test_a_pair_whose_vocabularies_differ_in_padding_is_planned(tmp_path, capsys):
+    """Qwen2.5-7B has 152064 embedding rows and its 0.5B draft 151936: a config-only (shape-only) model is padded
+    to the larger vocabulary like a loaded one, not refused with numpy's broadcast error."""
+    from parse_jax.utils.paths import config_dir
+
+    cfg = json.loads((config_dir() / "models" / "qwen3-0.6b.json").read_text())
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "config.json").write_text(json.dumps({**cfg, "vocab_size": cfg["vocab_size"] + 128}))
+    assert main(["lower", "--model", str(tmp_path / "big" / "config.json"), "--draft", "qwen3-0.6b", "--mode", "sd",
+                 "--memory-only", "-q"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("memory (sd): batch 1 x 64 prompt + 256 new tokens fits")
+
+
 def test_bad_lower_flags_are_one_line_errors(tmp_path, capsys):
     assert main(["lower", "--model", "qwen4-9b", "-q"]) == 2
     assert "model 'qwen4-9b' is neither a folder, a config.json file nor a shipped config; shipped: llama3-1b" in \

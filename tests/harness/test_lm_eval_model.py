@@ -73,6 +73,45 @@ def test_until_and_max_gen_toks_and_the_target_scores():
     assert rolling == pytest.approx(sum(logp[i, t] for i, t in enumerate(ids)), abs=1e-4)
 
 
+def test_documents_and_contexts_longer_than_the_target_are_scored_as_lm_evals_hf_model_scores():
+    """loglikelihood_rolling over a document longer than the target's positions runs in windows of max_length + 1
+    tokens (the last one never fed); a context longer than the positions is cut from the left; an empty
+    continuation scores 0 and is greedy."""
+    lm = lm_eval_model.ParseJaxLM(mode="target", batch_size=1)
+    tok, target = lm.target.tokenizer, lm.target
+    width = target.config.max_position_embeddings
+    prompt = load_task().problems(1, 3)[0][0]
+    doc = " ".join([prompt] * (2 * width // len(tok.encode(prompt)) + 1))
+    assert len(tok.encode(doc)) > width
+    (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (doc,), 0)])
+    assert np.isfinite(rolling) and rolling < 0
+    cont = tok.encode(" 3")
+    ((ll, _),) = lm.loglikelihood([Instance("loglikelihood", {}, (doc, " 3"), 0)])
+    fed = ([tok.bos_id] + tok.encode(doc) + cont)[-(width + 1):][:-1]  # the context's last tokens
+    logits = np.asarray(target.logits(np.array([fed])), np.float64)[0, -len(cont):]
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    assert ll == pytest.approx(sum(logp[i, t] for i, t in enumerate(cont)), abs=1e-4)
+    assert lm.loglikelihood([Instance("loglikelihood", {}, (prompt, ""), 0)]) == [(0.0, True)]
+
+
+def test_sampling_kwargs_are_honoured_as_lm_evals_hf_model_reads_them():
+    """do_sample with a temperature samples (the lm's seed: the same call twice gives the same text, unlike greedy);
+    do_sample false is greedy whatever the temperature; top_k / top_p are refused, not ignored."""
+    lm = lm_eval_model.ParseJaxLM(mode="target", batch_size=2)
+    prompts = [p for p, _ in load_task().problems(2, 5)]
+
+    def run(**kw):
+        return lm.generate_until([Instance("generate_until", {}, (p, {"max_gen_toks": 16, "until": [], **kw}), i)
+                                  for i, p in enumerate(prompts)])
+
+    greedy = run()
+    assert run(do_sample=False, temperature=5.0) == greedy == run(temperature=0.0)
+    hot = run(do_sample=True, temperature=5.0)
+    assert hot != greedy and run(do_sample=True, temperature=5.0) == hot
+    with pytest.raises(lm_eval_model.ConfigError, match="top_k=40 is not supported"):
+        run(do_sample=True, top_k=40)
+
+
 def _gen(lm, prompts, until, max_gen_toks=64):
     """(outputs, the stats of this call alone) of generate_until on `prompts` with `until`."""
     before = len(lm.stats_parts)
@@ -147,6 +186,23 @@ def test_lm_evals_command_line_on_the_shipped_task_offline(tmp_path):
     assert out["results"]["parse_jax_embedded"]["exact_match,final_answer"] >= 0.5  # sd: the target's own answers
     assert out["config"]["model"] == "parse-jax" and out["config"]["speculation_stats"]["num_drafts"] >= 4
     assert json.loads(stats.read_text()) == out["config"]["speculation_stats"]
+
+
+def test_bad_model_args_are_one_line_from_the_entry_point(tmp_path, monkeypatch, capsys):
+    """`parse-jax-lm-eval run --model_args mode=bogus`: one line naming the value, exit 2, no traceback."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    write_task_jsonl(load_task(), 2, tmp_path / "problems.jsonl", seed=5)
+    monkeypatch.setattr("sys.argv", ["parse-jax-lm-eval", "run", "--model", "parse-jax", "--model_args", "mode=bogus",
+                                     "--tasks", "parse_jax_embedded", "--include_path", str(config_dir() / "lm_eval"),
+                                     "--limit", "1"])
+    with pytest.raises(SystemExit) as stop:
+        lm_eval_model.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("parse-jax-lm-eval: error:")]
+    assert "bogus" in line
 
 
 def test_stop_strings_of_one_token_special_ones_included(tmp_path):

@@ -309,8 +309,8 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
         ran = ran_per_prompt(res.stats, len(batch))
         rows = []
         for j, r in enumerate(batch):
-            correct, extracted = grade(r, res.texts[j], task)
-            row = {"type": "result", "key": r.key, "line": r.line, "kind": r.kind, "correct": correct,
+            right, extracted = grade(r, res.texts[j], task)
+            row = {"type": "result", "key": r.key, "line": r.line, "kind": r.kind, "correct": right,
                    "extracted": extracted, **lm_eval_scores(r, res.texts[j]), "reference": r.reference,
                    "new_tokens": len(res.tokens[j]), "seconds": seconds / len(batch),
                    "prompt": prompt_text(prompts[j], tokenizer), "output": res.texts[j]}

@@ -45,6 +45,25 @@ def uninterrupted(data, tmp_path_factory):
     return summary, out
 
 
+def test_the_progress_bar_shows_the_running_accuracy(data, tmp_path, capsys):
+    """The bar's acc= is correct records over records done (a record's own grade once overwrote the running count:
+    150% was shown)."""
+    import re
+
+    records, _ = load_records(data, TASK)
+    solutions = {r.prompt: r.reference for r in records}
+
+    def half_right(prompts, offset):  # the first prompt of each call right, the second wrong
+        texts = [solutions.get(p, "") if i == 0 else "1 + 1 = 2 ; answer 0" for i, p in enumerate(prompts)]
+        return GenerateResult(texts=texts, tokens=[[1] for _ in texts], stats={})
+
+    summary = run_eval(records, half_right, _open(tmp_path / "r.jsonl", data),
+                       RunSettings(batch_size=2, progress=True, batching="fixed"), task=TASK, log=lambda s: None)
+    shown = [float(x) for x in re.findall(r"acc=([\d.]+)%", capsys.readouterr().err)]
+    assert shown and max(shown) <= 100.0
+    assert shown[-1] == pytest.approx(100 * summary["correct"] / summary["n"], abs=0.05)
+
+
 def _results(path):
     return [json.loads(line) for line in path.read_text().splitlines()[1:]]
 
