@@ -43,7 +43,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 
 from parse_jax.errors import ConfigError, InputError, ParseJaxError
 from parse_jax.runtime.metrics import combine
-from parse_jax.utils.validation import check_float, check_int
+from parse_jax.utils.validation import SEED_MAX, check_float, check_int
 
 FIRST_SEGMENT = 16  # new tokens of a generation's first segment when a stop string spans tokens; then doubled
 RESUMABLE = ("target", "draft", "sd", "eagle3")  # modes whose output a resumed call continues exactly
@@ -155,7 +155,8 @@ class ParseJaxLM(LM):
             with runner.job(len(idx)) if not self._segmented(until) else contextlib.nullcontext():
                 for start in range(0, len(idx), self.batch_size):
                     batch = idx[start: start + self.batch_size]
-                    texts = self._generate([requests[i].args[0] for i in batch], max_new, until, temperature)
+                    seed = (self.seed + batch[0]) % (SEED_MAX + 1)  # a batch's own draws (lm-eval's repeats too)
+                    texts = self._generate([requests[i].args[0] for i in batch], max_new, until, temperature, seed)
                     for i, text in zip(batch, texts):
                         out[i] = postprocess_generated_text(text, list(until), None)  # lm-eval's own cut
         self._write_stats()
@@ -173,8 +174,8 @@ class ParseJaxLM(LM):
                                              eos_ids=eos, honour_rounds=True)
         return self._runners[key]
 
-    def _generate(self, prompts: list[str], max_new: int, until: tuple[str, ...],
-                  temperature: float = 0.0) -> list[str]:
+    def _generate(self, prompts: list[str], max_new: int, until: tuple[str, ...], temperature: float = 0.0,
+                  seed: int | None = None) -> list[str]:
         """Uncut texts of a batch. Stop strings of one token end their row inside the device program (stop ids
         beside the EOS); a row whose committed text holds a longer stop string ends at the next check: generation
         runs in segments of 16, 32, 64, ... tokens (at most log2(max_new) calls), each on the prompt and the ids
@@ -183,8 +184,9 @@ class ParseJaxLM(LM):
         own tokens); PARSE modes run each batch in one call and cut after it (docs/design.md §8)."""
         tok = self.target.tokenizer
         runner = self._runner(single_token_stops(tok, until), temperature)
+        seed = self.seed if seed is None else seed
         if not self._segmented(until):
-            res = runner(prompts, max_new, self.seed)
+            res = runner(prompts, max_new, seed)
             self.stats_parts.append(res.stats)
             return res.texts
         from parse_jax.runtime.requests import encode_prompts
@@ -195,7 +197,8 @@ class ParseJaxLM(LM):
         live, segment = list(range(len(prompts))), FIRST_SEGMENT
         while live:
             n = min(segment, max_new - len(gen[live[0]]))  # live rows have all committed the same count
-            res = runner([ids[i] + gen[i] for i in live], n, self.seed)
+            # each segment its own draws: a step's noise must not repeat at every segment's start
+            res = runner([ids[i] + gen[i] for i in live], n, (seed + 65537 * len(gen[live[0]])) % (SEED_MAX + 1))
             self.stats_parts.append(res.stats)
             still = []
             for i, new in zip(live, res.tokens):
@@ -287,15 +290,17 @@ def stop_strings(until: Any) -> tuple[str, ...]:
 def sampling_temperature(kwargs: dict[str, Any]) -> float:
     """The temperature a request's generation kwargs ask for, as lm-eval's HF model reads them: `do_sample` false
     (or absent with temperature 0, lm-eval's default) is greedy; `do_sample` true samples at `temperature` (default
-    1). top_k / top_p other than off are refused: the engine's programs here take a temperature only."""
-    for name, off in (("top_k", (None, 0)), ("top_p", (None, 1, 1.0))):
-        if kwargs.get(name) not in off:
-            raise ConfigError(f"generate_until: {name}={kwargs[name]!r} is not supported by the parse-jax model "
-                              "(temperature and do_sample are)")
+    1: transformers' own, where lm-eval's HF model passes 0 and transformers refuses it). When sampling, top_k /
+    top_p other than off are refused: the engine's programs here take a temperature only."""
     do_sample = kwargs.get("do_sample")
     temperature = check_float("generate_until: temperature", kwargs.get("temperature", 1.0 if do_sample else 0.0),
                               0.0)
-    return 0.0 if do_sample is False else temperature
+    temperature = 0.0 if do_sample is False else temperature
+    for name, off in (("top_k", (None, 0)), ("top_p", (None, 1, 1.0))):
+        if temperature > 0 and kwargs.get(name) not in off:  # greedy ignores them, as transformers does
+            raise ConfigError(f"generate_until: {name}={kwargs[name]!r} is not supported by the parse-jax model "
+                              "(temperature and do_sample are)")
+    return temperature
 
 
 def single_token_stops(tok, until: tuple[str, ...]) -> tuple[int, ...]:

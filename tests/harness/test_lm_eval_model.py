@@ -105,11 +105,17 @@ def test_sampling_kwargs_are_honoured_as_lm_evals_hf_model_reads_them():
                                   for i, p in enumerate(prompts)])
 
     greedy = run()
-    assert run(do_sample=False, temperature=5.0) == greedy == run(temperature=0.0)
+    assert run(do_sample=False, temperature=5.0) == greedy == run(temperature=0.0) == run(top_p=0.9)
     hot = run(do_sample=True, temperature=5.0)
     assert hot != greedy and run(do_sample=True, temperature=5.0) == hot
     with pytest.raises(lm_eval_model.ConfigError, match="top_k=40 is not supported"):
         run(do_sample=True, top_k=40)
+    # lm-eval's repeats: the same request in batches of their own draws its own sample
+    one = lm_eval_model.ParseJaxLM(mode="target", batch_size=1)
+    twice = one.generate_until([Instance("generate_until", {}, (prompts[0], {"max_gen_toks": 16, "until": [],
+                                                                          "do_sample": True, "temperature": 5.0}), i)
+                                for i in range(2)])
+    assert twice[0] != twice[1]
 
 
 def _gen(lm, prompts, until, max_gen_toks=64):

@@ -54,11 +54,12 @@ def test_the_progress_bar_shows_the_running_accuracy(data, tmp_path, capsys):
     solutions = {r.prompt: r.reference for r in records}
 
     def half_right(prompts, offset):  # the first prompt of each call right, the second wrong
-        texts = [solutions.get(p, "") if i == 0 else "1 + 1 = 2 ; answer 0" for i, p in enumerate(prompts)]
+        texts = [f"answer {solutions[p]}" if i == 0 else "answer x" for i, p in enumerate(prompts)]
         return GenerateResult(texts=texts, tokens=[[1] for _ in texts], stats={})
 
     summary = run_eval(records, half_right, _open(tmp_path / "r.jsonl", data),
                        RunSettings(batch_size=2, progress=True, batching="fixed"), task=TASK, log=lambda s: None)
+    assert summary["correct"] == summary["n"] // 2 > 0
     shown = [float(x) for x in re.findall(r"acc=([\d.]+)%", capsys.readouterr().err)]
     assert shown and max(shown) <= 100.0
     assert shown[-1] == pytest.approx(100 * summary["correct"] / summary["n"], abs=0.05)
