@@ -57,37 +57,24 @@ def run_bench(eng: ParseEngine, task, settings: RunSettings = BENCH_SETTINGS, *,
         modes = ["target", *modes]  # the baseline every speed-up is measured against
     problems = task.problems(settings.n, settings.seed)
     runners, skipped = {}, {}
-
-    def skip(m: str, e: ConfigError) -> None:
-        if not skip_unavailable or m == "target":
-            raise e
-        runners.pop(m, None)
-        skipped[m] = str(e)
-        logger.warning(f"skipping mode {m}: {e}")
-
-    for m in modes:
+    probe = tqdm(modes, desc="checking which modes run (one short call each)", unit="mode",
+                 disable=not (settings.progress and skip_unavailable))
+    for m in probe:
+        probe.set_postfix_str(m)
         try:
             runners[m] = mode_runner(eng.target, eng.draft, eng.config, m, temperature=settings.temperature,
                                      eos_ids=settings.eos_ids)
-        except ConfigError as e:
-            skip(m, e)
-    if skip_unavailable:  # a mode this pair cannot run (a head it lacks) refuses any request: skip it first
-        for m in [m for m in runners if m != "target"]:
-            try:
-                runners[m].check([problems[0][0]], settings.max_new_tokens, settings.seed)
-            except ConfigError as e:
-                skip(m, e)
-            except InputError:
-                pass  # this record's own trouble: runnable_problems reports it
+            if skip_unavailable and m != "target":
+                runners[m]([problems[0][0]], 1, settings.seed, None)
+        except ConfigError as e:  # a mode this pair cannot run (a head it lacks)
+            if not skip_unavailable or m == "target":
+                raise
+            runners.pop(m, None)
+            skipped[m] = str(e)
+            logger.warning(f"skipping mode {m}: {e}")
+        except InputError:  # the first record's own trouble: runnable_problems reports it
+            pass
     task, problems, settings = runnable_problems(task, runners, problems, settings)  # --data records, up front
-    probe = tqdm([m for m in runners if m != "target"], desc="checking which modes run (one short call each)",
-                 unit="mode", disable=not (settings.progress and skip_unavailable))
-    for m in probe if skip_unavailable else ():
-        probe.set_postfix_str(m)
-        try:
-            runners[m]([problems[0][0]], 1, settings.seed, None)
-        except ConfigError as e:
-            skip(m, e)
     rows = measure(runners, task, problems, settings)
     recorded = recorded_settings(settings, task)
     config = {**recorded, "parse_config": dataclasses.asdict(eng.config), "models": models}

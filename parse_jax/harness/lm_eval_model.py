@@ -174,8 +174,8 @@ class ParseJaxLM(LM):
                                              eos_ids=eos, honour_rounds=True)
         return self._runners[key]
 
-    def _generate(self, prompts: list[str], max_new: int, until: tuple[str, ...], temperature: float = 0.0,
-                  seed: int | None = None) -> list[str]:
+    def _generate(self, prompts: list[str], max_new: int, until: tuple[str, ...], temperature: float,
+                  seed: int) -> list[str]:
         """Uncut texts of a batch. Stop strings of one token end their row inside the device program (stop ids
         beside the EOS); a row whose committed text holds a longer stop string ends at the next check: generation
         runs in segments of 16, 32, 64, ... tokens (at most log2(max_new) calls), each on the prompt and the ids
@@ -184,7 +184,6 @@ class ParseJaxLM(LM):
         own tokens); PARSE modes run each batch in one call and cut after it (docs/design.md §8)."""
         tok = self.target.tokenizer
         runner = self._runner(single_token_stops(tok, until), temperature)
-        seed = self.seed if seed is None else seed
         if not self._segmented(until):
             res = runner(prompts, max_new, seed)
             self.stats_parts.append(res.stats)

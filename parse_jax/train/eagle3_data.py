@@ -138,9 +138,9 @@ def encode_rows(target, records: list[dict[str, Any]], spec: Eagle3Spec, regener
     # there only a prompt that leaves no room for a response token is cut
     lengths = []
     for i, (p, r) in enumerate(zip(prompts, responses)):
-        whole = full_prompts[i] + ([0] if regenerate else list(r) + ([eos] if eos is not None else []))
-        lengths.append(len(whole))
-        row = (p + list(r) + ([eos] if eos is not None else []))[: spec.seq_len]
+        tail = list(r) + ([eos] if eos is not None else [])
+        lengths.append(len(full_prompts[i]) + (1 if regenerate else len(tail)))
+        row = (p + tail)[: spec.seq_len]
         rows[i, : len(row)] = row
         rows[i, -2], rows[i, -1] = len(p), len(row)
     if int((rows[:, -1] - rows[:, -2]).sum()) <= 0:

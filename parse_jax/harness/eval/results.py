@@ -378,10 +378,11 @@ class DataTask:
         for i, (r, x) in enumerate(zip(self.records, self.inputs)):
             if len(keep) == settings.n or (self.on_bad_line == "error" and i >= settings.n):
                 break
-            refused = next((b for b in (refusal(c, x, r.line, settings.max_new_tokens, settings.seed)
-                                        for c in checks) if b), None)
-            if refused:
-                bad.append(refused)
+            for check in checks:
+                refused = refusal(check, x, r.line, settings.max_new_tokens, settings.seed)
+                if refused:
+                    bad.append(refused)
+                    break
             else:
                 keep.append(i)
         if not bad:
