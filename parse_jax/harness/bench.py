@@ -65,15 +65,13 @@ def run_bench(eng: ParseEngine, task, settings: RunSettings = BENCH_SETTINGS, *,
             runners[m] = mode_runner(eng.target, eng.draft, eng.config, m, temperature=settings.temperature,
                                      eos_ids=settings.eos_ids)
             if skip_unavailable and m != "target":
-                runners[m]([problems[0][0]], 1, settings.seed, None)
+                probe_call(runners[m], problems[0][0], settings.seed)
         except ConfigError as e:  # a mode this pair cannot run (a head it lacks)
             if not skip_unavailable or m == "target":
                 raise
             runners.pop(m, None)
             skipped[m] = str(e)
             logger.warning(f"skipping mode {m}: {e}")
-        except InputError:  # the first record's own trouble: runnable_problems reports it
-            pass
     task, problems, settings = runnable_problems(task, runners, problems, settings)  # --data records, up front
     rows = measure(runners, task, problems, settings)
     recorded = recorded_settings(settings, task)
@@ -137,6 +135,15 @@ def bench_markdown(result: dict) -> str:
     lines += [format_provenance(result["provenance"]), ""]
     return "\n".join(lines)
 
+
+
+def probe_call(runner, prompt, seed: int) -> None:
+    """One short call of a mode: a ConfigError says the pair cannot run it; the prompt's own trouble (an
+    InputError) is left to `runnable_problems`, which reports the records."""
+    try:
+        runner([prompt], 1, seed, None)
+    except InputError:
+        pass
 
 
 def write_bench(result: dict, folder: str | Path) -> list[Path]:
