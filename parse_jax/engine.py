@@ -528,12 +528,13 @@ class ParseEngine:
 
     # --- ahead of time --------------------------------------------------------------------------------------
 
-    def lower(self, mode: str, batch_size: int = 1, max_new_tokens: int = 256, *, platform: str = "tpu",
+    def lower(self, mode: str, batch_size: int = 1, max_new_tokens: int = 256, *, platform: str | None = None,
               chip: str | None = None, prompt_len: int = 64, mesh=None, attention_impl: str = "pallas"):
-        """The programs a run of `mode` would compile, lowered for `platform` ("tpu" or "cuda") and `chip` (v4, v5e,
-        v5p, v6e, h100, h200) from this machine, over an abstract (data, model) `mesh` of such chips when given
-        ("data=2,model=4"), with the run's memory plan: a `parse_jax.lowering.run.LoweredRun`. Nothing is compiled
-        or allocated; the models' params are read as shapes only. See docs/lowering.md."""
+        """The programs a run of `mode` would compile, lowered for `platform` ("tpu" or "cuda"; default: the chip's,
+        or tpu) and `chip` (v4, v5e, v5p, v6e, h100, h200; default: v5e / h100) from this machine, over an abstract
+        (data, model) `mesh` of such chips when given ("data=2,model=4"), with the run's memory plan: a
+        `parse_jax.lowering.run.LoweredRun`. Nothing is compiled or allocated; the models' params are read as shapes
+        only. See docs/lowering.md."""
         from parse_jax.lowering.run import LowerTarget, lower_run
 
         return lower_run(self, mode, batch_size, max_new_tokens, prompt_len=prompt_len,

@@ -138,3 +138,18 @@ def test_the_shipped_qwen3_config_runs_on_a_qwen_format_pair(qwen):
                                                               enable_thinking=False))
     res = eng.generate([ctx], mode="parse", max_new_tokens=16)
     assert res.stats["prefixes_per_request"][0] >= 1 and res.stats["host_transfers"] == 1
+
+
+def test_parse_jax_eval_warns_about_a_chat_models_settings_once(qwen, parse_jax_warnings, tmp_path):
+    """`parse-jax eval` checks its records and runs them with one engine: the chat-model warning is said once (two
+    engines said it twice)."""
+    from parse_jax.cli import main
+    from parse_jax.harness.eval.data import write_task_jsonl
+    from parse_jax.tasks import load_task
+
+    folder, _ = qwen
+    data = write_task_jsonl(load_task(), 2, tmp_path / "p.jsonl", seed=3)
+    assert main(["eval", "--model", str(folder), "--draft", str(folder), "--mode", "parse", "--data", str(data),
+                 "--max-new-tokens", "4", "--out", str(tmp_path / "r.jsonl"), "--no-progress", "-q"]) == 0
+    said = [w for w in parse_jax_warnings if "PARSE settings are the embedded task's defaults" in w]
+    assert len(said) == 1

@@ -211,7 +211,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Everything is checked (settings, data, results file, models, the mode's engine) before the results file is
     written, so a start with a typo leaves nothing behind and the corrected rerun starts cleanly."""
     from parse_jax.harness.eval.data import file_sha256, load_records
-    from parse_jax.harness.eval.evaluate import evaluate
+    from parse_jax.harness.eval.evaluate import evaluate_checked
     from parse_jax.harness.eval.results import ResultsFile, make_header, write_summary
     from parse_jax.harness.provenance import provenance
     from parse_jax.harness.runs import check_modes, mode_runner, needs_draft
@@ -252,18 +252,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from parse_jax.harness.runs import RunSettings
 
     run = RunSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
-                      temperature=args.temperature, eos_ids=eos, progress=False, batching=args.batching)
+                      temperature=args.temperature, eos_ids=eos, progress=not args.no_progress,
+                      batching=args.batching)
+    prompt_format = PromptFormat(args.chat, args.instruction, template_kwargs(args))
     records, unfit = check_records(records, runner.check, run, tokenizer=target.tokenizer,  # every request, now
-                                   prompt_format=PromptFormat(args.chat, args.instruction, template_kwargs(args)),
-                                   on_bad_line=args.on_bad_line, where=args.data)
+                                   prompt_format=prompt_format, on_bad_line=args.on_bad_line, where=args.data)
     bad = sorted([*bad, *unfit], key=lambda b: b.line)
     for b in bad:
         logger.warning(f"eval: skipping bad {b}")
     results = ResultsFile.open(args.out, header)
-    res = evaluate(target, draft, records, mode, config=cfg, batch_size=args.batch_size,
-                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, task=task,
-                   chat=args.chat, instruction=args.instruction, results=results, progress=not args.no_progress,
-                   log=print, eos_ids=eos, template_kwargs=template_kwargs(args), batching=args.batching)
+    # what pj.evaluate runs past its checks, with this runner (one engine: its warnings once)
+    res = evaluate_checked(runner, records, run, tokenizer=target.tokenizer, task=task, prompt_format=prompt_format,
+                           results=results, log=print)
     summary = res.summary
     prov = provenance({**settings, "command": command_line(args)}, args.seed)
     print(f"wrote {args.out} and {write_summary(results, summary, prov, bad)}")

@@ -35,11 +35,15 @@ def _models(args: argparse.Namespace):
 def cmd_lower(args: argparse.Namespace) -> int:
     from parse_jax.cli.setup import parse_config
     from parse_jax.engine import ParseEngine
-    from parse_jax.lowering.export import write_lowered
+    from parse_jax.lowering.chips import chip
+    from parse_jax.lowering.export import check_lowered_folder, write_lowered
     from parse_jax.lowering.run import LowerTarget, lower_run
 
     if args.out is not None and args.memory_only:
         raise ConfigError("--out writes lowered programs: drop --memory-only, or --out")
+    if args.out is not None:
+        check_lowered_folder(args.out)  # before any lowering, not after it
+    device = chip(args.chip, args.platform)  # --chip h100 alone lowers for cuda
     cfg = parse_config(args)
     target, draft = _models(args)
     modes = ALL_MODES if args.mode == "all" else (args.mode,)
@@ -49,10 +53,9 @@ def cmd_lower(args: argparse.Namespace) -> int:
     engine = ParseEngine(target, draft, cfg)
     programs, reports = [], []
     for mode in modes:
-        phase(f"{'planning' if args.memory_only else 'lowering'} {mode} for {args.platform} "
-              f"{args.chip or '(default chip)'}")
+        phase(f"{'planning' if args.memory_only else 'lowering'} {mode} for {device.platform} {device.name}")
         run = lower_run(engine, mode, args.batch_size, args.max_new_tokens, prompt_len=args.prompt_len,
-                        target=LowerTarget(args.platform, args.chip, args.lower_mesh, args.attention_impl),
+                        target=LowerTarget(device.platform, device.name, args.lower_mesh, args.attention_impl),
                         lower=not args.memory_only)
         programs.extend(run.programs)
         reports.append(run.report())
@@ -86,7 +89,8 @@ def add_lower_command(sub, add_parse_args) -> None:
                         "with the target's default taps and full vocabulary, as shapes)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="the weights' dtype (default: the config's)")
-    p.add_argument("--platform", choices=PLATFORMS, default="tpu", help="what to lower for")
+    p.add_argument("--platform", choices=PLATFORMS, default=None,
+                   help="what to lower for (default: --chip's platform, else tpu)")
     p.add_argument("--chip", default=None, help="v4, v5e, v5p, v6e (tpu) or h100, h200 (cuda); default v5e / h100")
     p.add_argument("--mesh", dest="lower_mesh", default=None, metavar="data=D,model=M",
                    help="an abstract mesh of such chips, e.g. data=2,model=4 (default: one chip)")

@@ -5,17 +5,23 @@
 
 `model_args`: `pair=DIR` (default: the embedded pair) or `target=DIR[,draft=DIR][,eagle3=DIR]`, `mode` (a bench
 mode: target, sd, sequential, parse, parse-multi, eagle3, parse+eagle3; default parse), `parse_config` (anything
-`ParseConfig.load` reads: a shipped name, a YAML/JSON path, inline JSON), `batch_size`, `max_gen_toks`, `dtype`,
-`seed`, `stats_path` (a JSON file for the speculation stats).
+`ParseConfig.load` reads: a shipped name, a YAML/JSON path, inline JSON), `batch_size` (a number, or lm-eval's
+`auto` / `auto:N`: parse-jax's default, under `max_batch_size`), `max_gen_toks`, `dtype`, `seed`, `stats_path`
+(a JSON file for the speculation stats), `enable_thinking` (passed to the chat template, as lm-eval's HF model
+passes it).
 
-- `generate_until` groups the requests by their generation kwargs (`max_gen_toks`, `until` and the sampling
-  temperature that `do_sample` / `temperature` ask for, as lm-eval's HF model reads them; top_k / top_p are
-  refused) and runs each group batched through the engine in `mode`. A request's stop strings end its row:
+- `generate_until` groups the requests by their generation kwargs (the new-token budget under any of lm-eval's
+  names for it, `until` and the sampling temperature that `do_sample` / `temperature` ask for, as lm-eval's HF
+  model reads them; kwargs that would change the output and that the engine cannot honour are refused, unknown
+  ones warned about) and runs each group batched through the engine in `mode`. A request's stop strings end its row:
   those that are one token are stop ids of the device program beside the model's EOS; in the modes whose output
   a resumed call continues exactly (target, draft, sd, eagle3) a longer one is checked on the committed text
   between segments of 16, 32, 64, ... tokens; PARSE modes run a batch in one call (docs/design.md §8). Outputs are
   cut by lm-eval's own `postprocess_generated_text`.
-- `loglikelihood` and `loglikelihood_rolling` score on the target alone (its logits, BOS first).
+- `loglikelihood` and `loglikelihood_rolling` score on the target alone (its logits, BOS first), a request's text
+  encoded as lm-eval encodes it (`encode_pair`).
+- `--apply_chat_template` renders lm-eval's chat history with the target tokenizer's own chat template (as
+  transformers renders it, `continue_final_message` included); a target without one is refused at that flag.
 - The speculation stats of every generation (the field's metrics, parse_jax/runtime/metrics.py) are summed and
   written to `stats_path` and into lm-eval's results (`config.speculation_stats`, via `get_model_info`).
 
@@ -45,8 +51,16 @@ from parse_jax.errors import ConfigError, InputError, ParseJaxError
 from parse_jax.runtime.metrics import combine
 from parse_jax.utils.validation import SEED_MAX, check_float, check_int
 
+DEFAULT_BATCH = 8  # rows per engine call unless `batch_size` says otherwise
 FIRST_SEGMENT = 16  # new tokens of a generation's first segment when a stop string spans tokens; then doubled
 RESUMABLE = ("target", "draft", "sd", "eagle3")  # modes whose output a resumed call continues exactly
+BUDGET_NAMES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")  # lm-eval's priority
+# generation kwargs the engine cannot honour, with the values that mean "off" (greedy ignores the sampling ones)
+UNSUPPORTED_WHEN_SAMPLING = {"top_k": (None, 0, -1), "top_p": (None, 1, 1.0), "min_p": (None, 0, 0.0)}
+UNSUPPORTED = {"num_beams": (None, 1), "repetition_penalty": (None, 1, 1.0), "no_repeat_ngram_size": (None, 0),
+               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+               "length_penalty": (None, 1, 1.0)}
+READ = ("until", "do_sample", "temperature", *BUDGET_NAMES, *UNSUPPORTED_WHEN_SAMPLING, *UNSUPPORTED)
 SUMMED = ("new_tokens", "target_passes", "verify_passes", "draft_tokens", "accepted_tokens", "seconds")
 
 
@@ -81,13 +95,15 @@ class ModelArgs:
     eagle3: str | None = None
     mode: str = "parse"
     parse_config: Any = None
-    batch_size: int = 8
+    batch_size: int | str = DEFAULT_BATCH
+    max_batch_size: int | None = None
     max_gen_toks: int = 256
     dtype: str | None = None
     seed: int = 0
     stats_path: str | None = None
+    enable_thinking: bool | None = None
 
-    IGNORED = ("max_batch_size", "device")  # lm-eval's own: one device program per batch, JAX picks the device
+    IGNORED = ("device",)  # lm-eval's own: JAX picks the device
 
     @classmethod
     def of(cls, given: dict[str, Any]) -> ModelArgs:
@@ -96,14 +112,30 @@ class ModelArgs:
         if unknown:
             raise ConfigError(f"unknown parse-jax model_args {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         args = {k: v for k, v in given.items() if k in known and v is not None}
-        for key in ("batch_size", "max_gen_toks", "seed"):  # "8" from a model_args string
+        for key in ("batch_size", "max_batch_size", "max_gen_toks", "seed"):  # "8" from a model_args string
             if isinstance(args.get(key), str) and args[key].strip().isdigit():
                 args[key] = int(args[key])
         out = cls(**args)
-        check_int("batch_size", out.batch_size, 1)
         check_int("max_gen_toks", out.max_gen_toks, 1)
         check_int("seed", out.seed, 0)
+        if out.max_batch_size is not None:
+            check_int("max_batch_size", out.max_batch_size, 1)
+        if out.enable_thinking not in (None, True, False):
+            raise ConfigError(f"model_args enable_thinking must be true or false, got {out.enable_thinking!r}")
+        if out.stats_path is not None:  # before the run, not after it
+            from parse_jax.utils.atomic import check_file_writable
+
+            check_file_writable(out.stats_path)
         return out
+
+    def rows(self) -> int:
+        """Rows per engine call: `batch_size`, where lm-eval's `auto` / `auto:N` (which probe a torch model's memory)
+        mean parse-jax's default; never over `max_batch_size`."""
+        size = self.batch_size
+        if isinstance(size, str) and (size == "auto" or size.startswith("auto:")):
+            size = DEFAULT_BATCH
+        check_int("batch_size (a number, auto or auto:N)", size, 1)
+        return min(size, self.max_batch_size or size)
 
 
 @register_model("parse-jax")
@@ -117,8 +149,9 @@ class ParseJaxLM(LM):
 
         a = ModelArgs.of(model_args)
         self.config = ParseConfig.load(a.parse_config) if a.parse_config is not None else ParseConfig()
-        self.batch_size, self.max_gen_toks, self.seed = a.batch_size, a.max_gen_toks, a.seed
+        self.batch_size, self.max_gen_toks, self.seed = a.rows(), a.max_gen_toks, a.seed
         self.mode, self.stats_path = a.mode, a.stats_path
+        self.chat_template_args = {} if a.enable_thinking is None else {"enable_thinking": a.enable_thinking}
         self.target, self.draft = _load_models(a.pair, a.target, a.draft, a.eagle3, a.dtype)
         self.eos_ids = [int(x) for x in resolve_eos(self.target) if x >= 0]  # the model's own stop ids
         self._runners: dict[tuple[tuple[int, ...], float], Any] = {}
@@ -143,7 +176,7 @@ class ParseJaxLM(LM):
         groups: dict[tuple[int, tuple[str, ...], float], list[int]] = {}  # as lm-eval's HF model: by gen kwargs
         for i, req in enumerate(requests):
             _, kwargs = req.args
-            key = (int(kwargs.get("max_gen_toks", self.max_gen_toks)), stop_strings(kwargs.get("until")),
+            key = (new_token_budget(kwargs, self.max_gen_toks), stop_strings(kwargs.get("until")),
                    sampling_temperature(kwargs))
             groups.setdefault(key, []).append(i)
         tok = self.target.tokenizer
@@ -229,6 +262,47 @@ class ParseJaxLM(LM):
         return {"parse_jax_mode": self.mode, "parse_config": json.loads(json.dumps(self.config.flat(), default=str)),
                 "speculation_stats": self.speculation_stats()}
 
+    # --- chat templates (lm-eval's --apply_chat_template) ----------------------------------------------------
+
+    @property
+    def tokenizer_name(self) -> str:
+        """The target tokenizer's folder, as lm-eval's HF model names it (its request cache keys on it)."""
+        return str(self.target.tokenizer.source).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The target tokenizer's chat template where lm-eval asks for one; a target without one is refused here,
+        before any request (a named template other than the folder's default is refused too)."""
+        if not chat_template:
+            return None
+        template = self.target.tokenizer.chat_template
+        if template is None:
+            raise ConfigError(f"--apply_chat_template: the target's tokenizer ({self.target.tokenizer.source}) has "
+                              "no chat template (tokenizer_config.json, chat_template.jinja, chat_template.json)")
+        if isinstance(chat_template, str) and chat_template not in ("default", "True", "true"):
+            raise ConfigError(f"--apply_chat_template {chat_template!r}: parse-jax reads the folder's default "
+                              "template only; give the flag without a name")
+        return template
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """lm-eval's chat history as the target's template writes it, as lm-eval's HF model renders it: a template
+        that refuses a system message gets the history without it, and without a generation prompt the final
+        (assistant) message is left open for the model to continue (transformers' `continue_final_message`)."""
+        tok = self.target.tokenizer
+        try:
+            text = tok.apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt,
+                                           **self.chat_template_args)
+        except InputError:  # the template raised on the messages: lm-eval's HF model drops the system role
+            chat_history = [m for m in chat_history if m.get("role") != "system"]
+            text = tok.apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt,
+                                           **self.chat_template_args)
+        if add_generation_prompt or not chat_history:
+            return text
+        final = str(chat_history[-1].get("content", "")).strip()
+        at = text.rfind(final)
+        if not final or at < 0:
+            return text
+        return text[: at + len(final)]  # transformers: everything after the final message's content is cut
+
     # --- scoring on the target ---------------------------------------------------------------------------
 
     def _prefix(self) -> list[int]:
@@ -256,10 +330,10 @@ class ParseJaxLM(LM):
         return float(logp[np.arange(len(cont)), cont].sum()), bool((logits.argmax(-1) == cont).all())
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        tok, out = self.target.tokenizer, []
+        out = []
         for req in requests:
-            context, continuation = req.args
-            out.append(self._score(self._prefix() + tok.encode(context), tok.encode(continuation)))
+            context, continuation = encode_pair(self.target.tokenizer, *req.args)
+            out.append(self._score(self._prefix() + context, continuation))
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -286,6 +360,16 @@ def stop_strings(until: Any) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
+def new_token_budget(kwargs: dict[str, Any], default: int) -> int:
+    """A request's new-token budget under lm-eval's names for it, in lm-eval's priority (`normalize_gen_kwargs`:
+    max_gen_toks > max_new_tokens > max_tokens > max_completion_tokens); `default` where none is given."""
+    given = [(name, kwargs[name]) for name in BUDGET_NAMES if kwargs.get(name) is not None]
+    if not given:
+        return default
+    name, value = given[0]
+    return check_int(f"generate_until: {name}", int(value) if isinstance(value, str) and value.isdigit() else value, 1)
+
+
 def sampling_temperature(kwargs: dict[str, Any]) -> float:
     """The temperature a request's generation kwargs ask for, as lm-eval's HF model reads them: `do_sample` false
     (or absent with temperature 0, lm-eval's default) is greedy; `do_sample` true samples at `temperature` (default
@@ -295,11 +379,40 @@ def sampling_temperature(kwargs: dict[str, Any]) -> float:
     temperature = check_float("generate_until: temperature", kwargs.get("temperature", 1.0 if do_sample else 0.0),
                               0.0)
     temperature = 0.0 if do_sample is False else temperature
-    for name, off in (("top_k", (None, 0)), ("top_p", (None, 1, 1.0))):
-        if temperature > 0 and kwargs.get(name) not in off:  # greedy ignores them, as transformers does
+    refused = {**UNSUPPORTED, **(UNSUPPORTED_WHEN_SAMPLING if temperature > 0 else {})}  # greedy ignores sampling's
+    for name, off in refused.items():
+        if kwargs.get(name) not in off:
             raise ConfigError(f"generate_until: {name}={kwargs[name]!r} is not supported by the parse-jax model "
                               "(temperature and do_sample are)")
+    unknown = sorted(k for k in kwargs if k not in READ)
+    if unknown:
+        _warn_once(f"generate_until: ignoring generation kwargs the parse-jax model does not read: "
+                   f"{', '.join(unknown)}")
     return temperature
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        from parse_jax.utils.progress import logger
+
+        logger.warning(message)
+
+
+def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """A loglikelihood request's ids as lm-eval encodes them (`TemplateLM._encode_pair`, causal): the context's
+    trailing spaces move into the continuation, and the continuation is what encoding the whole adds past the
+    context's ids (so a token that spans the join is the continuation's)."""
+    if not context:
+        return [], tok.encode(continuation)
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole, head = tok.encode(context + continuation), tok.encode(context)
+    return head, whole[len(head):]
 
 
 def single_token_stops(tok, until: tuple[str, ...]) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ import numpy as np
 from parse_jax.errors import InputError
 from parse_jax.lowering.chips import Chip, abstract_mesh
 from parse_jax.lowering.launches import Launch, abstract_tree
-from parse_jax.utils.atomic import replacing
+from parse_jax.utils.atomic import check_writable, replacing
 
 KERNEL_CALLS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
 _CUSTOM_CALL = re.compile(r"custom_call @([\w$.\-]+)")
@@ -140,16 +140,24 @@ class target_context:
         self._inner.__exit__(*exc)
 
 
-def write_lowered(out_dir: str | Path, programs: list[LoweredProgram], report: dict[str, Any]) -> Path:
-    """`out_dir/` with one `<name>.jax_exported` (serialized `jax.export.Exported`, read back with
-    `jax.export.deserialize`) and `<name>.mlir` per lowered program, and `report.json`; written whole or not at
-    all (a temporary folder renamed into place). An earlier lowering there is replaced; any other non-empty folder
-    is refused."""
+def check_lowered_folder(out_dir: str | Path) -> Path:
+    """`out_dir` if `write_lowered` may write there: new (and creatable), empty, or an earlier lowering's. Checked
+    before lowering too, so a bad `--out` costs no lowering."""
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / "report.json")
                                                        .is_file())):
         raise InputError(f"--out {out_dir} exists and is not an earlier `parse-jax lower` folder (no report.json); "
                          "choose a new or empty folder")
+    check_writable(out_dir)
+    return out_dir
+
+
+def write_lowered(out_dir: str | Path, programs: list[LoweredProgram], report: dict[str, Any]) -> Path:
+    """`out_dir/` with one `<name>.jax_exported` (serialized `jax.export.Exported`, read back with
+    `jax.export.deserialize`) and `<name>.mlir` per lowered program, and `report.json`; written whole or not at
+    all (a temporary folder renamed into place). An earlier lowering there is replaced; any other non-empty folder
+    is refused."""
+    out_dir = check_lowered_folder(out_dir)
     with replacing(out_dir) as tmp:
         tmp.mkdir()
         for p in programs:

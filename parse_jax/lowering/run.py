@@ -58,11 +58,11 @@ def _mesh_sizes(mesh: Any) -> dict[str, int]:
 
 @dataclasses.dataclass(frozen=True)
 class LowerTarget:
-    """What to lower for: `platform`'s chip `chip` (None: the platform's default), over a (data, model) `mesh` of
-    such chips ("data=2,model=4", a mapping, or None: one chip), with `attention_impl` ("pallas": the platform's
-    kernel)."""
+    """What to lower for: `platform`'s chip `chip` (None: the platform's default; a platform of None: the chip's,
+    or tpu), over a (data, model) `mesh` of such chips ("data=2,model=4", a mapping, or None: one chip), with
+    `attention_impl` ("pallas": the platform's kernel)."""
 
-    platform: str = "tpu"
+    platform: str | None = None
     chip: str | None = None
     mesh: Any = None
     attention_impl: str = "pallas"

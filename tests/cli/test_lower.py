@@ -99,6 +99,18 @@ def test_bad_lower_flags_are_one_line_errors(tmp_path, capsys):
     assert "--out writes lowered programs: drop --memory-only" in capsys.readouterr().err
     assert main(["lower", "--mode", "fast"]) == 2
     assert "argument --mode: invalid choice: 'fast'" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("keep")  # refused before any lowering: no program line printed
+    assert lower(tmp_path, "--mode", "target", "--out", str(tmp_path / "a_file")) == 2
+    out, err = capsys.readouterr()
+    assert "is not an earlier `parse-jax lower` folder" in err and "lowered in" not in out + err
+
+
+def test_a_gpu_chip_alone_lowers_for_cuda(tmp_path, capsys):
+    """`--chip h100` without `--platform` plans for cuda (the chip's platform), not the tpu default."""
+    assert lower(tmp_path, "--mode", "target", "--chip", "h100", "--memory-only", "--json") == 0
+    out = capsys.readouterr().out
+    (run,) = json.loads(out[out.index("{"):])["runs"]
+    assert (run["platform"], run["chip"]) == ("cuda", "h100")
 
 
 def test_generate_in_target_mode_is_refused_before_decoding_on_a_device_too_small(tmp_path, capsys, monkeypatch):

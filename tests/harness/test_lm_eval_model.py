@@ -244,3 +244,85 @@ def test_each_generation_group_is_one_job(tmp_path, monkeypatch):
     decisions = [c for part in lm.stats_parts for c in part["schedule"]]
     assert decisions and {c["ran"] for c in decisions} == {"target"}
     assert all(c["setup_seconds_per_token"]["sd"] > 1e3 for c in decisions)  # charged: a job was declared
+
+
+def test_generation_kwargs_and_batch_sizes_as_lm_eval_names_them(tmp_path, monkeypatch, caplog):
+    """The budget under any of lm-eval's names, in its priority; kwargs that would change the output and cannot be
+    honoured are refused, unknown ones warned about and the output unchanged; `auto` batch sizes are parse-jax's
+    default under `max_batch_size`; a `stats_path` that cannot be written is refused before the run."""
+    from parse_jax.utils.progress import logger
+
+    monkeypatch.setattr(logger, "propagate", True)  # the CLI's configure() may have turned it off in this process
+    assert lm_eval_model.ParseJaxLM(mode="target", batch_size="auto:4").batch_size == lm_eval_model.DEFAULT_BATCH
+    lm = lm_eval_model.ParseJaxLM(mode="target", batch_size="auto", max_batch_size=2)
+    assert lm.batch_size == 2
+    prompt = load_task().problems(1, 7)[0][0]
+
+    def run(**kw):
+        return lm.generate_until([Instance("generate_until", {}, (prompt, {"until": [], **kw}), 0)])[0]
+
+    three = run(max_gen_toks=3)
+    assert run(max_new_tokens=3, max_tokens=40) == three == run(max_completion_tokens=3)
+    assert run(max_gen_toks=3, max_new_tokens=40) == three and len(run(max_tokens=12)) > len(three)
+    with caplog.at_level("WARNING", logger="parse_jax"):
+        assert run(max_gen_toks=3, frobnicate=1) == three
+    assert "ignoring generation kwargs the parse-jax model does not read: frobnicate" in caplog.text
+    with pytest.raises(lm_eval_model.ConfigError, match="num_beams=4 is not supported"):
+        run(max_gen_toks=3, num_beams=4)
+    with pytest.raises(lm_eval_model.ConfigError, match="max_new_tokens must be >= 1, got 0"):
+        run(max_new_tokens=0)
+    with pytest.raises(lm_eval_model.ConfigError, match=r"batch_size \(a number, auto or auto:N\) must be an "
+                                                        r"integer, got 'big'"):
+        lm_eval_model.ParseJaxLM(mode="target", batch_size="big")
+    with pytest.raises(lm_eval_model.InputError, match="it is a folder"):
+        lm_eval_model.ParseJaxLM(mode="target", stats_path=str(tmp_path))
+
+
+def test_chat_history_is_rendered_as_transformers_renders_it(tmp_path):
+    """`--apply_chat_template`: lm-eval's chat history through the target's own template, equal to transformers'
+    rendering of the same folder (a generation prompt, or the final assistant message left open); a target
+    without a template is refused at the flag; a task runs end to end with it."""
+    transformers = pytest.importorskip("transformers")
+    from tests.models.hf_tiny import make_tiny_hf
+
+    folder = make_tiny_hf("qwen3", tmp_path / "q", seed=4, tokenizer="qwen")
+    lm = lm_eval_model.ParseJaxLM(target=str(folder), mode="target", enable_thinking=False, batch_size=2)
+    hf = transformers.AutoTokenizer.from_pretrained(folder)
+    history = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "add 3 and 4"},
+               {"role": "assistant", "content": "7"}, {"role": "user", "content": "and 5 and 6?"}]
+    assert lm.apply_chat_template(history) == hf.apply_chat_template(
+        history, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    open_turn = [*history, {"role": "assistant", "content": "The sum is"}]
+    assert lm.apply_chat_template(open_turn, add_generation_prompt=False) == hf.apply_chat_template(
+        open_turn, tokenize=False, add_generation_prompt=False, continue_final_message=True, enable_thinking=False)
+    assert lm.chat_template(True) == hf.chat_template and lm.chat_template(False) is None
+    assert "/" not in lm.tokenizer_name
+    with pytest.raises(lm_eval_model.ConfigError, match="--apply_chat_template: the target's tokenizer .* has no "
+                                                        "chat template"):
+        lm_eval_model.ParseJaxLM(mode="target").chat_template(True)
+    data = write_task_jsonl(load_task(), 2, tmp_path / "problems.jsonl", seed=13)
+    task = _task(data)
+    task["generation_kwargs"]["max_gen_toks"] = 8
+    out = lm_eval.simple_evaluate(model=lm, tasks=[task], apply_chat_template=True, log_samples=True)
+    (sample, _) = out["samples"]["parse_jax_embedded"]
+    assert sample["arguments"][0][0].startswith("<|im_start|>user")
+
+
+def test_loglikelihood_requests_are_encoded_as_lm_eval_encodes_them():
+    """Context and continuation as lm-eval's own `TemplateLM._encode_pair` splits them (trailing spaces moved into
+    the continuation, the whole encoded at once), so a context's trailing space scores as the continuation's."""
+    from types import SimpleNamespace
+
+    from lm_eval.api.model import TemplateLM
+
+    lm = lm_eval_model.ParseJaxLM(mode="target", batch_size=1)
+    tok = lm.target.tokenizer
+    theirs = SimpleNamespace(backend="causal", tok_encode=lambda text, **_: tok.encode(text))
+    prompt = load_task().problems(1, 9)[0][0]
+    for context, continuation in [(prompt, " 3;"), (prompt + " ", "3;"), (prompt + "  ", " 3"), ("x = 1", "2;"),
+                                  (prompt[:-2], prompt[-2:])]:
+        assert lm_eval_model.encode_pair(tok, context, continuation) == TemplateLM._encode_pair(
+            theirs, context, continuation)
+    (moved, _), (given, _) = lm.loglikelihood([Instance("loglikelihood", {}, (prompt + " ", "3"), 0),
+                                               Instance("loglikelihood", {}, (prompt, " 3"), 1)])
+    assert moved == given and np.isfinite(moved)

@@ -25,6 +25,7 @@ from parse_jax.harness.eval.results import (
     ResultsFile,
     batch_seed,
     check_records,
+    rows_of,
     run_eval,
 )
 from parse_jax.settings import DEFAULT_BATCHING
@@ -107,15 +108,24 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
     prompt_format = PromptFormat(chat, instruction, template_kwargs)
     records, _ = check_records(records, runner.check, settings, tokenizer=target.tokenizer,
                                prompt_format=prompt_format)
+    return evaluate_checked(runner, records, settings, tokenizer=target.tokenizer, task=task,
+                            prompt_format=prompt_format, results=results, log=log)
+
+
+def evaluate_checked(runner: Any, records: Sequence[Record], settings: Any, *, tokenizer: Any, task: Any,
+                     prompt_format: PromptFormat, results: ResultsFile | None = None,
+                     log: Callable[[str], None] | None = None) -> EvalResult:
+    """`evaluate` past its checks: `records` (each checked against `runner`, a `mode_runner`) run with `runner`
+    and graded. `parse-jax eval` calls it with the runner its own checks used (one engine per run)."""
     results = results if results is not None else ResultsFile.in_memory()
 
     def generate(prompts: list, line: int):
         return runner(prompts, settings.max_new_tokens, batch_seed(settings.seed, line), settings.batch_size)
 
     with runner.job(max(sum(r.key not in results.done for r in records), 1)):  # setup is charged to this eval
-        summary = run_eval(records, generate, results, settings, tokenizer=target.tokenizer, task=task,
+        summary = run_eval(records, generate, results, settings, tokenizer=tokenizer, task=task,
                            prompt_format=prompt_format, log=log or (lambda _: None))
     return EvalResult(accuracy=summary["accuracy"], accuracy_ci95=tuple(summary["accuracy_ci95"]), n=summary["n"],
                       correct=summary["correct"], tokens_per_s=summary["tokens_per_s"],
                       accepted_per_pass=summary["accepted_per_pass"], new_tokens=summary["new_tokens"],
-                      seconds=summary["seconds"], records=list(results.results), summary=summary)
+                      seconds=summary["seconds"], records=rows_of(results, records), summary=summary)

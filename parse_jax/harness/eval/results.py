@@ -291,7 +291,9 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
     `settings.progress`); returns the summary over the whole file. With continuous batching (the default) each call
     takes `GROUP_BATCHES` batches of records and keeps `batch_size` rows in flight; results are appended per call.
 
-    `generate(prompts, seed_offset)` runs one call (texts + tokens + stats) of at most `batch_size` rows at once."""
+    `generate(prompts, seed_offset)` runs one call (texts + tokens + stats) of at most `batch_size` rows at once.
+    The summary covers `records` only: a file that holds more (an earlier run without `--limit`) keeps them, and a
+    later run over them reports them again."""
     batch_size, progress = settings.batch_size, settings.progress
     # continuous batching: a call takes GROUP_BATCHES batches' worth of records, `batch_size` rows in flight
     step = batch_size * (GROUP_BATCHES if settings.batching == "continuous" else 1)
@@ -299,7 +301,7 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
     if len(todo) < len(records):
         log(f"resuming {results.path}: {len(records) - len(todo)} of {len(records)} records already done")
     bar = tqdm(total=len(records), initial=len(records) - len(todo), desc="eval", disable=not progress)
-    correct = sum(bool(r["correct"]) for r in results.results)
+    done, correct = len(records) - len(todo), sum(bool(r["correct"]) for r in rows_of(results, records))
     for i in range(0, len(todo), step):
         batch = todo[i: i + step]
         prompts = [prompt_format.build(r, tokenizer) for r in batch]
@@ -325,17 +327,23 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
                         row["verify_passes"] = stats["verify_passes"]
             rows.append(row)
         results.append(rows)
-        correct += sum(r["correct"] for r in rows)
+        done, correct = done + len(batch), correct + sum(r["correct"] for r in rows)
         bar.update(len(batch))
-        bar.set_postfix(acc=f"{100 * correct / len(results.results):.1f}%")
+        bar.set_postfix(acc=f"{100 * correct / done:.1f}%")
     bar.close()
-    summary = summarize(results.results)
+    summary = summarize(rows_of(results, records))
     log(format_summary(summary))
     return summary
 
 
+def rows_of(results: ResultsFile, records: Sequence[Record]) -> list[dict]:
+    """The result rows of `records` (in the file's order): what a run over them reports."""
+    keys = {r.key for r in records}
+    return [row for row in results.results if row["key"] in keys]
+
+
 def write_summary(results: ResultsFile, summary: dict, provenance: dict, bad_lines: Sequence = ()) -> Path:
-    """results.summary.json: the totals over the whole results file, the header's settings, provenance."""
+    """results.summary.json: the totals of the run's records (`summary`), the header's settings, provenance."""
     from parse_jax.harness.runs import write_json
 
     doc = {**summary, "results": str(results.path), "data": results.header["data"],

@@ -65,6 +65,26 @@ def test_the_progress_bar_shows_the_running_accuracy(data, tmp_path, capsys):
     assert shown[-1] == pytest.approx(100 * summary["correct"] / summary["n"], abs=0.05)
 
 
+def test_a_limit_below_the_records_done_reports_the_first_n(data, uninterrupted, tmp_path):
+    """lm-eval's --limit over a results file that already holds all 8: the run reports its first 2 records (and
+    generates nothing), where it once reported all 8; the file keeps them all for a later run."""
+    import shutil
+
+    _, full_out = uninterrupted
+    out = tmp_path / "results.jsonl"
+    shutil.copy(full_out, out)
+    records, _ = load_records(data, TASK, limit=2)
+
+    def must_not_run(prompts, offset):
+        raise AssertionError("every record is done")
+
+    summary = run_eval(records, must_not_run, _open(out, data), RunSettings(batch_size=2, progress=False), task=TASK,
+                       log=lambda s: None)
+    first = _results(full_out)[:2]
+    assert summary["n"] == 2 and summary["correct"] == sum(bool(r["correct"]) for r in first)
+    assert len(_results(out)) == 8
+
+
 def _results(path):
     return [json.loads(line) for line in path.read_text().splitlines()[1:]]
 
