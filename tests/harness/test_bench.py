@@ -49,6 +49,7 @@ def test_bench_on_five_problems(bench):
     assert parse["accepted_per_pass"] == pytest.approx(parse["accepted_tokens"] / 5)  # one check per request
     assert res["modes"]["parse-multi"]["verify_passes"] >= parse["verify_passes"]  # multi round: >= 1 per round
     assert res["modes"]["target"]["target_passes_per_100_tokens"] >= 100.0  # one pass per token, per request
+    assert res["modes"]["draft"]["target_passes"] == res["modes"]["draft"]["target_passes_per_100_tokens"] == 0
     assert res["modes"]["sequential"]["accepted_tokens"] == parse["accepted_tokens"]
     # the field's metrics (parse_jax/runtime/metrics.py), summed over the chunks and repeats' first pass
     sd = res["modes"]["sd"]
