@@ -4,8 +4,8 @@ Timing is wall-clock around each mode's generate call (host work included), afte
 per mode and batch shape, so compilation is not counted. Speed-ups are ratios of tokens/s against `target`
 within the same repeat; the table shows their median and range over repeats. Passes are counted per request
 (a batched pass counts once for each row it serves): "accepted / pass" is accepted draft tokens per request per
-verification (per target round in `sd`), "target passes / 100 tok" is target passes per request per 100 tokens (0 in the `draft` row: the target makes none
-there).
+verification (per target round in `sd`), "target passes / 100 tok" is target passes per request per 100 tokens
+(0 in the `draft` row: the target makes none there).
 
 Modes are the mode table's (`parse_jax.modes.table.MODE_TABLE`, so new ones appear here by themselves): each
 mode by name, the multi-round run of a mode that honours `rounds` under its `multi_label` (`parse-multi`: plain
