@@ -41,7 +41,10 @@ def models_from_args(args: argparse.Namespace, need_draft: bool, *, uses_draft: 
     mesh = getattr(args, "mesh_obj", None)  # with a mesh, Orbax restores straight into the sharded layout
     load = functools.partial(load_model, mesh=mesh, dtype=args.dtype, check_finite=check)
     phase(f"loading the target {args.model}")
-    target = load(args.model, args.step, args.params_path, args.config_from)
+    try:
+        target = load(args.model, args.step, args.params_path, args.config_from)
+    except ParseJaxError as e:  # the loader names its arguments; here they are flags
+        raise type(e)(as_flags(str(e), "")) from None
     attach_eagle3(args, target)
     if args.draft is None:
         if need_draft:
@@ -54,12 +57,25 @@ def models_from_args(args: argparse.Namespace, need_draft: bool, *, uses_draft: 
     try:
         draft = load(args.draft, args.draft_step, args.draft_params_path, args.draft_config_from,
                      fallback_replicated=True)
-    except ParseJaxError as e:  # the loader names the target's flags; a draft run has its own
-        raise type(e)(DRAFT_FLAGS.sub(lambda m: "--draft-" + m.group(1), str(e))) from None
+    except ParseJaxError as e:  # the loader names the target's flags or its own arguments; a draft run has its own
+        raise type(e)(as_flags(DRAFT_FLAGS.sub(lambda m: "--draft-" + m.group(1), str(e)), "draft-")) from None
     return target, draft
 
 
 DRAFT_FLAGS = re.compile(r"(?<![\w-])--(step|params-path|config-from)\b")  # as the target's flags are named
+LOADER_ARGS = "step|params_path|config_from"  # `load_model`'s arguments that are run flags on the command line
+
+
+def as_flags(message: str, prefix: str) -> str:
+    """A loader's error with its argument names (`drop step`, `params_path '...'`, `step=3`) as the command line's
+    flags (`--step`, or `--draft-step` with `prefix` "draft-")."""
+    def flag(name: str) -> str:
+        return f"--{prefix}{name.replace('_', '-')}"
+
+    message = re.sub(rf"drop ((?:{LOADER_ARGS})(?:, (?:{LOADER_ARGS}))*)$",
+                     lambda m: "drop " + ", ".join(flag(n) for n in m.group(1).split(", ")), message)
+    message = re.sub(r"^(params_path|config_from) ", lambda m: flag(m.group(1)) + " ", message)
+    return re.sub(r"\bstep=(\d+)", lambda m: f"{flag('step')} {m.group(1)}", message)
 
 
 

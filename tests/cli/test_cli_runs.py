@@ -6,6 +6,7 @@ import json
 import pytest
 
 from parse_jax import load_model
+from parse_jax.checkpoints.pair import PAIR_DIR as PAIR
 from parse_jax.cli import main
 from parse_jax.engine import ParseConfig, ParseEngine
 from tests.checkpoints.runs_fixture import write_run
@@ -65,7 +66,13 @@ def test_run_flag_errors_are_one_line_messages(runs, capsys):
         (["generate", "--target", str(target_run), "--step", "15", "--mode", "target", PROMPT],
          "step 15 not found in " + str(target_run / "ckpt") + "; steps: 4, 10"),
         (["generate", "--target", str(target_run), "--draft", str(draft_run), "--draft-params-path", "state/x",
-          PROMPT], "params_path 'state/x' not found"),
+          PROMPT], "--draft-params-path 'state/x' not found"),
+        (["generate", "--target", str(target_run), "--params-path", "state/x", PROMPT],
+         "--params-path 'state/x' not found"),
+        (["generate", "--target", str(target_run), "--draft", str(PAIR / "draft"), "--draft-step", "3", PROMPT],
+         "not an Orbax CheckpointManager folder (step subfolders): drop --draft-step"),
+        (["generate", "--target", str(PAIR / "target"), "--step", "3", "--params-path", "x", "--mode", "target",
+          PROMPT], "not an Orbax CheckpointManager folder (step subfolders): drop --step, --params-path"),
     ]
     for args, message in cases:
         rc, _, err = _main(capsys, *args)
