@@ -6,7 +6,7 @@
 `model_args`: `pair=DIR` (default: the embedded pair) or `target=DIR[,draft=DIR][,eagle3=DIR]`, `mode` (a bench
 mode: target, sd, sequential, parse, parse-multi, eagle3, parse+eagle3; default parse), `parse_config` (anything
 `ParseConfig.load` reads: a shipped name, a YAML/JSON path, inline JSON), `batch_size` (a number, or lm-eval's
-`auto` / `auto:N`: parse-jax's default, under `max_batch_size`), `max_gen_toks`, `dtype`, `seed`, `stats_path`
+`auto` / `auto:N`: parse-jax's default, at most `max_batch_size`), `max_gen_toks`, `dtype`, `seed`, `stats_path`
 (a JSON file for the speculation stats), `enable_thinking` (passed to the chat template, as lm-eval's HF model
 passes it).
 
@@ -130,12 +130,11 @@ class ModelArgs:
 
     def rows(self) -> int:
         """Rows per engine call: `batch_size`, where lm-eval's `auto` / `auto:N` (which probe a torch model's memory)
-        mean parse-jax's default; never over `max_batch_size`."""
+        mean parse-jax's default, at most `max_batch_size` (as lm-eval caps only its automatic sizes)."""
         size = self.batch_size
         if isinstance(size, str) and (size == "auto" or size.startswith("auto:")):
-            size = DEFAULT_BATCH
-        check_int("batch_size (a number, auto or auto:N)", size, 1)
-        return min(size, self.max_batch_size or size)
+            return min(DEFAULT_BATCH, self.max_batch_size or DEFAULT_BATCH)
+        return check_int("batch_size (a number, auto or auto:N)", size, 1)
 
 
 @register_model("parse-jax")

@@ -254,6 +254,7 @@ def test_generation_kwargs_and_batch_sizes_as_lm_eval_names_them(tmp_path, monke
 
     monkeypatch.setattr(logger, "propagate", True)  # the CLI's configure() may have turned it off in this process
     assert lm_eval_model.ParseJaxLM(mode="target", batch_size="auto:4").batch_size == lm_eval_model.DEFAULT_BATCH
+    assert lm_eval_model.ParseJaxLM(mode="target", batch_size=3, max_batch_size=2).batch_size == 3  # auto's cap
     lm = lm_eval_model.ParseJaxLM(mode="target", batch_size="auto", max_batch_size=2)
     assert lm.batch_size == 2
     prompt = load_task().problems(1, 7)[0][0]

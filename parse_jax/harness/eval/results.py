@@ -288,7 +288,7 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
              settings: RunSettings = EVAL_SETTINGS, *, tokenizer=None, task=None,
              prompt_format: PromptFormat = PromptFormat(), log: Callable[[str], None] = print) -> dict:
     """Evaluate the records not yet in `results`, `settings.batch_size` rows at a time (a bar when
-    `settings.progress`); returns the summary over the whole file. With continuous batching (the default) each call
+    `settings.progress`); returns the summary over `records`. With continuous batching (the default) each call
     takes `GROUP_BATCHES` batches of records and keeps `batch_size` rows in flight; results are appended per call.
 
     `generate(prompts, seed_offset)` runs one call (texts + tokens + stats) of at most `batch_size` rows at once.
