@@ -20,12 +20,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
         models.append(("draft", draft, DRAFTER_GRID))
     if target.eagle3 is not None:
         models.append(("eagle3", head_model(target.eagle3.config.layer), DRAFTER_GRID))
+    paths = [profile_path(fingerprint(model, grid)) for _, model, grid in models]
+    for path in [*paths, *([args.json] if args.json else [])]:  # before any measuring, not after it
+        atomic.check_file_writable(path)
     report = {}
-    for role, model, grid in models:
-        path = profile_path(fingerprint(model, grid))
-        if args.force and path.exists():
-            path.unlink()
-        table: CostTable = load_or_profile(model, measure=True, grid=grid)
+    for (role, model, grid), path in zip(models, paths):
+        # --force: measured again; the cached file is replaced only by a whole new table (an interrupt keeps it)
+        table: CostTable = load_or_profile(model, measure=True, grid=grid, force=args.force)
         report[role] = {"file": str(path), "batches": list(table.batches), "tokens": list(table.tokens),
                         "caches": list(table.caches), "seconds": table.seconds_grid}
         print(f"{role}: {path}")

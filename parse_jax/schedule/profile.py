@@ -203,12 +203,15 @@ def _with_weights(model: Model) -> Model:
 
 
 def load_or_profile(model: Model, *, measure: bool = False, grid: Grid = Grid(),
-                    folder: str | Path | None = None) -> CostTable | None:
+                    folder: str | Path | None = None, force: bool = False) -> CostTable | None:
     """The cached table of `model` on this device; with `measure`, profile and cache it when there is none;
-    otherwise None. A file that cannot be read or whose fingerprint differs counts as none."""
+    otherwise None. A file that cannot be read or whose fingerprint differs counts as none. `force` (with
+    `measure`): profile again whatever is cached, and replace the file only once the new table is whole."""
     key = fingerprint(model, grid)
     path = profile_path(key, None if folder is None else Path(folder))
     try:
+        if force and measure:
+            raise FileNotFoundError  # measured again below; the cached file stays until then
         stored = json.loads(path.read_text())
         if stored.get("fingerprint") == key:
             return CostTable.from_dict(stored["table"])

@@ -168,3 +168,41 @@ def test_the_heads_model_is_looked_up_without_compiling_and_measured_with_weight
     table = load_or_profile(shapes, measure=True, grid=TINY, folder=tmp_path)
     assert all(x > 0 for p in table.seconds_grid for r in p for x in r)
     assert load_or_profile(profile.head_model(layer), grid=TINY, folder=tmp_path) == table
+
+
+def test_force_replaces_the_cached_table_only_once_a_new_one_is_whole(model, tmp_path, monkeypatch):
+    """`parse-jax profile --force`: an interrupted measurement leaves the cached file as it was (it was deleted
+    before measuring once)."""
+    load_or_profile(model, measure=True, grid=TINY, folder=tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    before = path.read_text()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(profile, "profile_model", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        load_or_profile(model, measure=True, grid=TINY, folder=tmp_path, force=True)
+    assert path.read_text() == before
+    monkeypatch.undo()
+    assert load_or_profile(model, measure=True, grid=TINY, folder=tmp_path, force=True) is not None
+    assert json.loads(path.read_text())["fingerprint"] == json.loads(before)["fingerprint"]
+
+
+def test_the_profile_command_checks_where_it_writes_before_measuring(tmp_path, monkeypatch, capsys):
+    """A --json path under a file, or a profiles folder that is a file, is one line before any measuring."""
+    from parse_jax.cli import main
+
+    def must_not_measure(*args, **kwargs):
+        raise AssertionError("measured before the output paths were checked")
+
+    monkeypatch.setattr(profile, "profile_model", must_not_measure)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "a_file").write_text("x")
+    assert main(["profile", "--force", "--json", str(tmp_path / "a_file" / "p.json"), "-q"]) == 2
+    assert "a_file is not a folder" in capsys.readouterr().err
+    profiles = profile.profiles_dir()
+    profiles.parent.mkdir(parents=True)
+    profiles.write_text("x")  # the profiles folder's place holds a file
+    assert main(["profile", "--force", "-q"]) == 2
+    assert f"{profiles} is not a folder" in capsys.readouterr().err
