@@ -111,6 +111,9 @@ def check_setting(cls: type, name: str, value: Any, label: str | None = None) ->
     kind, meta = setting_type(cls, name), about(cls, name)
     choices = choices_of(cls, name)
     if choices is not None:
+        if name == "segmenter" and isinstance(value, str) and value.startswith("stride:"):  # sweep's value form
+            raise ConfigError(f"{label} {value!r} is sweep's form of a value; here set {label}='stride' and "
+                              f"stride={value.partition(':')[2]} (available segmenters: {', '.join(choices)})")
         return check_choice(label, value, choices)
     if kind is int:
         return check_int(label, value, meta.lo, meta.hi)

@@ -220,3 +220,13 @@ def test_load_refuses_a_key_given_twice_naming_it(tmp_path, text, suffix):
 def test_load_refuses_bad_sources_in_one_line(source, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         ParseConfig.load(source)
+
+
+def test_sweeps_segmenter_value_form_is_refused_with_the_settings_that_mean_it(capsys):
+    """`sweep --values stride:4` is sweep's form; ParseConfig and `--set` say which two settings mean it."""
+    with pytest.raises(ConfigError, match=r"segmenter 'stride:4' is sweep's form of a value; here set "
+                                          r"segmenter='stride' and stride=4"):
+        ParseConfig(segmenter="stride:4")
+    assert ParseConfig(segmenter="stride", stride=4).stride == 4
+    assert main(["generate", "--set", "segmenter=stride:4", "1 + 2 :"]) == 2
+    assert "here set" in capsys.readouterr().err

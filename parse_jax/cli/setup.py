@@ -75,6 +75,7 @@ def as_flags(message: str, prefix: str) -> str:
     message = re.sub(rf"drop ((?:{LOADER_ARGS})(?:, (?:{LOADER_ARGS}))*)$",
                      lambda m: "drop " + ", ".join(flag(n) for n in m.group(1).split(", ")), message)
     message = re.sub(r"^(params_path|config_from) ", lambda m: flag(m.group(1)) + " ", message)
+    message = re.sub(r"^step (\d+) ", lambda m: f"{flag('step')} {m.group(1)}: step {m.group(1)} ", message)
     return re.sub(r"\bstep=(\d+)", lambda m: f"{flag('step')} {m.group(1)}", message)
 
 
@@ -271,6 +272,8 @@ def check_out_folder(out: str | None) -> None:
     """A training --out is a run folder: refuse an existing file (or a path under one) before any work."""
     if out is None:
         return
+    if not str(out).strip():  # Path("") is the current folder: a run would land among whatever is there
+        raise ConfigError(f"--out {out!r} is empty; give the run's folder")
     from parse_jax.utils.atomic import check_writable
 
     if Path(out).exists() and not Path(out).is_dir():

@@ -197,7 +197,16 @@ def recipe_from_dict(d: Any, name: str = "custom") -> Recipe:
 
 
 def known_recipes() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
+    """The shipped recipes' names: the YAML files of `configs/` that hold a recipe (not the mesh configs beside
+    them, whose one key is `mesh`)."""
+    def is_recipe(path: Path) -> bool:
+        try:
+            d = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            return False
+        return isinstance(d, dict) and not set(d) - {f.name for f in dataclasses.fields(Recipe)}
+
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if is_recipe(p)) if CONFIG_DIR.is_dir() else []
 
 
 def load_recipe(name_or_path: str | Path) -> Recipe:

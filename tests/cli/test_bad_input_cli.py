@@ -211,6 +211,8 @@ CASES = [
      "mode 'eagle3' needs an EAGLE-3 head", True),
     # train and train-eagle3
     (["train", "--recipe", "pair_default", "--out", f"{W}/file"], "--out", False),
+    (["train", "--recipe", "pair_default", "--out", ""], "--out '' is empty; give the run's folder", False),
+    (["train", "--recipe", "nope", "--out", f"{W}/t"], "known recipes: pair_default (in", False),
     (["train", "--recipe", "pair_default", "--steps", "0", "--out", f"{W}/t"], "--steps must be >= 1, got 0", False),
     (["train", "--recipe", f"{W}/no_recipe.yaml", "--out", f"{W}/t"], "no_recipe", False),
     (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "nan"], "--lr must be a finite number, got nan", False),
