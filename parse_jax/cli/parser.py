@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--resume", dest="mode", action="store_const", const="resume",
                    help="require checkpoints in --out and continue from them")
     m.add_argument("--fresh", dest="mode", action="store_const", const="fresh",
-                   help="delete the checkpoints in --out and start over")
+                   help="delete the checkpoints in --out, and the models they finished, and start over")
     t.set_defaults(mode="auto")
     add_setting_flag(t, PhaseSpec, "steps", default=None,
                      help=f"{about(PhaseSpec, 'steps').help} of every phase instead of the recipe's (quick runs)")
@@ -365,8 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("steps", "batch_size", "lr", "unroll", "samples", "seq_len", "seed", "draft_vocab_size"):
         add_setting_flag(h, Eagle3Spec, name)
     hm = h.add_mutually_exclusive_group()
-    hm.add_argument("--resume", dest="mode", action="store_const", const="resume")
-    hm.add_argument("--fresh", dest="mode", action="store_const", const="fresh")
+    hm.add_argument("--resume", dest="mode", action="store_const", const="resume",
+                    help="require a checkpoint in --out and continue from it")
+    hm.add_argument("--fresh", dest="mode", action="store_const", const="fresh",
+                    help="delete the head's checkpoints in --out, and the head they finished, and start over")
     h.set_defaults(mode="auto")
     h.add_argument("--no-progress", action="store_true")
     h.set_defaults(func=cmd_train_eagle3)

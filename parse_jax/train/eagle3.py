@@ -30,10 +30,11 @@ from parse_jax.train.data import Encoder
 from parse_jax.train.evaluate import solve_many
 from parse_jax.train.forward import train_forward
 from parse_jax.train.recipe import Eagle3Spec  # the head's training settings (jax-free, for the CLI)
-from parse_jax.train.trainer import CKPT_DIR, PhaseOptions, has_checkpoint, train_phase
+from parse_jax.train.trainer import CKPT_DIR, PhaseOptions, clear_outputs, has_checkpoint, train_phase
 from parse_jax.utils.progress import bar
 
 SAMPLES_FILE = "samples.json"
+HEAD_OUTPUTS = ("eagle3", "speculators", "d2t.npy", "t2d.npy")  # a finished head, as each trainer writes it
 
 
 def target_rows(target, task: Task, spec: Eagle3Spec, folder: Path, progress: bool = True) -> np.ndarray:
@@ -168,6 +169,8 @@ def train_eagle3(target, task: Task, out: str | Path, spec: Eagle3Spec | None = 
                                    "target_params": target_fingerprint(target)}
     options = PhaseOptions(mode=mode, init=init_head(cfg, spec.seed), loss=make_loss(target, cfg, spec),
                            on_step=on_step, progress=progress)
+    if mode == "fresh":  # an earlier run's finished head goes with its checkpoints (train_phase removes those)
+        clear_outputs(out, HEAD_OUTPUTS)
     params, _ = train_phase("eagle3", cfg.layer, spec.phase(), batch_fn, out / "head_run", fingerprint, options)
     head = Eagle3(cfg, jax.device_get(params))
     save_eagle3(head, out / "eagle3", overwrite=True)

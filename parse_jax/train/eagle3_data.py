@@ -38,10 +38,10 @@ from parse_jax.speculation.eagle3 import (
     save_eagle3,
     target_taps,
 )
-from parse_jax.train.eagle3 import make_loss, target_fingerprint
+from parse_jax.train.eagle3 import HEAD_OUTPUTS, make_loss, target_fingerprint
 from parse_jax.train.forward import train_forward
 from parse_jax.train.recipe import Eagle3Spec
-from parse_jax.train.trainer import PhaseOptions, train_phase
+from parse_jax.train.trainer import PhaseOptions, clear_outputs, train_phase
 from parse_jax.utils.atomic import write_json
 from parse_jax.utils.progress import bar, logger
 
@@ -270,6 +270,8 @@ def train_eagle3_data(target, data: str | Path, out: str | Path, spec: Eagle3Spe
     fingerprint: dict[str, Any] = {"eagle3": cfg.to_dict(), "eagle3_spec": dataclasses.asdict(spec),
                                    "data": _data_key(Path(data), spec, regenerate, target)}
     options = dataclasses.replace(run, init=init_head(cfg, spec.seed), loss=make_data_loss(target, cfg, spec, frozen))
+    if options.mode == "fresh":  # an earlier run's finished head goes with its checkpoints
+        clear_outputs(out, HEAD_OUTPUTS)
     params, _ = train_phase("eagle3", cfg.layer, spec.phase(), batch_fn, out / "head_run", fingerprint, options)
     head = Eagle3(cfg, {**jax.device_get(params), **jax.device_get(frozen)})
     save_eagle3(head, out / "eagle3", overwrite=True)

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from parse_jax.tasks import Task, load_task
 from parse_jax.train.data import BatchStream, Encoder, RowMix
 from parse_jax.train.grow import grown_config, widen_params
 from parse_jax.train.recipe import ModelSpec, Recipe
-from parse_jax.train.trainer import PhaseOptions, train_phase
+from parse_jax.train.trainer import PhaseOptions, clear_outputs, train_phase
 from parse_jax.utils.validation import check_int
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tokenizer"
@@ -143,13 +142,8 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
         if narrow.config.replace(eos_token_ids=tcfg.eos_token_ids) != tcfg:
             raise ConfigError(f"--grow-from {grow_from}: its config is not the recipe's target_model "
                               f"({narrow.config} vs {tcfg})")
-    if mode == "fresh":
-        for name in ("draft_run", "target_run", "grow_run", SAMPLES_FILE):
-            p = out / name
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
+    if mode == "fresh":  # the runs and the models they finished: a new draft must never meet an old target
+        clear_outputs(out, ("draft_run", "target_run", "grow_run", SAMPLES_FILE, "draft", "target_narrow", "target"))
     elif mode == "resume" and not (out / "draft_run").is_dir():
         raise CheckpointError(f"nothing to resume in {out} (no draft_run/ folder)")
     out.mkdir(parents=True, exist_ok=True)

@@ -148,6 +148,17 @@ class PhaseOptions:
         check_choice("mode", self.mode, ("auto", "resume", "fresh"))
 
 
+def clear_outputs(out: Path, names: tuple[str, ...]) -> None:
+    """`--fresh`: remove what an earlier run wrote in `out` under `names` (its checkpoints, and the finished models
+    it saved), so that nothing of it is loaded beside the new run's."""
+    for name in names:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 def has_checkpoint(folder: str | Path) -> bool:
     """Whether the run folder of a phase holds a checkpoint to resume from."""
     ckpt = Path(folder) / CKPT_DIR

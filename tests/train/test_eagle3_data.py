@@ -179,6 +179,15 @@ def test_training_lowers_the_loss_resumes_and_the_head_loads(hf_target, data_fil
         res = eagle3_generate(hf_target, loaded, prompts, gamma=3, max_new_tokens=12)
         assert res.tokens == generate(hf_target, prompts, max_new_tokens=12).tokens
         assert res.stats["accepted_tokens"] > 0
+    # --fresh with the full vocabulary: the earlier head's vocabulary maps go with it (they would describe another
+    # head than the new eagle3/)
+    import dataclasses
+
+    full = dataclasses.replace(SPEC, draft_vocab_size=0, steps=2)
+    head = train_eagle3_data(hf_target, data_file, tmp_path / "run", full, regenerate=True,
+                             run=PhaseOptions(progress=False, mode="fresh"))
+    assert head.config.draft_vocab is None
+    assert not (tmp_path / "run" / "d2t.npy").exists() and not (tmp_path / "run" / "t2d.npy").exists()
 
 
 @pytest.mark.subprocess

@@ -47,3 +47,12 @@ def test_train_cli_end_to_end_resume_and_errors(recipes, tmp_path, capsys):
     assert main(["train", "--recipe", str(b), "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert "another config" in err and "hidden_size" in err and "\n" not in err
+    # --fresh starts over: an earlier run's finished models go with its checkpoints (a grown target of an earlier
+    # run, target_narrow/, would otherwise sit beside the new pair; the old draft/ beside a new target)
+    import shutil
+
+    shutil.copytree(out / "target", out / "target_narrow")
+    stale = (out / "draft" / "params").stat().st_mtime_ns
+    assert main(["train", "--recipe", str(b), "--out", str(out), "--fresh", "--no-progress"]) == 0
+    assert not (out / "target_narrow").exists() and (out / "draft" / "params").stat().st_mtime_ns != stale
+    assert load_model(out / "target").config.hidden_size == 32
