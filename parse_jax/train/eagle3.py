@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from parse_jax.errors import CheckpointError, ConfigError
+from parse_jax.errors import CheckpointError, ConfigError, InputError
 from parse_jax.runtime.requests import PAD_ID
 from parse_jax.speculation.eagle3 import Eagle3, Eagle3Config, init_head, save_eagle3, target_taps, ttt_logits
 from parse_jax.tasks import Task
@@ -58,12 +58,16 @@ def target_rows(target, task: Task, spec: Eagle3Spec, folder: Path, progress: bo
                        progress="target solving train problems" if progress else None)
     eos = target.tokenizer.eos_id
     rows = np.full((len(prompts), spec.seq_len + 1), PAD_ID, np.int32)
+    lengths, whole = [], []
     for i, (p, text) in enumerate(zip(prompts, texts)):
         ids = enc.prompt_ids(p)
         sol = target.tokenizer.encode(text) + ([eos] if eos is not None else [])
         row = (ids + sol)[: spec.seq_len]
         rows[i, : len(row)] = row
         rows[i, -1] = len(ids)
+        lengths.append(len(row))
+        whole.append(len(ids) + len(sol))
+    check_trainable(rows[:, -1], np.asarray(lengths), spec.seq_len, max(whole))
     if progress:
         print(f"target solved {len(prompts)} train problems in {time.perf_counter() - t0:.1f}s", file=sys.stderr,
               flush=True)
@@ -75,6 +79,15 @@ def target_rows(target, task: Task, spec: Eagle3Spec, folder: Path, progress: bo
 
 
 MAX_TEACHER_BYTES = 4 << 30
+
+
+def check_trainable(prompt_lens: np.ndarray, row_lens: np.ndarray, seq_len: int, fits: int) -> None:
+    """Refuse rows in which no response token follows a context token: the head would have nothing to predict
+    and train to a loss of 0 on nothing. `fits`: the --seq-len that holds the longest row whole."""
+    targets = np.maximum(np.asarray(row_lens) - np.maximum(np.asarray(prompt_lens), 1), 0)
+    if int(targets.sum()) <= 0:
+        raise InputError(f"--seq-len {seq_len}: no row keeps a response token after its prompt, so the head would "
+                         f"train on nothing; raise --seq-len (--seq-len {fits} fits every row whole)")
 
 
 def target_fingerprint(target) -> float:

@@ -38,7 +38,7 @@ from parse_jax.speculation.eagle3 import (
     save_eagle3,
     target_taps,
 )
-from parse_jax.train.eagle3 import HEAD_OUTPUTS, make_loss, target_fingerprint
+from parse_jax.train.eagle3 import HEAD_OUTPUTS, check_trainable, make_loss, target_fingerprint
 from parse_jax.train.forward import train_forward
 from parse_jax.train.recipe import Eagle3Spec
 from parse_jax.train.trainer import PhaseOptions, clear_outputs, train_phase
@@ -143,9 +143,7 @@ def encode_rows(target, records: list[dict[str, Any]], spec: Eagle3Spec, regener
         row = (p + tail)[: spec.seq_len]
         rows[i, : len(row)] = row
         rows[i, -2], rows[i, -1] = len(p), len(row)
-    if int((rows[:, -1] - rows[:, -2]).sum()) <= 0:
-        raise InputError(f"--data: no response token fits in --seq-len {spec.seq_len} after the prompts (the longest "
-                         f"record has {max(lengths)} tokens); raise --seq-len")
+    check_trainable(rows[:, -2], rows[:, -1], spec.seq_len, max(lengths))
     report_cut_rows(records, lengths, rows, spec.seq_len, regenerate)
     return rows
 

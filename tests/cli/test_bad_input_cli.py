@@ -222,6 +222,8 @@ CASES = [
     (["train-eagle3", "--pair", P, "--out", f"{W}/file"], "is a file", False),
     (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--steps", "2.5"], "--steps: invalid int value", False),
     (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--unroll", "0"], "--unroll must be >= 1", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--seq-len", "4", "--samples", "2"],
+     "--seq-len 4: no row keeps a response token after its prompt, so the head would train on nothing", True),
     (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--resume", "--steps", "1", "--samples", "4"],
      "nothing to resume", True),  # before the teacher pass (which wrote samples.json)
     (["train", "--recipe", "pair_default", "--steps", "1", "--out", f"{W}/t", "--grow-from", f"{W}/no_model"],

@@ -134,6 +134,10 @@ def test_records_longer_than_a_row_are_reported_naming_seq_len(hf_target, data_f
         prepare(hf_target, data_file, Eagle3Spec(samples=6, seq_len=48, draft_vocab_size=0), tmp_path / "d",
                 True, False)
     assert not [r for r in caplog.records if "--seq-len" in r.getMessage()]
+    # a row of one token has nothing to predict (the prompt cut to nothing): refused, not trained to a loss of 0
+    with pytest.raises(InputError, match="--seq-len 1: no row keeps a response token after its prompt"):
+        prepare(hf_target, data_file, Eagle3Spec(samples=6, seq_len=1, draft_vocab_size=0), tmp_path / "e",
+                False, False)
 
 
 def test_training_lowers_the_loss_resumes_and_the_head_loads(hf_target, data_file, tmp_path):
