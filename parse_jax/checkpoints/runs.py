@@ -174,6 +174,21 @@ def resolve_step(path: str | Path, step: int | None = None) -> int | None:
     return None if found is None else select_step(*found)[0]
 
 
+def step_saved(path: str | Path, step: int | None = None) -> int | None:
+    """When the step `load_model(path, step)` would read was saved (nanoseconds: Orbax's commit timestamp in the
+    step's `_CHECKPOINT_METADATA`, else the step folder's mtime); None for a plain model folder. A step number is
+    reused when a run is started over: results keyed on it are keyed on this too."""
+    found = locate(path, step)
+    if found is None:
+        return None
+    folder = Path(str(select_step(*found)[1]))
+    try:
+        stamp = json.loads((folder / "_CHECKPOINT_METADATA").read_text()).get("commit_timestamp_nsecs")
+    except (OSError, ValueError, AttributeError):
+        stamp = None
+    return int(stamp) if isinstance(stamp, int) else folder.stat().st_mtime_ns
+
+
 # ------------------------------------------------------------------------------------------------ the params tree
 
 

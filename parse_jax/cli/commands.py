@@ -16,6 +16,7 @@ from parse_jax.cli.setup import (
     jsonable,
     model_desc,
     models_from_args,
+    models_saved,
     no_rounds,
     parse_config,
     run_settings,
@@ -243,6 +244,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         settings["eos_ids"] = eos_ids_from_args(args)
     if args.no_thinking:
         settings["enable_thinking"] = False
+    saved = models_saved(args)
+    if saved:  # only for training-run steps: results files of model folders resume as before
+        settings["models_saved"] = saved
     header = make_header(args.data, file_sha256(args.data), settings)
     ResultsFile.check(args.out, header)  # another run's file, a folder, an unwritable place: before loading
     target, draft = models_from_args(args, need_draft=needs_draft([mode]), uses_draft=needs_draft([mode]))

@@ -226,6 +226,21 @@ def model_desc(args: argparse.Namespace) -> dict:
 
 
 
+def models_saved(args: argparse.Namespace) -> dict:
+    """When each training-run step the flags name was saved ({"target": ns, "draft": ns}; empty for model folders):
+    a results file keyed on a step number alone would resume on other weights saved under the same number."""
+    from parse_jax.checkpoints.runs import step_saved
+
+    pin_steps(args)
+    saved = {}
+    for who, (step, _, _) in RUN_FLAGS.items():
+        path = getattr(args, who)
+        stamp = None if path is None else step_saved(path, getattr(args, step, None))
+        if stamp is not None:
+            saved["target" if who == "model" else "draft"] = stamp
+    return saved
+
+
 def no_rounds(args: argparse.Namespace) -> None:
     if getattr(args, "rounds", None) is not None:
         raise ConfigError("--rounds does not apply here: the mode name sets it (parse = single round, "

@@ -144,6 +144,9 @@ class ResultsFile:
         self.done |= {r["key"] for r in new}
 
 
+ADDED_KEYS = ("models_saved",)  # settings keys of later versions: an older results file without them resumes
+
+
 def _check_header(path: Path, old: dict, new: dict) -> None:
     where = f"{path} was started"
     if old.get("version") != new["version"]:
@@ -153,7 +156,13 @@ def _check_header(path: Path, old: dict, new: dict) -> None:
                           f"{str(old.get('data_sha256'))[:12]}; now {new['data']}, {new['data_sha256'][:12]}): "
                           "the data changed; choose a new --out or delete the old results")
     a, b = old.get("settings", {}), new["settings"]
-    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    # a key later versions add is compared only where the old header has it (its file resumes as before)
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and (k in a or k not in ADDED_KEYS))
+    if diff == ["models_saved"]:
+        then, now = a.get("models_saved") or {}, b.get("models_saved") or {}
+        which = " and ".join(k for k in sorted({*then, *now}) if then.get(k) != now.get(k))
+        raise ConfigError(f"{where} on other weights: the {which} step was saved again since (a run started over "
+                          "reuses its step numbers); choose a new --out or delete the old results")
     if diff:
         shown = "; ".join(f"{k}: {a.get(k)!r} then, {b.get(k)!r} now" for k in diff)
         raise ConfigError(f"{where} with other settings ({shown}); resume with the same ones or choose a new --out")

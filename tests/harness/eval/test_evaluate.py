@@ -177,3 +177,24 @@ def test_the_counter_sees_a_compilation():
     with BackendCompiles() as compiles:
         jax.jit(lambda x: x * 3 + 1)(jnp.zeros((7, 13, 3)))
     assert compiles.count >= 1
+
+
+def test_an_eval_on_a_step_saved_again_is_not_resumed(tmp_path, capsys):
+    """A run started over reuses its step numbers: a results file started on step 10 is not resumed on the new
+    step 10 (its weights differ), where the step number alone matched and the summary mixed the two."""
+    import shutil
+
+    run = tmp_path / "run"
+    write_run(run, _model(42, "qwen3"), steps=(10,), run_json=True)
+    data = write_task_jsonl(TASK, 4, tmp_path / "data.jsonl", seed=3)
+    cmd = ["eval", "--data", str(data), "--target", str(run), "--step", "10", "--mode", "target",
+           "--max-new-tokens", "8", "--out", str(tmp_path / "r.jsonl"), "--no-progress", "-q"]
+    assert main([*cmd, "--limit", "2"]) == 0
+    assert main([*cmd, "--limit", "3"]) == 0, capsys.readouterr().err  # the same step: resumed
+    shutil.rmtree(run)
+    write_run(run, _model(43, "qwen3"), steps=(10,), run_json=True)
+    capsys.readouterr()
+    assert main([*cmd, "--limit", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "on other weights: the target step was saved again since" in err and "\n" not in err.strip()
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 1 + 3  # the file as it was
