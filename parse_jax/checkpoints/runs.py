@@ -181,12 +181,17 @@ def step_saved(path: str | Path, step: int | None = None) -> int | None:
     found = locate(path, step)
     if found is None:
         return None
-    folder = Path(str(select_step(*found)[1]))
+    folder = select_step(*found)[1]  # an epath: a local folder or gs://
     try:
         stamp = json.loads((folder / "_CHECKPOINT_METADATA").read_text()).get("commit_timestamp_nsecs")
     except (OSError, ValueError, AttributeError):
         stamp = None
-    return int(stamp) if isinstance(stamp, int) else folder.stat().st_mtime_ns
+    if isinstance(stamp, int):
+        return stamp
+    try:  # a layout without Orbax's metadata: the folder's own time where the file system keeps one
+        return int(getattr(folder.stat(), "st_mtime_ns", None) or folder.stat().mtime * 1e9)
+    except (OSError, AttributeError, TypeError):
+        return None
 
 
 # ------------------------------------------------------------------------------------------------ the params tree
