@@ -27,12 +27,14 @@ _LAZY = {
     "align_vocab": "parse_jax.models.vocab",
     "EvalResult": "parse_jax.harness.eval.evaluate", "evaluate": "parse_jax.harness.eval.evaluate",
     "load_model": "parse_jax.checkpoints.load", "save_model": "parse_jax.checkpoints.orbax",
+    "export_hf": "parse_jax.checkpoints.hf",
     "ModelConfig": "parse_jax.models.config", "Model": "parse_jax.models.model",
     "load_pair": "parse_jax.checkpoints.pair", "speculative_generate": "parse_jax.speculation.draft_model",
     "load_task": "parse_jax.tasks",
 }
 
 if TYPE_CHECKING:
+    from parse_jax.checkpoints.hf import export_hf
     from parse_jax.checkpoints.load import load_model, load_sharded
     from parse_jax.checkpoints.orbax import save_model
     from parse_jax.checkpoints.pair import load_pair
@@ -66,5 +68,6 @@ def __dir__() -> list[str]:
 
 __all__ = ["CheckpointError", "ConfigError", "Eagle3", "Eagle3Settings", "EvalResult", "GenerateResult", "InputError",
            "Model", "ModelConfig", "ParseConfig", "ParseEngine", "ParseJaxError", "SpecSettings", "align_vocab",
-           "eagle3_generate", "evaluate", "export_speculators", "generate", "load_eagle3", "load_model", "load_pair",
-           "load_sharded", "load_task", "make_mesh", "save_eagle3", "save_model", "shard_model", "speculative_generate"]
+           "eagle3_generate", "evaluate", "export_hf", "export_speculators", "generate", "load_eagle3", "load_model",
+           "load_pair", "load_sharded", "load_task", "make_mesh", "save_eagle3", "save_model", "shard_model",
+           "speculative_generate"]

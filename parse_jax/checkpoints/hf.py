@@ -309,9 +309,14 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
     return d
 
 
-def export_hf(model: Model, folder: str | Path, dtype: str | None = None) -> Path:
-    """Write `model` as a HF folder (config.json, model.safetensors, tokenizer files), loadable by
-    `load_hf` and by `transformers`; files of the same names in `folder` are replaced."""
+def export_hf(model: Model, folder: str | Path, dtype: str | None = None, overwrite: bool = False) -> Path:
+    """Write `model` as a HF folder (config.json, model.safetensors, the tokenizer's files with
+    generation_config.json), loadable by `load_hf` and by `transformers` (and so by vLLM). Written whole or not at
+    all (a temporary folder renamed into place); an existing `folder` is an error unless `overwrite`."""
+    from parse_jax.checkpoints.save_path import check_save_path
+    from parse_jax.utils.atomic import replacing
+
+    check_save_path(folder, overwrite)  # before a tensor is converted
     cfg = model.config if dtype is None else model.config.replace(dtype=dtype)
     config = hf_config_dict(cfg)
     target = np.dtype(jnp.dtype(cfg.dtype))
@@ -321,9 +326,10 @@ def export_hf(model: Model, folder: str | Path, dtype: str | None = None) -> Pat
         array = np.asarray(leaf).astype(target)
         tensors[name] = np.ascontiguousarray(array.T if transpose else array)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    safetensors.numpy.save_file(tensors, str(folder / SINGLE_FILE), metadata={"format": "pt"})
-    if model.tokenizer is not None:
-        model.tokenizer.save(folder)
+    with replacing(folder) as tmp:
+        tmp.mkdir()
+        if model.tokenizer is not None:
+            model.tokenizer.save(tmp)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        safetensors.numpy.save_file(tensors, str(tmp / SINGLE_FILE), metadata={"format": "pt"})
     return folder

@@ -32,6 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from parse_jax.checkpoints.hf import check_vocab
+from parse_jax.checkpoints.save_path import check_save_path
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model, expected_params, unflatten
@@ -133,25 +134,6 @@ def clean_stale_temporaries(path: Path, started: float) -> list[Path]:
             removed.append(tmp)
     return removed
 
-
-
-def check_save_path(path: str | Path, overwrite: bool = False) -> Path:
-    """Whether a model can be saved at `path`, checked without writing anything (what `convert` asks before it
-    reads a tensor): an existing path is an error unless `overwrite`, and so are a path that is not a folder, a
-    file in the way and a folder without write permission."""
-    path = Path(path).absolute()
-    if path.exists() and not overwrite:
-        raise CheckpointError(f"{path} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
-    if path.exists() and not path.is_dir():
-        raise CheckpointError(f"{path} exists and is not a folder")
-    for parent in (path.parent, *path.parent.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise CheckpointError(f"cannot write {path}: {parent} is a file, not a folder")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise CheckpointError(f"cannot write {path}: no write permission in {parent}")
-            break
-    return path
 
 
 def save_model(model: Model, path: str | Path, overwrite: bool = False) -> Path:

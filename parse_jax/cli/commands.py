@@ -24,7 +24,7 @@ from parse_jax.cli.setup import (
     template_kwargs,
     writes_results,
 )
-from parse_jax.errors import ConfigError, InputError
+from parse_jax.errors import ConfigError, InputError, ParseJaxError
 from parse_jax.utils.progress import logger, phase
 from parse_jax.utils.validation import check_float, check_int, check_text
 
@@ -287,6 +287,25 @@ def cmd_convert(args: argparse.Namespace) -> int:
     print(f"wrote {out}")
     return 0
 
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A model parse-jax loads (a HF folder, a parse-jax checkpoint, a training run's step) as a HF folder."""
+    from parse_jax.checkpoints.hf import export_hf
+    from parse_jax.checkpoints.load import load_model
+    from parse_jax.checkpoints.save_path import check_save_path
+    from parse_jax.cli.setup import as_flags, check_run_flags
+
+    check_run_flags(args)
+    check_save_path(args.out, args.overwrite)  # before a tensor is read
+    phase(f"export: reading {args.model}")
+    try:
+        model = load_model(args.model, args.step, args.params_path, args.config_from)
+    except ParseJaxError as e:  # the loader names its arguments; here they are flags
+        raise type(e)(as_flags(str(e), "")) from None
+    phase(f"export: writing {args.out}")
+    print(f"wrote {export_hf(model, args.out, dtype=args.dtype, overwrite=args.overwrite)}")
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from parse_jax.cli.commands import (
     cmd_calibrate,
     cmd_convert,
     cmd_eval,
+    cmd_export,
     cmd_generate,
     cmd_sweep,
     cmd_train,
@@ -330,6 +331,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     c.add_argument("--overwrite", action="store_true")
     c.set_defaults(func=cmd_convert)
+
+    x = sub.add_parser("export", help="write a model (HF folder, Orbax folder, a training run's step) as a HF folder "
+                                      "(config.json + model.safetensors + tokenizer) that transformers and vLLM load")
+    x.add_argument("--model", "--target", dest="model", required=True,
+                   help="the model: a HF or parse-jax folder, or a training run (see --step)")
+    x.add_argument("--step", type=int, default=None, help="step of the --model run (default: the latest finished)")
+    x.add_argument("--params-path", default=None,
+                   help="params sub-tree of the run's checkpoints, e.g. state/params (default: found)")
+    x.add_argument("--config-from", default=None,
+                   help="HF or parse-jax model folder with the run's config and tokenizer (default: the run folder's "
+                        "run.json / config files)")
+    x.add_argument("--out", required=True, help="output folder (must not exist unless --overwrite)")
+    x.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="default: the model's own")
+    x.add_argument("--overwrite", action="store_true")
+    x.set_defaults(func=cmd_export, draft=None, draft_step=None, draft_params_path=None, draft_config_from=None)
 
     t = sub.add_parser("train", help="train a draft/target pair from a recipe in configs/ (resumable)")
     t.add_argument("--recipe", required=True, help="recipe name (configs/NAME.yaml) or path to a YAML file")

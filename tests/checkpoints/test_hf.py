@@ -229,3 +229,35 @@ def test_export_round_trip(tiny_hf, tmp_path, family: str) -> None:
     bf16 = load_hf(export_hf(model, tmp_path / "bf16", dtype="bfloat16"))
     assert bf16.config.dtype == "bfloat16"
     assert params_equal(bf16.params, jax.tree.map(lambda x: x.astype(jnp.bfloat16), model.params))
+
+
+def test_a_training_runs_step_exported_from_the_command_line_loads_in_transformers(tmp_path, capsys, monkeypatch):
+    """`parse-jax export --model RUN --step N --out DIR`: transformers reads the step's weights (same logits as
+    parse-jax's of that step); an existing --out is refused unless --overwrite; a write that fails leaves nothing
+    under the final name."""
+    from parse_jax.cli import main
+    from parse_jax.models.model import Model
+    from parse_jax.models.tokenizer import Tokenizer
+    from parse_jax.tasks import TOKENIZER_DIR
+    from tests.checkpoints.runs_fixture import write_run
+    from tests.random_models import random_model
+
+    tok = Tokenizer.from_folder(TOKENIZER_DIR)
+    m = random_model("qwen3", 7, vocab_size=tok.vocab_size)
+    write_run(tmp_path / "run", Model(m.config, m.params, tok), steps=(10, 20), run_json=True)
+    out = tmp_path / "hf"
+    assert main(["export", "--model", str(tmp_path / "run"), "--step", "10", "--out", str(out), "-q"]) == 0
+    ids = np.array([tok.encode("( 1 + 2 ) * 3 :")])
+    step10 = load_model(tmp_path / "run", step=10)
+    np.testing.assert_allclose(hf_logits(hf_model(out), ids), step10.logits(ids), atol=1e-4, rtol=0)
+    assert main(["export", "--model", str(tmp_path / "run"), "--out", str(out), "-q"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["export", "--model", str(tmp_path / "run"), "--out", str(out), "--overwrite", "-q"]) == 0
+    assert params_equal(load_hf(out).params, load_model(tmp_path / "run", step=20).params)  # the latest step
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
+    assert main(["export", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "hf2"), "-q"]) != 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]  # no hf2, no temporary
