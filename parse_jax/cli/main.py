@@ -34,9 +34,10 @@ def _run(argv: list[str] | None, watch: InterruptWatch) -> int:
         command = watch.command = f"parse-jax {args.command}"
         from parse_jax.utils import compile_cache, progress
 
-        progress.configure(args.verbose - args.quiet)  # phases and diagnostics on stderr, results on stdout
         if args.quiet and hasattr(args, "no_progress"):
             args.no_progress = True
+        # phases and diagnostics on stderr, results on stdout; --no-progress hides every bar, the loaders' too
+        progress.configure(args.verbose - args.quiet, bars=not getattr(args, "no_progress", False))
         check_args(args, parser)
         folder = compile_cache.cache_dir(disabled=args.no_compile_cache)
         if folder is not None:  # before the first compilation: JAX decides once per process

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,9 @@ def params_digest(params: Any) -> str:
 
 
 def _log(msg: str, quiet: bool) -> None:
+    """A phase message, on stderr with the progress bars (stdout holds the command's result)."""
     if not quiet:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def sample_draft(draft: Model, task: Task, n: int, temperature: float, batch: int, seed: int,

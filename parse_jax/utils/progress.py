@@ -27,8 +27,13 @@ class _StderrHandler(logging.Handler):
             self.handleError(record)
 
 
-def configure(verbosity: int = 0) -> None:
-    """Show `parse_jax` messages on stderr: verbosity <= -1 warnings only, 0 phases (INFO), >= 1 debug."""
+_BARS = {"on": True}  # --no-progress: no bar, the loaders' included, while phase messages still show
+
+
+def configure(verbosity: int = 0, bars: bool = True) -> None:
+    """Show `parse_jax` messages on stderr: verbosity <= -1 warnings only, 0 phases (INFO), >= 1 debug; `bars`
+    False: progress bars that follow the logger stay hidden (a command's --no-progress)."""
+    _BARS["on"] = bars
     level = logging.WARNING if verbosity < 0 else logging.INFO if verbosity == 0 else logging.DEBUG
     if verbosity < -1:
         level = logging.ERROR
@@ -57,5 +62,5 @@ def bar(total: int | None = None, desc: str = "", enabled: bool | None = None, i
     phases are)."""
     from tqdm import tqdm
 
-    on = shown() if enabled is None else enabled
+    on = (shown() and _BARS["on"]) if enabled is None else enabled
     return tqdm(iterable, total=total, desc=desc, disable=not on, file=sys.stderr, dynamic_ncols=True, **kw)

@@ -42,11 +42,14 @@ def test_train_cli_end_to_end_resume_and_errors(recipes, tmp_path, capsys):
     # Rerunning the same command: every phase is finished, nothing is trained again, same outputs.
     capsys.readouterr()
     assert main(["train", "--recipe", str(a), "--out", str(out), "--resume", "--no-progress"]) == 0
-    assert "reusing 16 draft samples" in capsys.readouterr().out
+    out_text, err_text = capsys.readouterr()
+    assert "reusing 16 draft samples" in err_text  # phase messages on stderr: stdout holds the result alone
+    assert out_text.splitlines() == [f"wrote {out / 'draft'} and {out / 'target'}"]
     # Another recipe on the same folder: a clear one-line error, exit 2.
     assert main(["train", "--recipe", str(b), "--out", str(out), "--no-progress"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "another config" in err and "hidden_size" in err and "\n" not in err
+    err = capsys.readouterr().err.strip().splitlines()  # phase messages, then the error: one line
+    assert err[-1].startswith("parse-jax train: error: ") and "another config" in err[-1] and "hidden_size" in err[-1]
+    assert all(line.startswith("[") for line in err[:-1])
     # --fresh starts over: an earlier run's finished models go with its checkpoints (a grown target of an earlier
     # run, target_narrow/, would otherwise sit beside the new pair; the old draft/ beside a new target)
     import shutil

@@ -49,3 +49,29 @@ def test_a_library_user_sees_nothing_until_logging_is_configured(capsys):
             logger.addHandler(h)
         logger.setLevel(level)
         logger.propagate = propagate
+
+
+def test_no_progress_hides_every_bar_the_loaders_too(tmp_path, capsys):
+    """A command's --no-progress: no bar (a loader's "reading ..." included), the phase messages still shown."""
+    from parse_jax.cli import main
+    from tests.models.hf_tiny import make_tiny_hf
+
+    folder = make_tiny_hf("qwen3", tmp_path / "hf", seed=2)
+    capsys.readouterr()
+    assert main(["export", "--model", str(folder), "--out", str(tmp_path / "a")]) == 0
+    assert "tensor/s" in capsys.readouterr().err  # the loader's bar, by default
+    try:
+        progress.configure(0, bars=False)
+        with progress.bar(3, "counting") as b:
+            b.update(3)
+        assert "counting" not in capsys.readouterr().err
+    finally:
+        progress.configure(0)  # as other tests expect it
+    from parse_jax.harness.eval.data import write_task_jsonl
+    from parse_jax.tasks import load_task
+
+    data = write_task_jsonl(load_task(), 1, tmp_path / "p.jsonl", seed=1)
+    assert main(["eval", "--model", str(folder), "--mode", "target", "--data", str(data), "--max-new-tokens", "2",
+                 "--out", str(tmp_path / "r.jsonl"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "tensor/s" not in err and "loading the target" in err
