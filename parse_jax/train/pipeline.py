@@ -141,9 +141,11 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
             narrow = load_model(grow_from)
         except ParseJaxError as e:
             raise type(e)(f"--grow-from {grow_from}: {e}") from None
-        if narrow.config.replace(eos_token_ids=tcfg.eos_token_ids) != tcfg:
-            raise ConfigError(f"--grow-from {grow_from}: its config is not the recipe's target_model "
-                              f"({narrow.config} vs {tcfg})")
+        given = narrow.config.replace(eos_token_ids=tcfg.eos_token_ids)
+        if given != tcfg:
+            diff = "; ".join(f"{k}: {v!r} there, {tcfg.to_dict()[k]!r} in the recipe"
+                             for k, v in given.to_dict().items() if v != tcfg.to_dict()[k])
+            raise ConfigError(f"--grow-from {grow_from}: its config is not the recipe's target_model ({diff})")
     if mode == "fresh":  # the runs and the models they finished: a new draft must never meet an old target
         clear_outputs(out, ("draft_run", "target_run", "grow_run", SAMPLES_FILE, "draft", "target_narrow", "target"))
     elif mode == "resume" and not (out / "draft_run").is_dir():

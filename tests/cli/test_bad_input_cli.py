@@ -228,6 +228,8 @@ CASES = [
      "nothing to resume", True),  # before the teacher pass (which wrote samples.json)
     (["train", "--recipe", "pair_default", "--steps", "1", "--out", f"{W}/t", "--grow-from", f"{W}/no_model"],
      "--grow-from", True),  # before the draft phase trains
+    (["train", "--recipe", "pair_default", "--steps", "1", "--out", f"{W}/t", "--grow-from", f"{P}/draft"],
+     "its config is not the recipe's target_model (hidden_size: 64 there, 128 in the recipe;", True),
     # convert
     (["convert", "--hf", f"{W}/no_hf", "--out", f"{W}/conv"], "no_hf", True),
     # convert: the output is checked before a tensor is read
