@@ -310,9 +310,10 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def export_hf(model: Model, folder: str | Path, dtype: str | None = None, overwrite: bool = False) -> Path:
-    """Write `model` as a HF folder (config.json, model.safetensors, the tokenizer's files with
-    generation_config.json), loadable by `load_hf` and by `transformers` (and so by vLLM). Written whole or not at
-    all (a temporary folder renamed into place); an existing `folder` is an error unless `overwrite`."""
+    """Write `model` as a HF folder (config.json, model.safetensors, the tokenizer's files and the
+    generation_config.json it was loaded with, if any), loadable by `load_hf` and by `transformers` (and so by
+    vLLM). Written whole or not at all (a temporary folder renamed into place); an existing `folder` is an error
+    unless `overwrite`."""
     from parse_jax.checkpoints.save_path import check_save_path
     from parse_jax.utils.atomic import replacing
 

@@ -176,7 +176,8 @@ def resolve_step(path: str | Path, step: int | None = None) -> int | None:
 
 def step_saved(path: str | Path, step: int | None = None) -> int | None:
     """When the step `load_model(path, step)` would read was saved (nanoseconds: Orbax's commit timestamp in the
-    step's `_CHECKPOINT_METADATA`, else the step folder's mtime); None for a plain model folder. A step number is
+    step's `_CHECKPOINT_METADATA`); None for a plain model folder or a step without that file (a folder's own time
+    would change with every copy). A step number is
     reused when a run is started over: results keyed on it are keyed on this too."""
     found = locate(path, step)
     if found is None:
@@ -184,14 +185,9 @@ def step_saved(path: str | Path, step: int | None = None) -> int | None:
     folder = select_step(*found)[1]  # an epath: a local folder or gs://
     try:
         stamp = json.loads((folder / "_CHECKPOINT_METADATA").read_text()).get("commit_timestamp_nsecs")
-    except (OSError, ValueError, AttributeError):
-        stamp = None
-    if isinstance(stamp, int):
-        return stamp
-    try:  # a layout without Orbax's metadata: the folder's own time where the file system keeps one
-        return int(getattr(folder.stat(), "st_mtime_ns", None) or folder.stat().mtime * 1e9)
-    except (OSError, AttributeError, TypeError):
+    except Exception:  # noqa: BLE001  (gs:// backends raise their own types) no metadata: not known
         return None
+    return stamp if isinstance(stamp, int) else None
 
 
 # ------------------------------------------------------------------------------------------------ the params tree

@@ -297,6 +297,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from parse_jax.cli.setup import as_flags, check_run_flags
 
     check_run_flags(args)
+    if Path(args.model).resolve().is_relative_to(Path(args.out).resolve()):  # --overwrite would delete the source
+        raise ConfigError(f"--out {args.out} holds --model {args.model}: the export replaces that folder whole; "
+                          "choose another --out")
     check_save_path(args.out, args.overwrite)  # before a tensor is read
     phase(f"export: reading {args.model}")
     try:

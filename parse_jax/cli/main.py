@@ -18,8 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     interrupted (Ctrl-C: one line, no traceback; what was finished is on disk, results written whole or not at
     all, eval's appended records intact so a rerun resumes; also when a callback swallowed the KeyboardInterrupt,
     see cli/interrupt.py)."""
-    with InterruptWatch() as watch:
-        return _run(argv, watch)
+    from parse_jax.utils import progress
+
+    try:
+        with InterruptWatch() as watch:
+            return _run(argv, watch)
+    finally:
+        progress.restore_bars()  # --no-progress is this command's: a caller's later library calls draw bars again
 
 
 def _run(argv: list[str] | None, watch: InterruptWatch) -> int:

@@ -75,7 +75,9 @@ def as_flags(message: str, prefix: str) -> str:
     message = re.sub(rf"drop ((?:{LOADER_ARGS})(?:, (?:{LOADER_ARGS}))*)$",
                      lambda m: "drop " + ", ".join(flag(n) for n in m.group(1).split(", ")), message)
     message = re.sub(r"^(params_path|config_from) ", lambda m: flag(m.group(1)) + " ", message)
-    message = re.sub(r"^step (\d+) ", lambda m: f"{flag('step')} {m.group(1)}: step {m.group(1)} ", message)
+    # a step asked for that is missing or unfinished (a step pinned as the latest is neither): name its flag
+    message = re.sub(r"^step (\d+) (?=not found|in .* is still being written)",
+                     lambda m: f"{flag('step')} {m.group(1)}: step {m.group(1)} ", message)
     return re.sub(r"\bstep=(\d+)", lambda m: f"{flag('step')} {m.group(1)}", message)
 
 
@@ -215,7 +217,10 @@ def model_desc(args: argparse.Namespace) -> dict:
             continue
         from parse_jax.checkpoints.runs import resolve_step
 
-        resolved = resolve_step(path, getattr(args, step, None))
+        try:
+            resolved = resolve_step(path, getattr(args, step, None))
+        except ParseJaxError as e:  # the first look at the run (eval's header): its errors name the flags too
+            raise type(e)(as_flags(str(e), "" if who == "model" else "draft-")) from None
         if resolved is not None:
             desc[f"{name}_step"] = resolved
         if getattr(args, params_path, None) is not None:

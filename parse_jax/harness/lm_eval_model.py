@@ -12,12 +12,12 @@ passes it).
 
 - `generate_until` groups the requests by their generation kwargs (the new-token budget under any of lm-eval's
   names for it, `until` and the sampling temperature that `do_sample` / `temperature` ask for, as lm-eval's HF
-  model reads them; kwargs that would change the output and that the engine cannot honour are refused, unknown
-  ones warned about) and runs each group batched through the engine in `mode`. A request's stop strings end its row:
-  those that are one token are stop ids of the device program beside the model's EOS; in the modes whose output
-  a resumed call continues exactly (target, draft, sd, eagle3) a longer one is checked on the committed text
-  between segments of 16, 32, 64, ... tokens; PARSE modes run a batch in one call (docs/design.md §8). Outputs are
-  cut by lm-eval's own `postprocess_generated_text`.
+  model reads them; kwargs that would change the output and that this model does not pass to the engine are
+  refused, unknown ones warned about) and runs each group batched through the engine in `mode`. A request's stop
+  strings end its row: those that are one token are stop ids of the device program beside the model's EOS; in
+  the modes whose output a resumed call continues exactly (target, draft, sd, eagle3) a longer one is checked on
+  the committed text between segments of 16, 32, 64, ... tokens; PARSE modes run a batch in one call
+  (docs/design.md §8). Outputs are cut by lm-eval's own `postprocess_generated_text`.
 - `loglikelihood` and `loglikelihood_rolling` score on the target alone (its logits, BOS first), a request's text
   encoded as lm-eval encodes it (`encode_pair`).
 - `--apply_chat_template` renders lm-eval's chat history with the target tokenizer's own chat template (as
@@ -55,7 +55,7 @@ DEFAULT_BATCH = 8  # rows per engine call unless `batch_size` says otherwise
 FIRST_SEGMENT = 16  # new tokens of a generation's first segment when a stop string spans tokens; then doubled
 RESUMABLE = ("target", "draft", "sd", "eagle3")  # modes whose output a resumed call continues exactly
 BUDGET_NAMES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")  # lm-eval's priority
-# generation kwargs the engine cannot honour, with the values that mean "off" (greedy ignores the sampling ones)
+# kwargs this model does not pass to the engine (its runners take a temperature), with the values that mean "off"
 UNSUPPORTED_WHEN_SAMPLING = {"top_k": (None, 0, -1), "top_p": (None, 1, 1.0), "min_p": (None, 0, 0.0)}
 UNSUPPORTED = {"num_beams": (None, 1), "repetition_penalty": (None, 1, 1.0), "no_repeat_ngram_size": (None, 0),
                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
@@ -296,11 +296,7 @@ class ParseJaxLM(LM):
                                            **self.chat_template_args)
         if add_generation_prompt or not chat_history:
             return text
-        final = str(chat_history[-1].get("content", "")).strip()
-        at = text.rfind(final)
-        if not final or at < 0:
-            return text
-        return text[: at + len(final)]  # transformers: everything after the final message's content is cut
+        return open_final_message(text, str(chat_history[-1].get("content", "")))
 
     # --- scoring on the target ---------------------------------------------------------------------------
 
@@ -332,7 +328,10 @@ class ParseJaxLM(LM):
         out = []
         for req in requests:
             context, continuation = encode_pair(self.target.tokenizer, *req.args)
-            out.append(self._score(self._prefix() + context, continuation))
+            prefix = self._prefix()
+            if context[: len(prefix)] == prefix and prefix:  # a chat template wrote the BOS itself: not twice
+                prefix = []
+            out.append(self._score(prefix + context, continuation))
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -399,6 +398,17 @@ def _warn_once(message: str) -> None:
         from parse_jax.utils.progress import logger
 
         logger.warning(message)
+
+
+def open_final_message(text: str, final: str) -> str:
+    """`text` cut right after the final message's content, as transformers' `continue_final_message` cuts it: the
+    message's trailing spaces kept where the template kept them, a message the template does not write refused."""
+    if final.strip() not in text:
+        raise InputError("--apply_chat_template: the chat template does not write the final (assistant) message as "
+                         "given, so it cannot be left open for the model to continue")
+    at = text.rindex(final.strip())
+    kept = len(final.lstrip())
+    return text[: at + kept] if text[at: at + kept] == final else text[: at + len(final.strip())]
 
 
 def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:

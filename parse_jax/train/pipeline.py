@@ -147,7 +147,10 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
                              for k, v in given.to_dict().items() if v != tcfg.to_dict()[k])
             raise ConfigError(f"--grow-from {grow_from}: its config is not the recipe's target_model ({diff})")
     if mode == "fresh":  # the runs and the models they finished: a new draft must never meet an old target
-        clear_outputs(out, ("draft_run", "target_run", "grow_run", SAMPLES_FILE, "draft", "target_narrow", "target"))
+        names = ("draft_run", "target_run", "grow_run", SAMPLES_FILE, "draft", "target_narrow", "target")
+        source = None if grow_from is None else Path(grow_from).resolve()
+        # --grow-from OUT/target_narrow (a rerun on the narrow target already made) is the user's input: kept
+        clear_outputs(out, tuple(n for n in names if source is None or not source.is_relative_to((out / n).resolve())))
     elif mode == "resume" and not (out / "draft_run").is_dir():
         raise CheckpointError(f"nothing to resume in {out} (no draft_run/ folder)")
     out.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,11 @@ def configure(verbosity: int = 0, bars: bool = True) -> None:
     logger.propagate = False
 
 
+def restore_bars() -> None:
+    """Bars follow the logger again (what `configure(bars=False)` turned off for one command)."""
+    _BARS["on"] = True
+
+
 def phase(message: str) -> None:
     """A one-line note that a long step without a count starts (loading, restoring, compiling)."""
     logger.info(message)

@@ -254,6 +254,9 @@ def test_a_training_runs_step_exported_from_the_command_line_loads_in_transforme
     assert "already exists" in capsys.readouterr().err
     assert main(["export", "--model", str(tmp_path / "run"), "--out", str(out), "--overwrite", "-q"]) == 0
     assert params_equal(load_hf(out).params, load_model(tmp_path / "run", step=20).params)  # the latest step
+    # an --out that holds the source would be replaced whole: refused, the run untouched
+    assert main(["export", "--model", str(tmp_path / "run"), "--out", str(tmp_path), "--overwrite", "-q"]) == 2
+    assert "holds --model" in capsys.readouterr().err and (tmp_path / "run" / "run.json").is_file()
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")

@@ -58,14 +58,21 @@ def test_bench_records_the_steps_it_ran(runs, tmp_path, capsys):
     assert models["target"] == str(target_run.resolve())
 
 
-def test_run_flag_errors_are_one_line_messages(runs, capsys):
+def test_run_flag_errors_are_one_line_messages(runs, capsys, tmp_path):
+    from parse_jax.harness.eval.data import write_task_jsonl
+    from parse_jax.tasks import load_task
+
     target_run, draft_run = runs
+    data = write_task_jsonl(load_task(), 1, tmp_path / "p.jsonl", seed=1)
     cases = [
         (["generate", "--step", "3", PROMPT], "--step: only with --target RUN_DIR"),
         (["generate", "--target", str(target_run), "--draft-step", "3", PROMPT], "--draft-step: only with --draft"),
         (["generate", "--target", str(target_run), "--step", "15", "--mode", "target", PROMPT],
          "--step 15: step 15 not found in " + str(target_run / "ckpt") + "; steps: 4, 10"),
         (["generate", "--target", str(target_run), "--draft", str(draft_run), "--draft-step", "998", PROMPT],
+         "--draft-step 998: step 998 not found in "),
+        (["eval", "--target", str(target_run), "--draft", str(draft_run), "--draft-step", "998", "--data",
+          str(data), "--out", str(tmp_path / "r.jsonl")],
          "--draft-step 998: step 998 not found in "),
         (["generate", "--target", str(target_run), "--draft", str(draft_run), "--draft-params-path", "state/x",
           PROMPT], "--draft-params-path 'state/x' not found"),

@@ -293,9 +293,11 @@ def test_chat_history_is_rendered_as_transformers_renders_it(tmp_path):
                {"role": "assistant", "content": "7"}, {"role": "user", "content": "and 5 and 6?"}]
     assert lm.apply_chat_template(history) == hf.apply_chat_template(
         history, tokenize=False, add_generation_prompt=True, enable_thinking=False)
-    open_turn = [*history, {"role": "assistant", "content": "The sum is"}]
-    assert lm.apply_chat_template(open_turn, add_generation_prompt=False) == hf.apply_chat_template(
-        open_turn, tokenize=False, add_generation_prompt=False, continue_final_message=True, enable_thinking=False)
+    for prefill in ("The sum is", "Answer: "):  # a trailing space is kept where the template keeps it
+        open_turn = [*history, {"role": "assistant", "content": prefill}]
+        assert lm.apply_chat_template(open_turn, add_generation_prompt=False) == hf.apply_chat_template(
+            open_turn, tokenize=False, add_generation_prompt=False, continue_final_message=True,
+            enable_thinking=False)
     assert lm.chat_template(True) == hf.chat_template and lm.chat_template(False) is None
     assert "/" not in lm.tokenizer_name
     with pytest.raises(lm_eval_model.ConfigError, match="--apply_chat_template: the target's tokenizer .* has no "
@@ -327,3 +329,21 @@ def test_loglikelihood_requests_are_encoded_as_lm_eval_encodes_them():
     (moved, _), (given, _) = lm.loglikelihood([Instance("loglikelihood", {}, (prompt + " ", "3"), 0),
                                                Instance("loglikelihood", {}, (prompt, " 3"), 1)])
     assert moved == given and np.isfinite(moved)
+
+
+def test_a_context_whose_chat_template_wrote_the_bos_is_scored_after_one_bos(tmp_path):
+    """loglikelihood on a context rendered by a template that writes `{{ bos_token }}` (Llama-3's): one BOS in front,
+    as lm-eval's HF model scores it, not the template's and ours."""
+    from tests.models.hf_tiny import make_tiny_hf
+
+    folder = make_tiny_hf("llama3", tmp_path / "l", seed=5)
+    lm = lm_eval_model.ParseJaxLM(target=str(folder), mode="target", batch_size=1)
+    tok, target = lm.target.tokenizer, lm.target
+    context = lm.apply_chat_template([{"role": "user", "content": "add 3 and 4"}])
+    ctx, cont = lm_eval_model.encode_pair(tok, context, " 7")  # lm-eval's split (a template's newline moves on)
+    assert ctx[0] == tok.bos_id and ctx[1] != tok.bos_id
+    logits = np.asarray(target.logits(np.array([ctx + cont])), np.float64)[0]
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    expect = sum(logp[len(ctx) - 1 + i, t] for i, t in enumerate(cont))
+    ((ll, _),) = lm.loglikelihood([Instance("loglikelihood", {}, (context, " 7"), 0)])
+    assert ll == pytest.approx(expect, abs=1e-4)

@@ -141,3 +141,28 @@ def test_grow_from_needs_a_growing_recipe_and_the_recipe_shape(tmp_path, capsys)
     assert main(["train", "--recipe", str(recipe), "--out", str(tmp_path / "b"), "--grow-from",
                  str(tmp_path / "other"), "--no-progress"]) == 2
     assert "not the recipe's target_model" in capsys.readouterr().err
+
+
+def test_a_fresh_rerun_growing_from_its_own_narrow_target_keeps_that_folder(tmp_path, monkeypatch):
+    """`--fresh --grow-from OUT/target_narrow`: the narrow target is the user's input, so --fresh does not delete it
+    with the rest (an interrupt before the run saves it again would have lost the only copy)."""
+    from parse_jax.train import pipeline
+    from parse_jax.train.recipe import load_recipe
+
+    recipe = tmp_path / "grow.yaml"
+    recipe.write_text(GROW.replace("STEPS", "2"))
+    out = tmp_path / "pair"
+    assert main(["train", "--recipe", str(recipe), "--out", str(out), "--no-progress"]) == 0
+
+    class Interrupt(Exception):
+        pass
+
+    def interrupted(*args, **kwargs):  # the rerun is stopped in its first phase, after --fresh cleared the run
+        raise Interrupt
+
+    monkeypatch.setattr(pipeline, "train_phase", interrupted)
+    with pytest.raises(Interrupt):
+        pipeline.run_recipe(load_recipe(str(recipe)), out=out, mode="fresh", progress=False, quiet=True,
+                            grow_from=out / "target_narrow")
+    assert load_model(out / "target_narrow").config.hidden_size == 16
+    assert not (out / "target").exists() and not (out / "draft_run").exists()  # the rest was cleared

@@ -75,3 +75,6 @@ def test_no_progress_hides_every_bar_the_loaders_too(tmp_path, capsys):
                  "--out", str(tmp_path / "r.jsonl"), "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "tensor/s" not in err and "loading the target" in err
+    with progress.bar(3, "after the command") as b:  # its --no-progress ended with it
+        b.update(3)
+    assert "after the command" in capsys.readouterr().err
