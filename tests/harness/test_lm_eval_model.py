@@ -58,13 +58,15 @@ def test_until_and_max_gen_toks_and_the_target_scores():
     assert cut == full[: full.index(";")]
     assert len(lm.target.tokenizer.encode(short)) <= 2 and full.startswith(short.strip())
     tok, target = lm.target.tokenizer, lm.target
-    ctx, cont = [tok.bos_id] + tok.encode(prompt), tok.encode(" " + full)[:5]
+    text = tok.decode(tok.encode(" " + full)[:5])  # the first 5 tokens of the answer
+    head, cont = lm_eval_model.encode_pair(tok, prompt, text)  # split as lm-eval splits it (checked against lm-eval)
+    ctx = [tok.bos_id] + head
     logits = np.asarray(target.logits(np.array([ctx + cont])), np.float64)[0]
     logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
     expect = sum(logp[len(ctx) - 1 + i, t] for i, t in enumerate(cont))
     (_, greedy), = lm.loglikelihood([Instance("loglikelihood", {}, (prompt, " " + full), 0)])
     assert greedy  # sd's greedy output is the target's own greedy continuation
-    (ll5, _), = lm.loglikelihood([Instance("loglikelihood", {}, (prompt, tok.decode(cont)), 0)])
+    (ll5, _), = lm.loglikelihood([Instance("loglikelihood", {}, (prompt, text), 0)])
     assert ll5 == pytest.approx(expect, abs=1e-4)
     (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (prompt,), 0)])
     ids = tok.encode(prompt)
