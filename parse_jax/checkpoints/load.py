@@ -94,9 +94,7 @@ def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = Non
     (`step`, `params_path`, `config_from`: see `checkpoints.runs.load_run`), is restored shard by shard, never
     whole on one device; so is a Hugging Face folder (each device reads its slices of the safetensors files,
     `checkpoints.hf.load_hf_sharded`). `rules` default: `fitting_rules(config, mesh, fallback_replicated)`."""
-    check_mesh(mesh)
-    if mesh is None:
-        raise ConfigError("load_sharded needs a mesh; pj.load_model(path) loads onto one device")
+    check_mesh(mesh, needed_by="load_sharded (pj.load_model(path) loads onto one device)")
     path = Path(path).absolute()
     if checkpoint_manager.locate(path, step) is not None:
         return checkpoint_manager.load_run(path, checkpoint_manager.RunStep(step, params_path, config_from),

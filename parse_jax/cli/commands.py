@@ -24,7 +24,7 @@ from parse_jax.cli.setup import (
     template_kwargs,
     writes_results,
 )
-from parse_jax.errors import ConfigError, InputError, ParseJaxError
+from parse_jax.errors import ConfigError, InputError
 from parse_jax.utils.progress import logger, phase
 from parse_jax.utils.validation import check_float, check_int, check_text
 
@@ -294,7 +294,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from parse_jax.checkpoints.hf import export_hf
     from parse_jax.checkpoints.load import load_model
     from parse_jax.checkpoints.save_path import check_save_path
-    from parse_jax.cli.setup import as_flags, check_run_flags
+    from parse_jax.cli.setup import check_run_flags, flags_named
 
     check_run_flags(args)
     if Path(args.model).resolve().is_relative_to(Path(args.out).resolve()):  # --overwrite would delete the source
@@ -302,10 +302,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                           "choose another --out")
     check_save_path(args.out, args.overwrite)  # before a tensor is read
     phase(f"export: reading {args.model}")
-    try:
+    with flags_named("model"):
         model = load_model(args.model, args.step, args.params_path, args.config_from)
-    except ParseJaxError as e:  # the loader names its arguments; here they are flags
-        raise type(e)(as_flags(str(e), "")) from None
     phase(f"export: writing {args.out}")
     print(f"wrote {export_hf(model, args.out, dtype=args.dtype, overwrite=args.overwrite)}")
     return 0

@@ -37,18 +37,23 @@ from parse_jax.train.recipe import Eagle3Spec, PhaseSpec
 from parse_jax.utils.validation import SEED_MAX, check_float, check_int
 
 
+def add_run_step_flags(p, run: str) -> None:
+    """--step, --params-path and --config-from: which step of `run` (a training run) to load, and how."""
+    p.add_argument("--step", type=int, default=None, help=f"step of {run} (default: the latest finished)")
+    p.add_argument("--params-path", default=None,
+                   help=f"params sub-tree of {run}'s checkpoints, e.g. state/params (default: found)")
+    p.add_argument("--config-from", default=None,
+                   help=f"HF or parse-jax model folder with {run}'s config and tokenizer (default: the run folder's "
+                        "run.json / config files)")
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", default=None, help="folder with target/ and draft/ (default: the embedded pair)")
     p.add_argument("--model", "--target", dest="model", default=None,
                    help="target model folder (HF or Orbax, or a training run: see --step) instead of a pair")
     p.add_argument("--draft", default=None, help="draft model folder (with --model)")
     r = p.add_argument_group("training runs (Orbax CheckpointManager folders given as --target / --draft)")
-    r.add_argument("--step", type=int, default=None, help="step of the --target run (default: the latest finished)")
-    r.add_argument("--params-path", default=None,
-                   help="params sub-tree of the --target run's checkpoints, e.g. state/params (default: found)")
-    r.add_argument("--config-from", default=None,
-                   help="HF or parse-jax model folder with the --target run's config and tokenizer (default: the "
-                        "run folder's run.json / config files)")
+    add_run_step_flags(r, "the --target run")
     r.add_argument("--draft-step", type=int, default=None, help="step of the --draft run (default: the latest)")
     r.add_argument("--draft-params-path", default=None, help="params sub-tree of the --draft run's checkpoints")
     r.add_argument("--draft-config-from", default=None, help="config + tokenizer folder for the --draft run")
@@ -336,12 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(config.json + model.safetensors + tokenizer) that transformers and vLLM load")
     x.add_argument("--model", "--target", dest="model", required=True,
                    help="the model: a HF or parse-jax folder, or a training run (see --step)")
-    x.add_argument("--step", type=int, default=None, help="step of the --model run (default: the latest finished)")
-    x.add_argument("--params-path", default=None,
-                   help="params sub-tree of the run's checkpoints, e.g. state/params (default: found)")
-    x.add_argument("--config-from", default=None,
-                   help="HF or parse-jax model folder with the run's config and tokenizer (default: the run folder's "
-                        "run.json / config files)")
+    add_run_step_flags(x, "the --model run")
     x.add_argument("--out", required=True, help="output folder (must not exist unless --overwrite)")
     x.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="default: the model's own")
     x.add_argument("--overwrite", action="store_true")

@@ -5,6 +5,7 @@ settings, stop ids, the task or data, provenance of the models.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import re
@@ -41,10 +42,8 @@ def models_from_args(args: argparse.Namespace, need_draft: bool, *, uses_draft: 
     mesh = getattr(args, "mesh_obj", None)  # with a mesh, Orbax restores straight into the sharded layout
     load = functools.partial(load_model, mesh=mesh, dtype=args.dtype, check_finite=check)
     phase(f"loading the target {args.model}")
-    try:
+    with flags_named("model"):
         target = load(args.model, args.step, args.params_path, args.config_from)
-    except ParseJaxError as e:  # the loader names its arguments; here they are flags
-        raise type(e)(as_flags(str(e), "")) from None
     attach_eagle3(args, target)
     if args.draft is None:
         if need_draft:
@@ -54,11 +53,9 @@ def models_from_args(args: argparse.Namespace, need_draft: bool, *, uses_draft: 
         phase(f"not loading the draft {args.draft}: this run uses none")
         return target, None
     phase(f"loading the draft {args.draft}")
-    try:
+    with flags_named("draft"):
         draft = load(args.draft, args.draft_step, args.draft_params_path, args.draft_config_from,
                      fallback_replicated=True)
-    except ParseJaxError as e:  # the loader names the target's flags or its own arguments; a draft run has its own
-        raise type(e)(as_flags(DRAFT_FLAGS.sub(lambda m: "--draft-" + m.group(1), str(e)), "draft-")) from None
     return target, draft
 
 
@@ -66,9 +63,23 @@ DRAFT_FLAGS = re.compile(r"(?<![\w-])--(step|params-path|config-from)\b")  # as 
 LOADER_ARGS = "step|params_path|config_from"  # `load_model`'s arguments that are run flags on the command line
 
 
-def as_flags(message: str, prefix: str) -> str:
+@contextlib.contextmanager
+def flags_named(who: str):
+    """A loader's errors inside, with its argument names as the flags of `who`'s run ("model": `--step`, ...;
+    "draft": `--draft-step`, ...): one place, for every command that loads a run's step."""
+    try:
+        yield
+    except ParseJaxError as e:
+        raise type(e)(as_flags(str(e), who)) from None
+
+
+def as_flags(message: str, who: str) -> str:
     """A loader's error with its argument names (`drop step`, `params_path '...'`, `step=3`) as the command line's
-    flags (`--step`, or `--draft-step` with `prefix` "draft-")."""
+    flags of `who`'s run (`--step`; for "draft" `--draft-step`, the target's flags it names renamed too)."""
+    prefix = "" if who == "model" else "draft-"
+    if prefix:  # the loader names the target's flags; a draft run has its own
+        message = DRAFT_FLAGS.sub(lambda m: "--draft-" + m.group(1), message)
+
     def flag(name: str) -> str:
         return f"--{prefix}{name.replace('_', '-')}"
 
@@ -85,6 +96,15 @@ def as_flags(message: str, prefix: str) -> str:
 RUN_FLAGS = {"model": ("step", "params_path", "config_from"),
               "draft": ("draft_step", "draft_params_path", "draft_config_from")}
 
+
+
+def given_runs(args: argparse.Namespace):
+    """(who, name, path, its step flags' attribute names) of the --target and --draft given: "model" / "target",
+    "draft" / "draft"."""
+    for who, flags in RUN_FLAGS.items():
+        path = getattr(args, who, None)
+        if path is not None:
+            yield who, "target" if who == "model" else "draft", path, flags
 
 
 def check_run_flags(args: argparse.Namespace) -> None:
@@ -210,17 +230,12 @@ def model_desc(args: argparse.Namespace) -> dict:
 
     desc = {"pair": where(args.pair) or ("embedded" if args.model is None else None), "target": where(args.model),
             "draft": where(args.draft), "dtype": args.dtype}
-    pin_steps(args)
-    for who, (step, params_path, config_from) in RUN_FLAGS.items():  # which step of a training run (if one)
-        path, name = getattr(args, who), "target" if who == "model" else "draft"
-        if path is None:
-            continue
-        from parse_jax.checkpoints.runs import resolve_step
+    from parse_jax.checkpoints.runs import resolve_step
 
-        try:
+    pin_steps(args)
+    for who, name, path, (step, params_path, config_from) in given_runs(args):  # which step of a run (if one)
+        with flags_named(who):  # the first look at the run (eval's header): its errors name the flags too
             resolved = resolve_step(path, getattr(args, step, None))
-        except ParseJaxError as e:  # the first look at the run (eval's header): its errors name the flags too
-            raise type(e)(as_flags(str(e), "" if who == "model" else "draft-")) from None
         if resolved is not None:
             desc[f"{name}_step"] = resolved
         if getattr(args, params_path, None) is not None:
@@ -237,13 +252,8 @@ def models_saved(args: argparse.Namespace) -> dict:
     from parse_jax.checkpoints.runs import step_saved
 
     pin_steps(args)
-    saved = {}
-    for who, (step, _, _) in RUN_FLAGS.items():
-        path = getattr(args, who)
-        stamp = None if path is None else step_saved(path, getattr(args, step, None))
-        if stamp is not None:
-            saved["target" if who == "model" else "draft"] = stamp
-    return saved
+    saved = {name: step_saved(path, getattr(args, step, None)) for _, name, path, (step, _, _) in given_runs(args)}
+    return {name: stamp for name, stamp in saved.items() if stamp is not None}
 
 
 def no_rounds(args: argparse.Namespace) -> None:

@@ -101,9 +101,11 @@ def make_mesh(spec: str | Mapping[str, int] | Path | None = None, devices: Seque
 
 
 
-def check_mesh(mesh: Any, name: str = "mesh") -> None:
-    """A `jax.sharding.Mesh` (or None, where the caller allows it); anything else, a "data=2,model=4" string
-    included, is one ConfigError that says how to build one."""
+def check_mesh(mesh: Any, name: str = "mesh", *, needed_by: str | None = None) -> None:
+    """A `jax.sharding.Mesh`, or None unless `needed_by` (the function that cannot run without one) is given;
+    anything else, a "data=2,model=4" string included, is one ConfigError that says how to build one."""
+    if mesh is None and needed_by is not None:
+        raise ConfigError(f"{needed_by} needs a mesh, e.g. pj.make_mesh('data=2,model=4')")
     if mesh is not None and not isinstance(mesh, Mesh):
         raise ConfigError(f"{name} must be a jax.sharding.Mesh, e.g. pj.make_mesh({{'data': 1}}) or "
                           f"pj.make_mesh('data=2,model=4'), got {type(mesh).__name__} {mesh!r}")

@@ -17,7 +17,6 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels
 from parse_jax.distributed.mesh import check_mesh, mesh_shape, on_mesh
-from parse_jax.errors import ConfigError
 from parse_jax.models.cache import KVCache
 from parse_jax.models.config import ModelConfig
 from parse_jax.models.model import Model
@@ -61,9 +60,7 @@ def shard_model(model: Model, mesh: Mesh, rules: ShardingRules | None = None,
                 fallback_replicated: bool = False) -> ShardedModel:
     """The same model with its params placed by `rules` (default: tensor parallel, see `fitting_rules`) on `mesh`.
     An EAGLE-3 head attached to the model (`model.eagle3`, as `pj.load_pair` attaches it) comes along, replicated."""
-    check_mesh(mesh)
-    if mesh is None:
-        raise ConfigError("shard_model needs a mesh, e.g. pj.make_mesh('data=2,model=4')")
+    check_mesh(mesh, needed_by="shard_model")
     rules = rules or fitting_rules(model.config, mesh, fallback_replicated)
     shardings = param_shardings(model.config, mesh, rules)
     params = jax.tree.map(lambda x, s: jax.device_put(x, s), model.params, shardings)

@@ -183,12 +183,16 @@ class ParseJaxLM(LM):
             # one job per group, as `parse-jax eval` declares its records: under schedule="auto" a choice's program
             # setup is charged to the group's rows (docs/design.md §7). Not where rows go on in segments (several
             # calls per prompt would spend the job's count before its first batch ends)
-            runner = self._runner(single_token_stops(tok, until), temperature)
-            with runner.job(len(idx)) if not self._segmented(until) else contextlib.nullcontext():
+            stop_ids = single_token_stops(tok, until)
+            runner = self._runner(stop_ids, temperature)
+            segmented = len(stop_ids) < len(until) and self.mode in RESUMABLE  # a stop string over several tokens
+            with contextlib.nullcontext() if segmented else runner.job(len(idx)):
                 for start in range(0, len(idx), self.batch_size):
                     batch = idx[start: start + self.batch_size]
                     seed = (self.seed + batch[0]) % (SEED_MAX + 1)  # a batch's own draws (lm-eval's repeats too)
-                    texts = self._generate([requests[i].args[0] for i in batch], max_new, until, temperature, seed)
+                    prompts = [requests[i].args[0] for i in batch]
+                    texts = (self._generate_in_segments(runner, prompts, max_new, until, stop_ids, seed) if segmented
+                             else self._generate(runner, prompts, max_new, seed))
                     for i, text in zip(batch, texts):
                         out[i] = postprocess_generated_text(text, list(until), None)  # lm-eval's own cut
         self._write_stats()
@@ -206,24 +210,26 @@ class ParseJaxLM(LM):
                                              eos_ids=eos, honour_rounds=True)
         return self._runners[key]
 
-    def _generate(self, prompts: list[str], max_new: int, until: tuple[str, ...], temperature: float,
-                  seed: int) -> list[str]:
-        """Uncut texts of a batch. Stop strings of one token end their row inside the device program (stop ids
-        beside the EOS); a row whose committed text holds a longer stop string ends at the next check: generation
-        runs in segments of 16, 32, 64, ... tokens (at most log2(max_new) calls), each on the prompt and the ids
-        committed so far, and only rows with no stop string, EOS or spent budget go on. Resuming is exact only
-        where a call's output does not depend on where it starts (target, draft alone, sd, eagle3: the target's
-        own tokens); PARSE modes run each batch in one call and cut after it (docs/design.md §8)."""
-        tok = self.target.tokenizer
-        runner = self._runner(single_token_stops(tok, until), temperature)
-        if not self._segmented(until):
-            res = runner(prompts, max_new, seed)
-            self.stats_parts.append(res.stats)
-            return res.texts
+    def _generate(self, runner, prompts: list[str], max_new: int, seed: int) -> list[str]:
+        """Uncut texts of a batch in one call of `runner` (a `_runner`): stop strings of one token end their row
+        inside the device program (stop ids beside the EOS)."""
+        res = runner(prompts, max_new, seed)
+        self.stats_parts.append(res.stats)
+        return res.texts
+
+    def _generate_in_segments(self, runner, prompts: list[str], max_new: int, until: tuple[str, ...],
+                              stop_ids: tuple[int, ...], seed: int) -> list[str]:
+        """Uncut texts of a batch whose `until` holds a stop string longer than one token: a row whose committed
+        text holds one ends at the next check. Generation runs in segments of 16, 32, 64, ... tokens (at most
+        log2(max_new) calls), each on the prompt and the ids committed so far, and only rows with no stop string,
+        EOS or spent budget go on. Resuming is exact only where a call's output does not depend on where it starts
+        (target, draft alone, sd, eagle3: the target's own tokens, `RESUMABLE`); PARSE modes run each batch in one
+        call and cut after it (docs/design.md §8)."""
         from parse_jax.runtime.requests import encode_prompts
 
+        tok = self.target.tokenizer
         ids = encode_prompts(self.target, prompts)
-        done_ids = {*self.eos_ids, *single_token_stops(tok, until)}
+        done_ids = {*self.eos_ids, *stop_ids}
         gen: list[list[int]] = [[] for _ in prompts]
         live, segment = list(range(len(prompts))), FIRST_SEGMENT
         while live:
@@ -239,11 +245,6 @@ class ParseJaxLM(LM):
                     still.append(i)
             live, segment = still, segment * 2
         return [tok.decode(g) for g in gen]
-
-    def _segmented(self, until: tuple[str, ...]) -> bool:
-        """Whether generation stopping at `until` runs in segments (`_generate`): a stop string longer than one token,
-        in a mode whose output does not depend on where a call starts."""
-        return len(single_token_stops(self.target.tokenizer, until)) < len(until) and self.mode in RESUMABLE
 
     def speculation_stats(self) -> dict:
         """The speculation stats of every generation so far: counts summed, the field's rates derived."""

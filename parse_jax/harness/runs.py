@@ -288,7 +288,8 @@ def _measured(runners: dict[str, Runner], task, problems: Sequence[tuple[str, st
         correct = [bool(task.grade(p, text)) for p, (text, _) in zip(prompts, outputs[name])]
         speedups = tps[name] / tps[baseline]
         s = stats_sum[name]
-        target_runs = name != DRAFT_ALONE  # the draft alone counts its own passes: the target makes none there
+        # the draft alone counts its own passes: the target makes none there
+        passes, row_passes = ((0, 0) if name == DRAFT_ALONE else (s.get("target_passes", 0), s.get("row_passes", 0)))
         lo, hi = wilson(int(sum(correct)), n)
         rows[name] = {
             "tokens_per_s": float(np.median(tps[name])),
@@ -302,8 +303,8 @@ def _measured(runners: dict[str, Runner], task, problems: Sequence[tuple[str, st
             "correct": int(sum(correct)),
             "accuracy_ci95": [lo, hi],
             "new_tokens": int(new_tokens),
-            "target_passes": int(s.get("target_passes", 0)) if target_runs else 0,
-            "target_passes_per_100_tokens": 100.0 * s.get("row_passes", 0) / max(new_tokens, 1) if target_runs else 0.0,
+            "target_passes": int(passes),
+            "target_passes_per_100_tokens": 100.0 * row_passes / max(new_tokens, 1),
             "accepted_per_pass": (s["accepted_tokens"] / max(s.get("row_checks", 0), 1)
                                   if "accepted_tokens" in s else None),
             "draft_tokens": int(s.get("draft_tokens", 0)),

@@ -209,9 +209,19 @@ def load_or_profile(model: Model, *, measure: bool = False, grid: Grid = Grid(),
     `measure`): profile again whatever is cached, and replace the file only once the new table is whole."""
     key = fingerprint(model, grid)
     path = profile_path(key, None if folder is None else Path(folder))
+    cached = None if force and measure else _cached_table(path, key)  # --force: the file stays until replaced
+    if cached is not None or not measure:
+        return cached
+    start = time.perf_counter()
+    table = profile_model(model, grid)
+    logger.info(f"profiled {model!r} in {time.perf_counter() - start:.1f} s -> {path}")
+    atomic.write_json(path, {"fingerprint": key, "table": table.to_dict()})
+    return table
+
+
+def _cached_table(path: Path, key: dict[str, Any]) -> CostTable | None:
+    """The table stored at `path` for fingerprint `key`; None for no file, a stale one or a corrupt one."""
     try:
-        if force and measure:
-            raise FileNotFoundError  # measured again below; the cached file stays until then
         stored = json.loads(path.read_text())
         if stored.get("fingerprint") == key:
             return CostTable.from_dict(stored["table"])
@@ -220,13 +230,7 @@ def load_or_profile(model: Model, *, measure: bool = False, grid: Grid = Grid(),
         pass
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # a corrupt file is no profile
         logger.warning(f"profile {path} ignored: {type(e).__name__}: {e}")
-    if not measure:
-        return None
-    start = time.perf_counter()
-    table = profile_model(model, grid)
-    logger.info(f"profiled {model!r} in {time.perf_counter() - start:.1f} s -> {path}")
-    atomic.write_json(path, {"fingerprint": key, "table": table.to_dict()})
-    return table
+    return None
 
 
 def pass_costs(target: Model, draft: Model | None = None, *, head=None, measure: bool = False,

@@ -141,10 +141,10 @@ def run_recipe(recipe: Recipe, out: str | Path | None = None, mode: str = "auto"
             narrow = load_model(grow_from)
         except ParseJaxError as e:
             raise type(e)(f"--grow-from {grow_from}: {e}") from None
-        given = narrow.config.replace(eos_token_ids=tcfg.eos_token_ids)
-        if given != tcfg:
-            diff = "; ".join(f"{k}: {v!r} there, {tcfg.to_dict()[k]!r} in the recipe"
-                             for k, v in given.to_dict().items() if v != tcfg.to_dict()[k])
+        given, wanted = narrow.config.replace(eos_token_ids=tcfg.eos_token_ids).to_dict(), tcfg.to_dict()
+        if given != wanted:
+            diff = "; ".join(f"{k}: {v!r} there, {wanted[k]!r} in the recipe"
+                             for k, v in given.items() if v != wanted[k])
             raise ConfigError(f"--grow-from {grow_from}: its config is not the recipe's target_model ({diff})")
     if mode == "fresh":  # the runs and the models they finished: a new draft must never meet an old target
         names = ("draft_run", "target_run", "grow_run", SAMPLES_FILE, "draft", "target_narrow", "target")
