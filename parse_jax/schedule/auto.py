@@ -230,20 +230,28 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
         return ScheduleChoice(PLAIN, mode, batch, {}, {}, {})
     workload = dataclasses.replace(workload, step_tokens=state.step_tokens)
     policy_mode = "parse" if mode == "sequential" else mode  # sequential: priced as PARSE (the same draft, more passes)
-    predicted: dict[str, float] = {}
+    def predict(acceptance: AcceptanceStats) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r in rounds:
+            decision = decide(costs, workload, acceptance,
+                              dataclasses.replace(knobs, mode=policy_mode, rounds=r or knobs.rounds))
+            by_mode = {c.mode: c.seconds_per_token for c in decision.alternatives}
+            out[option(mode, r)] = by_mode[policy_mode]
+            out[PLAIN] = by_mode[PLAIN]
+        return out
+
     by_name = {option(mode, r): r for r in rounds}  # each speculative choice's rounds
-    for r in rounds:
-        decision = decide(costs, workload, state.acceptance,
-                          dataclasses.replace(knobs, mode=policy_mode, rounds=r or knobs.rounds))
-        by_mode = {c.mode: c.seconds_per_token for c in decision.alternatives}
-        predicted[option(mode, r)] = by_mode[policy_mode]
-        predicted[PLAIN] = by_mode[PLAIN]
+    predicted = predict(state.acceptance)
     b = bucket(batch, 1)
     measured = {m: state.measured[(m, b)] for m in predicted if (m, b) in state.measured}
     estimate = dict(predicted)
     if measured:  # the unmeasured scaled as the measured ones err (the same hardware runs them all)
+        # a measured run is set against its prediction at the acceptance seen, not the prior's: a draft that was
+        # never accepted makes the prior's prediction of it too fast by the acceptance alone, and that error scaled
+        # onto plain decoding's estimate would make plain decoding look as slow as the run that lost to it
+        as_seen = predict(state.acceptance.as_seen()) if PLAIN not in measured else predicted
         ratios = [measured[PLAIN] / predicted[PLAIN]] if PLAIN in measured else sorted(
-            measured[m] / predicted[m] for m in measured)
+            measured[m] / as_seen[m] for m in measured)
         scale = ratios[len(ratios) // 2]
         estimate = {m: measured.get(m, predicted[m] * scale) for m in predicted}
     setup = {m: charge.per_token(m) for m in estimate if charge.per_token(m) > 0} if charge is not None else {}

@@ -49,6 +49,9 @@ SETTING_KNOBS = {"max_draft_tokens": "draft_tokens", "max_prefixes": "prefixes",
                  "gamma": "gamma", "eagle3_gamma": "eagle3_gamma"}
 
 
+SEEN_WEIGHT = 1e-6  # the prior's weight in `AcceptanceStats.as_seen`: it decides only where nothing was judged
+
+
 @dataclasses.dataclass(frozen=True)
 class Prior:
     """Acceptance assumed before any is seen, worth `weight` observations (it fades as counts grow)."""
@@ -98,6 +101,12 @@ class AcceptanceStats:
     @property
     def step_rate(self) -> float:
         return self._rate(self.steps_accepted, self.steps_verified, self.prior.step_rate)
+
+    def as_seen(self) -> AcceptanceStats:
+        """These counts with the prior's weight all but gone: each rate is what was seen where anything was judged
+        (the prior only where nothing was). What a measured run's cost is predicted with, to tell the hardware's
+        error from the acceptance's (`auto.choose`)."""
+        return dataclasses.replace(self, prior=dataclasses.replace(self.prior, weight=SEEN_WEIGHT))
 
     def update(self, **counts: int) -> AcceptanceStats:
         """These counts plus `counts` (e.g. `update(steps_verified=3, steps_accepted=2)` after a round)."""

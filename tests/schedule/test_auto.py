@@ -1,6 +1,7 @@
 """`schedule="auto"` on synthetic cost tables: plain decoding where speculation is predicted (or measured) to lose,
 the requested mode where it wins, calibration by the other choice's measurement, one exploration, fixed knobs kept."""
 
+import dataclasses
 import math
 
 import pytest
@@ -16,7 +17,7 @@ from parse_jax.schedule.auto import (
     choose,
     worth_measuring,
 )
-from parse_jax.schedule.policy import Knobs, Workload
+from parse_jax.schedule.policy import AcceptanceStats, Knobs, Workload, decide
 from tests.schedule.test_policy import COMPUTE_BOUND, MEMORY_BOUND, STEP, costs, table
 
 KNOBS = Knobs(draft_tokens=64, prefixes=8, rounds="multi", gamma=4, eagle3_gamma=5)
@@ -91,6 +92,28 @@ def test_one_measurement_calibrates_the_other_and_exploration_measures_it():
     assert not c.explored
     explored = _choose(state, MEMORY_BOUND, 8, explore=True)
     assert explored.explored and explored.run == "target"  # within EXPLORE_RATIO: measure plain decoding once
+
+
+def test_a_run_whose_drafts_were_never_accepted_does_not_calibrate_plain_decoding_up():
+    """PARSE ran (its cost as the model predicts it at zero acceptance: the hardware is as the table says) and no
+    step of its was accepted. Set against the prior's prediction (0.7 per step) it looks 1.4x slow; that is the
+    acceptance's error, not the hardware's, and plain decoding's estimate stays its prediction: it is chosen, also
+    in a last batch that explores nothing."""
+    cheap_blocks = table(lambda b, t: STEP + STEP * 0.01 * b * t)
+    workload = Workload(batch=1, cache_len=256, suffix_tokens=4, remaining_tokens=64)
+    never = AcceptanceStats(steps_verified=1000, steps_accepted=0)
+    truth = {c.mode: c.seconds_per_token for c in decide(
+        costs(cheap_blocks), dataclasses.replace(workload, step_tokens=10.0), never,
+        dataclasses.replace(KNOBS, mode="parse")).alternatives}
+    assert truth["parse"] > truth["target"]
+    state = ScheduleState().record("parse", 1, {"new_tokens": 100, "seconds": truth["parse"] * 100,
+                                                "draft_tokens": 80, "accepted_tokens": 0,
+                                                "prefixes_per_request": [8], "verify_passes": 5})
+    assert state.step_tokens == pytest.approx(10.0) and state.acceptance.step_rate > 0.4  # the prior still weighs
+    c = _choose(state, cheap_blocks, 1)
+    assert c.predicted["parse"] < truth["parse"] / 1.3  # the prior's prediction is that far off
+    assert c.estimate["target"] == pytest.approx(truth["target"], rel=0.01)
+    assert c.run == "target"
 
 
 def test_plain_decoding_is_never_second_guessed_and_counts_acceptance():
