@@ -133,6 +133,32 @@ CASES = [
     # the config is checked in every mode, the target's (which runs no engine) included
     (lambda: _eval(config={"threshold": 2}), ConfigError, "config must be a pj.ParseConfig, got dict"),
     (lambda: load_eagle3(None), InputError, "path must be a path (a non-empty str or os.PathLike), got None"),
+    # the token-speculation entry points check what pj.generate and the engine check
+    (lambda: pj.speculative_generate(TARGET, DRAFT, [PROMPT], max_new_tokens=2, eos_ids="61"), InputError,
+     "eos_ids must be a list of token ids, got '61'"),
+    (lambda: pj.speculative_generate(TARGET, DRAFT, [PROMPT], max_new_tokens=2, eos_ids=[999]), InputError,
+     "eos_ids must be <= 26"),
+    (lambda: pj.eagle3_generate(*_pair_target_and_head(), [PROMPT], max_new_tokens=2, eos_ids=[1.7]),
+     InputError, "eos_ids must be an integer, got 1.7"),
+    (lambda: pj.speculative_generate(TARGET, DRAFT, [PROMPT], max_new_tokens=2, gamma=2.5), ConfigError,
+     "gamma must be an integer, got 2.5"),
+    (lambda: pj.speculative_generate(TARGET, DRAFT, [PROMPT], max_new_tokens=2, gamma="3"), ConfigError,
+     "gamma must be an integer, got '3'"),
+    (lambda: pj.speculative_generate(TARGET, DRAFT, [PROMPT], max_new_tokens=2, gamma=1000), ConfigError,
+     "gamma must be <= 64, got 1000"),
+    (lambda: pj.speculative_generate(TARGET, None, [PROMPT], max_new_tokens=2), InputError,
+     "draft must be a model (pj.load_model"),
+    (lambda: pj.speculative_generate(TARGET, DRAFT, [PROMPT], max_new_tokens=2, max_cache_len="64"), InputError,
+     "max_cache_len must be an integer, got '64'"),
+    (lambda: pj.eagle3_generate(*_pair_target_and_head(), [PROMPT], max_new_tokens=2, tree=2.5), ConfigError,
+     "tree must be an integer, got 2.5"),
+    (lambda: pj.eagle3_generate(*_pair_target_and_head(), [PROMPT], max_new_tokens=2, gamma=None),
+     ConfigError, "gamma must be an integer, got None"),
+    (lambda: generate(TARGET, [PROMPT], max_new_tokens=2, add_bos="yes"), InputError,
+     "add_bos must be True or False, got 'yes'"),
+    # params that do not fit the config: one line here, not flax's error from inside the first program
+    (lambda: pj.Model(TARGET.config, {**TARGET.params, "embed_tokens": {"embedding": np.zeros((27, 1), np.float32)}}),
+     ConfigError, "embed_tokens/embedding: expected float32[27, 48], got float32[27, 1]"),
 ]
 
 
@@ -199,6 +225,11 @@ def test_a_head_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(ParseJaxError, match="No space left on device"):
         save_eagle3(head, tmp_path / "head")
     assert list(tmp_path.iterdir()) == []
+
+
+def _pair_target_and_head():
+    target = pj.load_pair()[0]
+    return target, target.eagle3
 
 
 def load_eagle3_of_pair():

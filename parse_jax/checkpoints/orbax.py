@@ -35,7 +35,7 @@ from parse_jax.checkpoints.hf import check_vocab
 from parse_jax.checkpoints.save_path import check_save_path
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import ModelConfig
-from parse_jax.models.model import Model, expected_params, unflatten
+from parse_jax.models.model import Model, expected_params, param_mismatches, unflatten
 from parse_jax.models.tokenizer import Tokenizer
 
 CONFIG_FILE = "parse_jax_config.json"
@@ -51,28 +51,9 @@ def _checkpointer() -> ocp.Checkpointer:
 
 
 
-def _mismatches(found: Any, cfg: ModelConfig) -> list[str]:
-    """Differences between a tree of arrays (or array metadata) and the param tree `cfg` implies."""
-    expected = expected_params(cfg)
-    try:
-        flat = {tuple(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(found)[0]}
-    except AttributeError:
-        return ["params must be a nested dict of arrays"]
-    problems = [f"missing {'/'.join(p)}" for p in expected if p not in flat]
-    problems += [f"unexpected {'/'.join(p)}" for p in flat if p not in expected]
-    for p, leaf in flat.items():
-        if p in expected:
-            want = expected[p]
-            shape, dtype = tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", type(leaf).__name__)
-            if (shape, dtype) != (want.shape, want.dtype):
-                problems.append(f"{'/'.join(p)}: expected {want.dtype}{list(want.shape)}, got {dtype}{list(shape)}")
-    return problems
-
-
-
 def check_params(params: Any, cfg: ModelConfig) -> None:
     """Params must be exactly the tree `cfg` implies (names, shapes, dtypes), so every saved checkpoint loads."""
-    problems = _mismatches(params, cfg)
+    problems = param_mismatches(params, cfg)
     if problems:
         raise CheckpointError(f"params do not match the model config ({cfg.architecture}, dtype {cfg.dtype}): "
                               + "; ".join(problems))
@@ -186,7 +167,7 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
             stored = checkpointer.metadata(params_dir).item_metadata
             if stored is None:
                 raise CheckpointError(f"{params_dir} holds no readable Orbax metadata (damaged or incomplete)")
-            problems = _mismatches(getattr(stored, "tree", stored), cfg)
+            problems = param_mismatches(getattr(stored, "tree", stored), cfg)
             if problems:
                 raise CheckpointError(f"{where} do not match it ({cfg.architecture}, dtype {cfg.dtype}): "
                                       + "; ".join(problems))

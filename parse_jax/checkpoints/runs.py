@@ -36,7 +36,6 @@ from etils import epath
 
 from parse_jax.checkpoints.orbax import (
     CONFIG_FILE,
-    _mismatches,
     abstract_params_one_device,
     cast_params,
     check_finite_params,
@@ -45,7 +44,7 @@ from parse_jax.checkpoints.orbax import (
 )
 from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import DTYPES, ModelConfig, read_hf_config
-from parse_jax.models.model import Model
+from parse_jax.models.model import Model, param_mismatches
 from parse_jax.models.tokenizer import Tokenizer
 
 TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's name marker of a folder being written (renamed away when complete)
@@ -393,7 +392,7 @@ def load_run(path: str | Path, which: RunStep = RunStep(), *, mesh: Any = None, 
     if stored_dtype is not None and stored_dtype != cfg.dtype:
         cfg = cfg.replace(dtype=stored_dtype)  # the arrays say what was trained; `dtype=` casts afterwards
     where = f"params {shown} of step {step} in {manager}"
-    problems = _mismatches(stored, cfg)
+    problems = param_mismatches(stored, cfg)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise CheckpointError(f"{where} do not match the model config ({cfg.architecture}, {cfg.num_layers} layers, "

@@ -53,6 +53,11 @@ class Model:
         if attention_impl not in pallas_kernels.IMPLS:
             raise ConfigError(f"unknown attention_impl {attention_impl!r}; available: "
                               f"{', '.join(pallas_kernels.IMPLS)}")
+        problems = param_mismatches(params, config, dtypes=False)  # here, not as flax's error inside a program
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ConfigError(f"params do not fit the config ({config.architecture}, {config.num_layers} layers, "
+                              f"hidden {config.hidden_size}): {problems[0]}{more}")
         self.config = config
         self.params = params
         self.tokenizer = tokenizer
@@ -146,6 +151,25 @@ def _expected_params(cfg: ModelConfig) -> dict[ParamPath, jax.ShapeDtypeStruct]:
     tree = jax.eval_shape(lambda: init_params(cfg))
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {tuple(k.key for k in path): leaf for path, leaf in flat}
+
+
+def param_mismatches(found: Any, cfg: ModelConfig, *, dtypes: bool = True) -> list[str]:
+    """Differences between a tree of arrays (or array metadata) and the param tree `cfg` implies: names and shapes,
+    and dtypes unless `dtypes=False`."""
+    expected = expected_params(cfg)
+    try:
+        flat = {tuple(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(found)[0]}
+    except AttributeError:
+        return ["params must be a nested dict of arrays"]
+    problems = [f"missing {'/'.join(p)}" for p in expected if p not in flat]
+    problems += [f"unexpected {'/'.join(p)}" for p in flat if p not in expected]
+    for p, leaf in flat.items():
+        if p in expected:
+            want = expected[p]
+            shape, dtype = tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", type(leaf).__name__)
+            if shape != want.shape or (dtypes and dtype != want.dtype):
+                problems.append(f"{'/'.join(p)}: expected {want.dtype}{list(want.shape)}, got {dtype}{list(shape)}")
+    return problems
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, Any]:

@@ -121,6 +121,8 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
         raise InputError(f"prompts must be a list of strings or of token-id lists, got {type(prompts).__name__}")
     if len(prompts) == 0:
         raise InputError("no prompts given")
+    if not isinstance(add_bos, (bool, np.bool_)):
+        raise InputError(f"add_bos must be True or False, got {shorten(repr(add_bos))}")
     if any(not isinstance(p, (str, Sequence, np.ndarray)) or isinstance(p, bytes) for p in prompts):
         kinds = sorted({type(p).__name__ for p in prompts})
         raise InputError(f"prompts must be a list of strings or of token-id lists (a batch: [[1, 2, 3]], not "

@@ -37,7 +37,8 @@ from parse_jax.runtime.requests import (
 )
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, request_budgets, serve_loop
-from parse_jax.utils.validation import check_int
+from parse_jax.settings import SpecSettings, check_setting
+from parse_jax.utils.validation import check_eos_ids, check_int, check_model
 
 
 @struct.dataclass
@@ -319,6 +320,7 @@ def spec_request(target, prompts, max_new_tokens: int, sampling: SamplingParams,
                  eos_ids: Sequence[int] | None) -> Request:
     """The request of a speculation entry point called directly (the engine validates its own)."""
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
+    eos_ids = check_eos_ids(eos_ids, target.config.vocab_size)
     return Request(ids=encode_prompts(target, prompts, add_bos), max_new=max_new_tokens, sampling=sampling,
                    eos=resolve_eos(target, eos_ids))
 
@@ -360,13 +362,14 @@ def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequen
                          seed: int = 0, max_cache_len: int | None = None, add_bos: bool = True,
                          eos_ids: Sequence[int] | None = None) -> GenerateResult:
     """Lossless speculative decoding: same output distribution as `generate(target, ...)`."""
+    check_model("target", target, error=InputError)
+    check_model("draft", draft, error=InputError)
     check_pair(target, draft)
-    if int(gamma) < 1:
-        raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
+    gamma = check_setting(SpecSettings, "gamma", gamma)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     req = spec_request(target, prompts, max_new_tokens, sampling, add_bos, eos_ids)
-    capacity = int(max_cache_len) if max_cache_len is not None else None
-    return speculate(target, draft, req, gamma=int(gamma), capacity=capacity)
+    capacity = check_int("max_cache_len", max_cache_len, 1, error=InputError) if max_cache_len is not None else None
+    return speculate(target, draft, req, gamma=gamma, capacity=capacity)
 
 
 def speculate(target, draft, req: Request, *, gamma: int, capacity: int | None = None) -> GenerateResult:

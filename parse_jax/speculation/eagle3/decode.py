@@ -22,7 +22,7 @@ from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.runtime.programs import fetch, forward_fn, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Request, SamplingParams
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.settings import Eagle3Settings
+from parse_jax.settings import Eagle3Settings, check_setting
 from parse_jax.speculation.draft_model import (
     accept_proposals,
     emit_accepted,
@@ -53,6 +53,7 @@ from parse_jax.speculation.eagle3.tree import (
     layout,
     slots_needed,
 )
+from parse_jax.utils.validation import check_model
 
 
 @struct.dataclass
@@ -376,11 +377,12 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
     (0: `tree_top_k`) and `tree_top_k` children proposed per node, all verified in one target pass
     (docs/design.md, EAGLE-3). A head loaded without its target runs in the target's dtype, cast on each call:
     `pj.load_eagle3(path, target)` loads it cast once."""
+    check_model("target", target, error=InputError)
     head = check_head("head", head).for_target(target.config)  # checked, in the target's dtype
-    check_tree(tree, temperature, tree_top_k)
-    if int(gamma) < 1:
-        raise InputError(f"gamma (draft tokens per round) must be >= 1, got {gamma}")
-    eagle = Eagle3Settings(gamma=int(gamma), tree=int(tree), tree_top_k=int(tree_top_k), tree_width=int(tree_width))
+    given = {name: check_setting(Eagle3Settings, name, value) for name, value in
+             (("gamma", gamma), ("tree", tree), ("tree_top_k", tree_top_k), ("tree_width", tree_width))}
+    check_tree(given["tree"], temperature, given["tree_top_k"])
+    eagle = Eagle3Settings(**given)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     req = spec_request(target, prompts, max_new_tokens, sampling, add_bos, eos_ids)
     return eagle3_speculate(target, head, req, eagle)
