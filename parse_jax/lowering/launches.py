@@ -171,9 +171,8 @@ def mode_launches(ctx: ModeContext, mode: str, req: Request) -> list[Launch]:
         return [Launch("sequential.rounds", program, args)]
     if mode == "prefix_scores":
         return _prefix_scores(ctx, req)
-    if mode == "parse+eagle3":
-        return _single(ctx, req, True, "parse+eagle3")
+    eagle = mode == "parse+eagle3"
     if cfg.rounds == "multi":
-        launch = multi_launch(ctx, req)
-        return [Launch("parse-multi.rounds", launch.program, launch.args)]
-    return _single(ctx, req, False, "parse-single")
+        launch = multi_launch(ctx, req, eagle=eagle)
+        return [Launch(f"{'parse+eagle3' if eagle else 'parse'}-multi.rounds", launch.program, launch.args)]
+    return _single(ctx, req, eagle, "parse+eagle3" if eagle else "parse-single")

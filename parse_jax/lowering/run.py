@@ -91,11 +91,17 @@ def lower_run(engine, mode: str, batch_size: int, max_new_tokens: int, *, target
         ctx = abstract_context(engine.context, attention_impl=target.attention_impl,
                                mesh=abstract if abstract.size > 1 else None)
         if mode in ("parse-multi", "parse-single"):
-            rounds = mode.split("-")[1]
-            ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=rounds))
-        launches = mode_launches(ctx, mode, req) if lower else []
+            ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=mode.split("-")[1]))
+            rounds: tuple[str | None, ...] = (None,)
+        else:  # what `generate` may run: under schedule="auto" over rounds="auto", multi and single round both
+            rounds = (engine._rounds_options(run_mode, req, batch_size) if engine.config.schedule == "auto"
+                      else (None,))
+        launches = []
+        for r in rounds if lower else ():
+            taken = ctx if r is None else dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=r))
+            launches += [x for x in mode_launches(taken, mode, req) if x.name not in {y.name for y in launches}]
         programs = tuple(lower_launch(launch, device, abstract) for launch in launches)
-    plan = plan_memory(ctx, mode, req, device, sizes)
+    plan = plan_memory(ctx, mode, req, device, sizes, rounds=rounds)
     return LoweredRun(mode, device, sizes, batch_size, prompt_len, req.max_new, programs, plan,
                       time.perf_counter() - t0)
 

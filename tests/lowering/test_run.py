@@ -69,6 +69,25 @@ def test_a_split_single_round_lowers_its_draft_its_pass_and_its_continuation_at_
                                               "parse-single.continue.rows2", "parse-single.continue.rows4"]
 
 
+def test_the_programs_lowered_are_those_of_the_rounds_the_run_may_take():
+    """`rounds` decides parse+eagle3's programs as it decides parse's; under the defaults (schedule and rounds auto)
+    a batch of 2 may run either, so both are lowered (and planned)."""
+    eng = engine("qwen3")
+    names = {}
+    for rounds in ("multi", "single"):
+        fixed = ParseEngine(eng.target, eng.draft, ParseConfig(max_draft_tokens=16, max_prefixes=4, rounds=rounds))
+        run = fixed.lower("parse+eagle3", 2, 24, platform="tpu", chip="v5e", prompt_len=20)
+        names[rounds] = [p.name for p in run.programs]
+    assert names["multi"] == ["parse+eagle3-multi.rounds"]
+    assert names["single"] == ["parse+eagle3.draft", "parse+eagle3.round", "parse+eagle3.continue.rows1",
+                               "parse+eagle3.continue.rows2"]
+    assert [p.name for p in lowered("qwen3", "parse+eagle3", "tpu", "v5e").programs] == names["multi"] + names["single"]
+    parse = [p.name for p in lowered("qwen3", "parse", "tpu", "v5e").programs]
+    assert parse[0] == "parse-multi.rounds" and "parse-single.round" in parse
+    one_row = [p.name for p in lowered("qwen3", "parse", "tpu", "v5e", batch=1).programs]
+    assert one_row == ["parse-multi.rounds"]  # in one slot parse runs multi round (its single round ends plainly)
+
+
 @pytest.mark.parametrize("mode", ["prefix_scores", "target", "parse-single", "parse-multi"])
 def test_sharded_programs_lower_for_an_8_chip_tpu_mesh(mode):
     """Verification and decode over data=2, model=4: rows split over data, heads over model; the kernel runs under
