@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from parse_jax.errors import ConfigError
+from parse_jax.errors import ConfigError, ParseJaxError
 from parse_jax.utils.paths import config_dir
 from parse_jax.utils.validation import check_choice, check_float, check_int
 
@@ -104,23 +104,26 @@ def choices_of(cls: type, name: str) -> tuple[str, ...] | None:
     return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
 
 
-def check_setting(cls: type, name: str, value: Any, label: str | None = None) -> Any:
+def check_setting(cls: type, name: str, value: Any, label: str | None = None,
+                  error: type[ParseJaxError] = ConfigError) -> Any:
     """`value` for field `name` of `cls`, checked against the field's type and range (as an int or float: 8.0 from
-    YAML is 8); errors name `label` (default: the field's name), the value and what is allowed."""
+    YAML is 8); errors (`error`: an argument of a call is an InputError) name `label` (default: the field's name),
+    the value and what is allowed."""
     label = label or name
     kind, meta = setting_type(cls, name), about(cls, name)
     choices = choices_of(cls, name)
     if choices is not None:
         if name == "segmenter" and isinstance(value, str) and value.startswith("stride:"):  # sweep's value form
-            raise ConfigError(f"{label} {value!r} is sweep's form of a value; here set {label}='stride' and "
-                              f"stride={value.partition(':')[2]} (available segmenters: {', '.join(choices)})")
-        return check_choice(label, value, choices)
+            raise error(f"{label} {value!r} is sweep's form of a value; here set {label}='stride' and "
+                        f"stride={value.partition(':')[2]} (available segmenters: {', '.join(choices)})")
+        return check_choice(label, value, choices, error=error)
     if kind is int:
-        return check_int(label, value, meta.lo, meta.hi)
+        return check_int(label, value, meta.lo, meta.hi, error=error)
     if kind is float:
-        return check_float(label, value, meta.lo, meta.hi, min_open=meta.lo_open, max_open=meta.hi_open)
+        return check_float(label, value, meta.lo, meta.hi, min_open=meta.lo_open, max_open=meta.hi_open,
+                           error=error)
     if kind in (str, bool) and not isinstance(value, kind):
-        raise ConfigError(f"{label} must be {'a string' if kind is str else 'true or false'}, got {value!r}")
+        raise error(f"{label} must be {'a string' if kind is str else 'true or false'}, got {value!r}")
     return value
 
 

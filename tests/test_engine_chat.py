@@ -153,3 +153,18 @@ def test_parse_jax_eval_warns_about_a_chat_models_settings_once(qwen, parse_jax_
                  "--max-new-tokens", "4", "--out", str(tmp_path / "r.jsonl"), "--no-progress", "-q"]) == 0
     said = [w for w in parse_jax_warnings if "PARSE settings are the embedded task's defaults" in w]
     assert len(said) == 1
+
+
+def test_a_sweep_over_a_chat_model_warns_about_its_settings_once(qwen, tmp_path, capsys):
+    """sweep builds one engine per value; the command says the chat-model warning once (it said it per value)."""
+    from parse_jax.cli import main
+    from parse_jax.harness.eval.data import write_task_jsonl
+    from parse_jax.tasks import load_task
+
+    folder, _ = qwen
+    data = write_task_jsonl(load_task(), 2, tmp_path / "p.jsonl", seed=3)
+    assert main(["sweep", "--model", str(folder), "--draft", str(folder), "--data", str(data), "--param", "threshold",
+                 "--values", "0.0,1.0", "--max-new-tokens", "4", "--schedule", "fixed", "--repeats", "1",
+                 "--out", str(tmp_path / "sweep"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("PARSE settings are the embedded task's defaults") == 1, err

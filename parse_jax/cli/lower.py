@@ -69,7 +69,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
     report = {"command": "parse-jax lower", "runs": reports}
     if args.out is not None:
         write_lowered(args.out, programs, report)
-        print(f"wrote {sum(p.ok for p in programs)} programs and report.json to {args.out}")
+        done = sum(p.ok for p in programs)
+        print(f"wrote {done} program{'s' if done != 1 else ''} and report.json to {args.out}")
     if args.json:
         print(json.dumps(report, indent=1))
     return 0 if all(p.ok for p in programs) else 1

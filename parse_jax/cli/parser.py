@@ -85,7 +85,8 @@ def add_parse_args(p: argparse.ArgumentParser) -> None:
 
 def add_eos_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eos-ids", default=None, metavar="ID,ID",
-                   help="comma-separated stop token ids, replacing the model's own (e.g. 151645,151643)")
+                   help="comma-separated stop token ids, replacing the model's own (e.g. 151645,151643); none: "
+                        "no stop id (every row writes its whole budget)")
 
 
 

@@ -188,21 +188,24 @@ def parse_config(args: argparse.Namespace):
 
 
 def eos_ids_from_args(args: argparse.Namespace, target=None) -> list[int] | None:
-    """--eos-ids 1,2 as ints (inside the target's vocabulary once it is loaded); None when not given."""
+    """--eos-ids 1,2 as ints (inside the target's vocabulary once it is loaded); `none`: [] (no stop id, every row
+    writes its whole budget); None when not given."""
     text = getattr(args, "eos_ids", None)
     if text is None:
         return None
+    if text.strip().lower() == "none":
+        return []
     ids = []
     for part in text.split(","):
         part = part.strip()
         try:
             value = int(part)
         except ValueError:
-            raise ConfigError(f"--eos-ids must be comma-separated token ids, got {text!r}") from None
+            raise ConfigError(f"--eos-ids must be comma-separated token ids (or none), got {text!r}") from None
         top = None if target is None else target.config.vocab_size - 1
         ids.append(check_int("--eos-ids", value, 0, top))
     if not ids:
-        raise ConfigError(f"--eos-ids must name at least one token id, got {text!r}")
+        raise ConfigError(f"--eos-ids must name at least one token id (or none), got {text!r}")
     return ids
 
 

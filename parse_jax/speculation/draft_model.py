@@ -365,7 +365,7 @@ def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequen
     check_model("target", target, error=InputError)
     check_model("draft", draft, error=InputError)
     check_pair(target, draft)
-    gamma = check_setting(SpecSettings, "gamma", gamma)
+    gamma = check_setting(SpecSettings, "gamma", gamma, error=InputError)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     req = spec_request(target, prompts, max_new_tokens, sampling, add_bos, eos_ids)
     capacity = check_int("max_cache_len", max_cache_len, 1, error=InputError) if max_cache_len is not None else None

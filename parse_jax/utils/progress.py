@@ -17,9 +17,20 @@ logger = logging.getLogger("parse_jax")
 
 
 class _StderrHandler(logging.Handler):
-    """Writes to whatever `sys.stderr` is at the time of the message (pytest and callers may swap it)."""
+    """Writes to whatever `sys.stderr` is at the time of the message (pytest and callers may swap it). A warning this
+    handler said already is not said again: it lives for one command (`configure` makes a new one), and a command
+    that builds several engines over one model (sweep: one per value) warns about the model once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._warned: set[str] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:
+            text = record.getMessage()
+            if text in self._warned:
+                return
+            self._warned.add(text)
         try:
             sys.stderr.write(self.format(record) + "\n")
             sys.stderr.flush()

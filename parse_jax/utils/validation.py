@@ -47,8 +47,8 @@ def check_float(name: str, value, minimum: float | None = None, maximum: float |
     v = float(value)
     if not math.isfinite(v):
         raise error(f"{name} must be a finite number, got {value!r}")
-    lo = "(" if min_open else "["
-    hi = ")" if max_open else "]"
+    lo = "(" if min_open or minimum is None else "["  # infinities are never in range (finite numbers only)
+    hi = ")" if max_open or maximum is None else "]"
     allowed = f"{lo}{'-inf' if minimum is None else f'{minimum:g}'}, {'inf' if maximum is None else f'{maximum:g}'}{hi}"
     if minimum is not None and (v < minimum or (min_open and v == minimum)):
         raise error(f"{name} must lie in {allowed}, got {v:g}")

@@ -110,8 +110,12 @@ def test_params_must_match_config(tiny_hf, tmp_path) -> None:
     bad = {**model.params, "norm": {"scale": object()}, "extra": {"w": jnp.ones(3)},
            "layers_0": {**layer, "mlp": {**layer["mlp"], "up_proj": {"kernel": jnp.ones((64, 7))}}}}
     bad.pop("layers_1")
+    with pytest.raises(ConfigError, match="params do not fit the config .*: missing layers_1/"):
+        Model(model.config, bad)  # refused where the model is made
+    replaced = Model(model.config, model.params)
+    replaced.params = bad  # and where params were swapped in after it, by the save
     with pytest.raises(CheckpointError) as info:
-        save_model(Model(model.config, bad), tmp_path / "ckpt")
+        save_model(replaced, tmp_path / "ckpt")
     for fact in ["missing layers_1/", "unexpected extra/w", "layers_0/mlp/up_proj/kernel: expected float32[64, 128], "
                  "got float32[64, 7]", "norm/scale: expected float32[64], got object[]"]:
         assert fact in str(info.value)

@@ -80,7 +80,7 @@ CASES = [
     (["generate", "--pair", P, "--max-new-tokens", "0", PROMPT], "--max-new-tokens must be >= 1, got 0", False),
     (["generate", "--pair", P, "--max-new-tokens", "2.5", PROMPT], "--max-new-tokens: invalid int value: '2.5'",
      False),
-    (["generate", "--pair", P, "--temperature", "-1", PROMPT], "--temperature must lie in [0, inf], got -1", False),
+    (["generate", "--pair", P, "--temperature", "-1", PROMPT], "--temperature must lie in [0, inf), got -1", False),
     (["generate", "--pair", P, "--temperature", "nan", PROMPT], "--temperature must be a finite number", False),
     (["generate", "--pair", P, "--top-p", "0", PROMPT], "--top-p must lie in (0, 1], got 0", False),
     (["generate", "--pair", P, "--top-p", "1.5", PROMPT], "--top-p must lie in (0, 1], got 1.5", False),
@@ -179,7 +179,7 @@ CASES = [
       "--out", f"{W}/sweep"], "--tolerance must lie in [0, 1)", False),  # the flag its errors suggest exists
     # eval: nothing written before everything is checked
     (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--temperature", "-1"],
-     "--temperature must lie in [0, inf], got -1", False),
+     "--temperature must lie in [0, inf), got -1", False),
     (["eval", "--model", "/typo", "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl"], "/typo", True),
     (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/results.jsonl", "--mode", "target"],
      "results.jsonl was started on a different data file", False),
@@ -217,8 +217,8 @@ CASES = [
     (["train", "--recipe", f"{W}/no_recipe.yaml", "--out", f"{W}/t"], "no_recipe", False),
     (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "nan"], "--lr must be a finite number, got nan", False),
     (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "inf"], "--lr must be a finite number, got inf", False),
-    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "0"], "--lr must lie in (0, inf], got 0", False),
-    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "-1"], "--lr must lie in (0, inf], got -1", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "0"], "--lr must lie in (0, inf), got 0", False),
+    (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--lr", "-1"], "--lr must lie in (0, inf), got -1", False),
     (["train-eagle3", "--pair", P, "--out", f"{W}/file"], "is a file", False),
     (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--steps", "2.5"], "--steps: invalid int value", False),
     (["train-eagle3", "--pair", P, "--out", f"{W}/h", "--unroll", "0"], "--unroll must be >= 1", False),

@@ -208,3 +208,20 @@ def test_provenance_records_versions_and_a_commit_only_in_a_checkout(monkeypatch
     p = provenance()
     assert p["git_commit"] is None and p["git_dirty"] is None
     assert "unknown" not in json.dumps(p) and format_provenance(p).startswith("parse-jax ")
+
+
+def test_eos_ids_none_writes_the_whole_budget(pair_dir, capsys):
+    """`--eos-ids none` is the API's `eos_ids=[]`: no stop id, every row writes its whole budget; a given id stops
+    the answer at its first occurrence, and the model's own stop ids end it no later than its budget."""
+    def run(*flags):
+        rc, out, err = _main(capsys, "generate", "--pair", str(pair_dir), "--mode", "target", "--max-new-tokens",
+                             "40", "--json", *flags, PROMPT)
+        assert rc == 0, err
+        return json.loads(out.splitlines()[0])["tokens"]
+
+    whole = run("--eos-ids", "none")
+    assert len(whole) == 40
+    stop = whole[2]
+    assert run("--eos-ids", str(stop)) == whole[:whole.index(stop) + 1]
+    own = run()
+    assert own == whole[:len(own)]

@@ -55,15 +55,15 @@ LLAMA = {**BASE, "model_type": "llama"}
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"rope_theta": -10000.0}, r"'rope_theta' must lie in \(0, inf\], got -10000"),
+    ({"rope_theta": -10000.0}, r"'rope_theta' must lie in \(0, inf\), got -10000"),
     ({"rope_theta": float("nan")}, r"'rope_theta' must be a finite number, got nan"),
-    ({"rope_theta": 0}, r"'rope_theta' must lie in \(0, inf\], got 0"),
-    ({"rms_norm_eps": -1}, r"'rms_norm_eps' must lie in \(0, inf\], got -1"),
-    ({"rms_norm_eps": 0.0}, r"'rms_norm_eps' must lie in \(0, inf\], got 0"),
+    ({"rope_theta": 0}, r"'rope_theta' must lie in \(0, inf\), got 0"),
+    ({"rms_norm_eps": -1}, r"'rms_norm_eps' must lie in \(0, inf\), got -1"),
+    ({"rms_norm_eps": 0.0}, r"'rms_norm_eps' must lie in \(0, inf\), got 0"),
     ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, r"rope_scaling \(linear\) field 'factor' must lie in "
-                                                            r"\(0, inf\], got 0"),
+                                                            r"\(0, inf\), got 0"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": -2.0, "original_max_position_embeddings": 16}},
-     r"rope_scaling \(yarn\) field 'factor' must lie in \(0, inf\], got -2"),
+     r"rope_scaling \(yarn\) field 'factor' must lie in \(0, inf\), got -2"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
                        "original_max_position_embeddings": 64}}, "'high_freq_factor' .* greater than 'low_freq"),
     ({"num_hidden_layers": 7.9}, r"'num_hidden_layers' must be an integer, got 7.9"),

@@ -28,7 +28,7 @@ def test_unknown_recipe_name():
     ({"judge": {"error_fraction": 1.5}}, "judge.error_fraction"),
     ({"draft": 3}, "must be a mapping"),
     # the ranges of the fields' metadata, with the key's path in the recipe
-    ({"draft": {"lr": 0}}, r"recipe x.draft.lr must lie in \(0, inf\], got 0"),
+    ({"draft": {"lr": 0}}, r"recipe x.draft.lr must lie in \(0, inf\), got 0"),
     ({"judge": {"real_fraction": 1.0}}, r"recipe x.judge.real_fraction must lie in \[0, 1\), got 1"),
     ({"draft_model": {"num_layers": 0}}, "recipe x.draft_model.num_layers must be >= 1, got 0"),
     ({"seq_len": 4}, "recipe x.seq_len must be >= 8, got 4"),

@@ -379,7 +379,7 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
     `pj.load_eagle3(path, target)` loads it cast once."""
     check_model("target", target, error=InputError)
     head = check_head("head", head).for_target(target.config)  # checked, in the target's dtype
-    given = {name: check_setting(Eagle3Settings, name, value) for name, value in
+    given = {name: check_setting(Eagle3Settings, name, value, error=InputError) for name, value in
              (("gamma", gamma), ("tree", tree), ("tree_top_k", tree_top_k), ("tree_width", tree_width))}
     check_tree(given["tree"], temperature, given["tree_top_k"])
     eagle = Eagle3Settings(**given)

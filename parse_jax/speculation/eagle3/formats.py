@@ -7,7 +7,7 @@
   (draft vocabulary), `d2t` (offsets: target id = draft id + d2t[draft id]) and `t2d` (a mask of the target ids),
   or the same tensors in `pytorch_model.bin` as the release ships them (read without torch: `torch_bin`);
   no embedding (the target's); the taps are EAGLE-3's layers 2, L // 2, L - 3 of the target unless the config
-  names them (`eagle_config.eagle_aux_hidden_state_layer_ids`).
+  names them (`eagle_config.eagle_aux_hidden_state_layer_ids`, or the same key at the top level).
 - speculators: `config.json` with `speculators_config`, `transformer_layer_config` (the layer),
   `eagle_aux_hidden_state_layer_ids`, `draft_vocab_size`, the `norm_*` variants + safetensors `fc`, `layers.0.*`,
   `norm`, `lm_head`, optionally `embed_tokens`, `d2t` / `t2d` when the draft vocabulary is smaller.
@@ -142,7 +142,13 @@ def _published_config(d: dict[str, Any], layout: str, target_cfg: ModelConfig | 
                               "heads as wide as their target (target_hidden_size null or the layer's hidden_size)")
     else:
         layer_d, extra = d, {}
-        ids = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        nested = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        top = d.get("eagle_aux_hidden_state_layer_ids")  # where some converters write it
+        if nested is not None and top is not None and nested != top:
+            raise ConfigError(f"{where} names two sets of taps: eagle_config.eagle_aux_hidden_state_layer_ids "
+                              f"{nested!r} and eagle_aux_hidden_state_layer_ids {top!r}; keep the one the head was "
+                              "trained with")
+        ids = nested if nested is not None else top
     try:
         layer = config_from_hf({**layer_d, "bos_token_id": None, "eos_token_id": None}, dtype="float32")
     except ConfigError as e:

@@ -14,6 +14,7 @@ def test_wilson_known_values(k, n, lo, hi):
 
 def test_wilson_edges():
     assert wilson(0, 0) == (0.0, 1.0)
+    assert all(wilson(0, n)[0] == 0.0 and wilson(n, n)[1] == 1.0 for n in range(1, 50))  # exactly, not 2.8e-17
     with pytest.raises(ValueError):
         wilson(3, 2)
     lo, hi = wilson(50, 100)

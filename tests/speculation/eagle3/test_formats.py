@@ -257,6 +257,11 @@ def test_a_head_loads_without_its_target_and_is_checked_when_it_meets_one(tmp_pa
     assert load_eagle3(release, target).config.taps == (2, 4, 5)  # 2, 8 // 2, 8 - 3 of this 8-layer target
     _edit_config(release, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5]})
     assert pj.load_eagle3(release).config.taps == (2, 4, 5)
+    _edit_config(release, eagle_aux_hidden_state_layer_ids=[1, 3, 6])  # two sets of taps: refused, never one picked
+    with pytest.raises(ConfigError, match=r"names two sets of taps: .*\[2, 4, 5\] and .*\[1, 3, 6\]"):
+        pj.load_eagle3(release)
+    _edit_config(release, eagle_config={})  # the top-level key alone, where some converters write it
+    assert pj.load_eagle3(release).config.taps == (1, 3, 6)
     wide = random_model("qwen3", 0, num_layers=8, hidden_size=64)
     with pytest.raises(ConfigError, match="hidden_size: head 48, target 64"):
         ParseEngine(wide, None, eagle3=alone)
