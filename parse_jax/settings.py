@@ -104,7 +104,7 @@ def choices_of(cls: type, name: str) -> tuple[str, ...] | None:
     return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
 
 
-def check_setting(cls: type, name: str, value: Any, label: str | None = None,
+def check_setting(cls: type, name: str, value: Any, label: str | None = None, *,
                   error: type[ParseJaxError] = ConfigError) -> Any:
     """`value` for field `name` of `cls`, checked against the field's type and range (as an int or float: 8.0 from
     YAML is 8); errors (`error`: an argument of a call is an InputError) name `label` (default: the field's name),

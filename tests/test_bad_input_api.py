@@ -154,6 +154,8 @@ CASES = [
      "tree must be an integer, got 2.5"),
     (lambda: pj.eagle3_generate(*_pair_target_and_head(), [PROMPT], max_new_tokens=2, gamma=None),
      InputError, "gamma must be an integer, got None"),
+    (lambda: pj.export_speculators(*reversed(_pair_target_and_head()), "/nonexistent/head", speculative_tokens=2.5),
+     InputError, "speculative_tokens must be an integer, got 2.5"),
     (lambda: generate(TARGET, [PROMPT], max_new_tokens=2, add_bos="yes"), InputError,
      "add_bos must be True or False, got 'yes'"),
     # params that do not fit the config: one line here, not flax's error from inside the first program

@@ -57,8 +57,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
         run = lower_run(engine, mode, args.batch_size, args.max_new_tokens, prompt_len=args.prompt_len,
                         target=LowerTarget(device.platform, device.name, args.lower_mesh, args.attention_impl),
                         lower=not args.memory_only)
-        programs.extend(run.programs)
-        reports.append(run.report())
+        programs.extend(p for p in run.programs if p.name not in {q.name for q in programs})  # --mode all: parse's
+        reports.append(run.report())  # programs are parse-multi's and parse-single's too, written once
         for p in run.programs:
             if p.ok:
                 calls = ", ".join(f"{k} x{v}" for k, v in p.custom_calls.items()) or "no custom calls"

@@ -94,8 +94,8 @@ def lower_run(engine, mode: str, batch_size: int, max_new_tokens: int, *, target
             ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=mode.split("-")[1]))
             rounds: tuple[str | None, ...] = (None,)
         else:  # what `generate` may run: under schedule="auto" over rounds="auto", multi and single round both
-            rounds = (engine._rounds_options(run_mode, req, batch_size) if engine.config.schedule == "auto"
-                      else (None,))
+            rounds = (engine._rounds_options(run_mode, req, batch_size)
+                      if engine.config.schedule == "auto" and mode != "prefix_scores" else (None,))
         launches = []
         for r in rounds if lower else ():
             taken = ctx if r is None else dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=r))

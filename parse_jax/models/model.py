@@ -41,6 +41,10 @@ def init_params(cfg: ModelConfig, seed: int = 0) -> dict[str, Any]:
 class Model:
     """What `pj.load_model` returns: `config`, `params`, `tokenizer`, `logits(ids)`.
 
+    `params` must be the tree `config` implies, names and shapes (dtypes may differ), refused in one line where the
+    model is made: a wrong shape is not left to flax's error inside the first program, nor an extra leaf to be
+    ignored.
+
     `eagle3`: the EAGLE-3 head that came with this target (`pj.load_pair` sets the embedded pair's), the default
     head of modes `eagle3` and `parse+eagle3`. `mesh`: None here; a sharded model (`parse_jax.distributed`) has one.
     """

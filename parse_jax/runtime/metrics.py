@@ -11,7 +11,8 @@ Token-level speculation (sd, eagle3), over every verification pass a request was
   the first rejection, so position i is accepted only if every position before it was: the counts never rise and
   sum to `num_accepted_tokens`;
 - `acceptance_length` = 1 + num_accepted_tokens / num_drafts: tokens a verification pass yields, the target's own
-  (correction or bonus) token included (vLLM's "mean acceptance length"; `accepted_per_pass` is this minus 1);
+  (correction or bonus) token included (vLLM's "mean acceptance length"; `accepted_per_pass`, the older figure,
+  counts per target pass instead: docs/metrics.md);
 - `acceptance_rate_per_pos[i]` = num_accepted_tokens_per_pos[i] / num_drafts (vLLM's per-position acceptance
   rate), so acceptance_length = 1 + sum_i acceptance_rate_per_pos[i];
 - `conditional_acceptance_rate_per_pos[i]` = acceptance_rate_per_pos[i] / acceptance_rate_per_pos[i - 1] (for

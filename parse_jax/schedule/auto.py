@@ -230,6 +230,7 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
         return ScheduleChoice(PLAIN, mode, batch, {}, {}, {})
     workload = dataclasses.replace(workload, step_tokens=state.step_tokens)
     policy_mode = "parse" if mode == "sequential" else mode  # sequential: priced as PARSE (the same draft, more passes)
+
     def predict(acceptance: AcceptanceStats) -> dict[str, float]:
         out: dict[str, float] = {}
         for r in rounds:
@@ -253,6 +254,8 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
         ratios = [measured[PLAIN] / predicted[PLAIN]] if PLAIN in measured else sorted(
             measured[m] / as_seen[m] for m in measured)
         scale = ratios[len(ratios) // 2]
+        # an unmeasured speculative choice (the other rounds) keeps the prior-blended prediction: nothing of it was
+        # seen, and a few judged steps of another choice should not price it as if they were many
         estimate = {m: measured.get(m, predicted[m] * scale) for m in predicted}
     setup = {m: charge.per_token(m) for m in estimate if charge.per_token(m) > 0} if charge is not None else {}
     cost = {m: estimate[m] + setup.get(m, 0.0) for m in estimate}

@@ -219,6 +219,9 @@ def test_eos_ids_none_writes_the_whole_budget(pair_dir, capsys):
         assert rc == 0, err
         return json.loads(out.splitlines()[0])["tokens"]
 
+    from parse_jax.cli.setup import eos_ids_from_args
+
+    assert eos_ids_from_args(build_parser().parse_args(["generate", "--eos-ids", "None", "x"])) == []
     whole = run("--eos-ids", "none")
     assert len(whole) == 40
     stop = whole[2]

@@ -25,7 +25,7 @@ from parse_jax.distributed.sharded import ShardedModel, shard_model, shard_rows
 from parse_jax.distributed.verify import sharded_prefix_scores
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ParseJaxError
-from parse_jax.models.model import Model
+from parse_jax.models.model import Model, param_shapes
 from parse_jax.models.sharding import ShardingRules, abstract_params, fitting_rules
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.runtime.decode import _generate_program
@@ -163,9 +163,10 @@ def main(out_dir: Path) -> dict:
         "logits_max_diff": float(np.abs(back.logits(ids) - ref_logits).max()),
     }
     out["seconds_orbax"] = time.perf_counter() - t1
-    # bad input: configs only (the checks run before any param is touched)
+    # bad input: configs, params as shapes (the checks run before any param is placed)
     def config(**kw):
-        return Model(tiny_config("qwen3", **{**SHAPE, **kw}), None, TOK)
+        cfg = tiny_config("qwen3", **{**SHAPE, **kw})
+        return Model(cfg, param_shapes(cfg), TOK)
 
     out["errors"] = {
         "mesh_size": error_of(lambda: make_mesh({"data": 3, "model": 2})),

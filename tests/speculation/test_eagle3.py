@@ -258,8 +258,13 @@ def test_engine_without_a_head_says_how_to_get_one():
 
 def test_trees_are_greedy_only():
     target = random_model("qwen2", 60, vocab_size=6)
-    with pytest.raises(ConfigError, match="greedy only"):
+    with pytest.raises(InputError, match="greedy only"):
         eagle3_generate(target, random_head(target, 61), [[1, 2]], gamma=3, max_new_tokens=4, tree=2, temperature=1.0)
+    with pytest.raises(InputError, match="temperature must be a number"):  # checked before it is compared
+        eagle3_generate(target, random_head(target, 61), [[1, 2]], gamma=3, max_new_tokens=4, tree=2, temperature="1")
+    with pytest.raises(InputError, match="tree_width"):  # the settings' joint check, as an argument error
+        eagle3_generate(target, random_head(target, 61), [[1, 2]], gamma=3, max_new_tokens=4, tree=2, tree_top_k=2,
+                        tree_width=3)
 
 
 def _expected_accepted(target, head, prompt, gamma, budget):

@@ -28,12 +28,12 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from parse_jax.checkpoints.hf import _HF_CLASSES, hf_config_dict, read_safetensors
-from parse_jax.errors import CheckpointError, ConfigError
+from parse_jax.errors import CheckpointError, ConfigError, InputError
 from parse_jax.models.config import ModelConfig, config_from_hf, read_json_object
 from parse_jax.speculation.eagle3.head import Eagle3, Eagle3Config, abstract_params, check_head, check_vocab_map
 from parse_jax.speculation.eagle3.torch_bin import BIN_FILE, read_torch_bin
 from parse_jax.utils.atomic import replacing
-from parse_jax.utils.validation import check_model, check_path
+from parse_jax.utils.validation import check_int, check_model, check_path
 
 HEAD_CONFIG_FILE = "eagle3.json"
 HEAD_PARAMS_DIR = "params"
@@ -282,6 +282,7 @@ def export_speculators(head: Eagle3, target, out: str | Path, *, verifier: str |
 
     check_head("head", head)
     check_model("target", target)
+    speculative_tokens = check_int("speculative_tokens", speculative_tokens, 1, error=InputError)
     cfg, p = head.config, jax.device_get(head.params)
     cfg.check_target(dataclasses.replace(target.config, dtype=cfg.layer.dtype))
     if cfg.layer.architecture not in SPECULATORS_LAYERS:
@@ -335,7 +336,7 @@ def export_speculators(head: Eagle3, target, out: str | Path, *, verifier: str |
         "target_hidden_size": None, "tie_word_embeddings": False,
         "speculators_config": {
             "algorithm": "eagle3", "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "verifier": {"name_or_path": verifier,
                          "architectures": [_HF_CLASSES.get(target.config.architecture, "LlamaForCausalLM")]}},
