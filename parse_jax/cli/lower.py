@@ -51,14 +51,15 @@ def cmd_lower(args: argparse.Namespace) -> int:
     if draft is None and needs_draft:
         raise ConfigError(f"mode {needs_draft[0]} needs a draft: add --draft (or lower --mode target)")
     engine = ParseEngine(target, draft, cfg)
-    programs, reports = [], []
+    programs, reports = {}, []  # programs by name: under --mode all, parse's are parse-multi's and parse-single's
     for mode in modes:
         phase(f"{'planning' if args.memory_only else 'lowering'} {mode} for {device.platform} {device.name}")
         run = lower_run(engine, mode, args.batch_size, args.max_new_tokens, prompt_len=args.prompt_len,
                         target=LowerTarget(device.platform, device.name, args.lower_mesh, args.attention_impl),
                         lower=not args.memory_only)
-        programs.extend(p for p in run.programs if p.name not in {q.name for q in programs})  # --mode all: parse's
-        reports.append(run.report())  # programs are parse-multi's and parse-single's too, written once
+        for p in run.programs:
+            programs.setdefault(p.name, p)  # written once each
+        reports.append(run.report())
         for p in run.programs:
             if p.ok:
                 calls = ", ".join(f"{k} x{v}" for k, v in p.custom_calls.items()) or "no custom calls"
@@ -68,12 +69,12 @@ def cmd_lower(args: argparse.Namespace) -> int:
         print(f"memory ({mode}): {run.memory.line()}")
     report = {"command": "parse-jax lower", "runs": reports}
     if args.out is not None:
-        write_lowered(args.out, programs, report)
-        done = sum(p.ok for p in programs)
+        write_lowered(args.out, list(programs.values()), report)
+        done = sum(p.ok for p in programs.values())
         print(f"wrote {done} program{'s' if done != 1 else ''} and report.json to {args.out}")
     if args.json:
         print(json.dumps(report, indent=1))
-    return 0 if all(p.ok for p in programs) else 1
+    return 0 if all(p.ok for p in programs.values()) else 1
 
 
 def add_lower_command(sub, add_parse_args) -> None:

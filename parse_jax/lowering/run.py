@@ -96,10 +96,9 @@ def lower_run(engine, mode: str, batch_size: int, max_new_tokens: int, *, target
         else:  # what `generate` may run: under schedule="auto" over rounds="auto", multi and single round both
             rounds = (engine._rounds_options(run_mode, req, batch_size)
                       if engine.config.schedule == "auto" and mode != "prefix_scores" else (None,))
-        launches = []
-        for r in rounds if lower else ():
-            taken = ctx if r is None else dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=r))
-            launches += [x for x in mode_launches(taken, mode, req) if x.name not in {y.name for y in launches}]
+        taken = [ctx if r is None else dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, rounds=r))
+                 for r in rounds]  # each rounds' programs have names of their own
+        launches = [launch for c in (taken if lower else ()) for launch in mode_launches(c, mode, req)]
         programs = tuple(lower_launch(launch, device, abstract) for launch in launches)
     plan = plan_memory(ctx, mode, req, device, sizes, rounds=rounds)
     return LoweredRun(mode, device, sizes, batch_size, prompt_len, req.max_new, programs, plan,

@@ -250,10 +250,12 @@ def choose(state: ScheduleState, costs: PassCosts, *, mode: str, knobs: Knobs, w
         # a measured run is set against its prediction at the acceptance seen, not the prior's: a draft that was
         # never accepted makes the prior's prediction of it too fast by the acceptance alone, and that error scaled
         # onto plain decoding's estimate would make plain decoding look as slow as the run that lost to it
-        as_seen = predict(state.acceptance.as_seen()) if PLAIN not in measured else predicted
-        ratios = [measured[PLAIN] / predicted[PLAIN]] if PLAIN in measured else sorted(
-            measured[m] / as_seen[m] for m in measured)
-        scale = ratios[len(ratios) // 2]
+        if PLAIN in measured:
+            scale = measured[PLAIN] / predicted[PLAIN]
+        else:
+            as_seen = predict(state.acceptance.as_seen())
+            ratios = sorted(measured[m] / as_seen[m] for m in measured)
+            scale = ratios[len(ratios) // 2]
         # an unmeasured speculative choice (the other rounds) keeps the prior-blended prediction: nothing of it was
         # seen, and a few judged steps of another choice should not price it as if they were many
         estimate = {m: measured.get(m, predicted[m] * scale) for m in predicted}

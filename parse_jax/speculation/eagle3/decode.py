@@ -381,12 +381,12 @@ def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequ
     head = check_head("head", head).for_target(target.config)  # checked, in the target's dtype
     given = {name: check_setting(Eagle3Settings, name, value, error=InputError) for name, value in
              (("gamma", gamma), ("tree", tree), ("tree_top_k", tree_top_k), ("tree_width", tree_width))}
-    sampling = SamplingParams(temperature, top_k, top_p, seed)
-    check_tree(given["tree"], sampling.temperature, given["tree_top_k"], error=InputError)
     try:
         eagle = Eagle3Settings(**given)
     except ConfigError as e:  # the settings' joint checks (tree_width within tree_top_k, ...): arguments here
         raise InputError(str(e)) from None
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    check_tree(eagle.tree, sampling.temperature, error=InputError)
     req = spec_request(target, prompts, max_new_tokens, sampling, add_bos, eos_ids)
     return eagle3_speculate(target, head, req, eagle)
 
@@ -420,13 +420,8 @@ def eagle3_launch(target, head: Eagle3, req: Request, eagle: Eagle3Settings):
     return generate_program(target.config, target.attention_impl, sb.cache_len, loop, sb.sampling.sampler), sb
 
 
-def check_tree(tree: int, temperature: float, tree_top_k: int = 1, *,
-               error: type[ParseJaxError] = ConfigError) -> None:
-    """Tree drafting's settings for a request (the settings' own ranges are checked where they are built;
-    `temperature` already checked); `error`: InputError where they are a call's arguments."""
-    if int(tree) < 0:
-        raise error(f"eagle3_tree (tree nodes beyond the chain's depth) must be >= 0, got {tree}")
-    if int(tree_top_k) < 1:
-        raise error(f"eagle3_tree_top_k (children proposed per node) must be >= 1, got {tree_top_k}")
+def check_tree(tree: int, temperature: float, *, error: type[ParseJaxError] = ConfigError) -> None:
+    """Tree drafting against a request's sampling: greedy only. `tree` from checked `Eagle3Settings` (its range is
+    checked where they are built), `temperature` checked; `error`: InputError where they are a call's arguments."""
     if tree and temperature > 0:
         raise error("EAGLE-3 tree drafting is greedy only (temperature 0); use the chain (eagle3_tree=0) to sample")
