@@ -467,16 +467,24 @@ class ParseEngine:
         spec = MODE_TABLE[mode]
         if self.config.rounds != "auto" or not spec.honours_rounds:
             return (None,)
+        fits = self._fitting_rounds(req.ids, req.max_new, mode)
+        if slots == 1 and spec.single_round_ends_plainly and "multi" in fits:
+            return ("multi",)
+        return fits or (None,)
+
+    def _fitting_rounds(self, ids: list[list[int]], max_new: int, mode: str) -> tuple[str, ...]:
+        """The rounds whose programs fit every prompt's positions, where `schedule="auto"` chooses them (the user
+        left `rounds="auto"` and the mode honours it); () otherwise."""
+        if self.config.schedule != "auto" or self.config.rounds != "auto" or not MODE_TABLE[mode].honours_rounds:
+            return ()
         fits = []
         for rounds in ("multi", "single"):
             try:
-                self._check_positions(req.ids, req.max_new, mode, self._context(rounds))
+                self._check_positions(ids, max_new, mode, self._context(rounds))
                 fits.append(rounds)
             except InputError:
                 pass
-        if slots == 1 and spec.single_round_ends_plainly and "multi" in fits:
-            return ("multi",)
-        return tuple(fits) or (None,)
+        return tuple(fits)
 
     def _context(self, rounds: str | None) -> ModeContext:
         """The engine's context, with `rounds` when given (what a batch the schedule chose runs)."""
@@ -499,7 +507,8 @@ class ParseEngine:
             check_tree(self.config.eagle3.tree, sampling.temperature)
         eos_ids = check_eos_ids(eos_ids, self.target.config.vocab_size)
         ids = encode_prompts(self.target, prompts)
-        self._check_positions(ids, max_new, mode, self.context)
+        if not self._fitting_rounds(ids, max_new, mode):  # else the schedule runs the rounds that fit
+            self._check_positions(ids, max_new, mode, self.context)
         if spec.judged:  # a valid request of a mode that judges
             self._warn_settings()
         return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(self.target, eos_ids))

@@ -3,11 +3,14 @@ and the speculative modes, the default schedule,
 and `schedule="auto"` choosing plain decoding exactly where the cost model says speculation loses (synthetic cost
 tables, so the test does not depend on this machine), with explicit settings kept as given."""
 
+import dataclasses
+
 import jax
 import pytest
 
 from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import InputError
+from parse_jax.models.model import Model
 from parse_jax.runtime import executables, programs
 from parse_jax.runtime.decode import generate
 from parse_jax.runtime.programs import _PROGRAMS, bucket, setup_split
@@ -338,3 +341,25 @@ def test_the_schedule_expects_a_row_to_write_what_rows_have_written_not_the_budg
     expected = [48, max(1, round(means[0])), max(1, round(0.5 * means[1] + 0.5 * means[0]))]
     assert [k["workload"].remaining_tokens for k in seen] == expected
     assert [k["outlook"].charge.steps for k in seen] == [rows * e / 2 for rows, e in zip((6, 4, 2), expected)]
+
+
+def test_rounds_auto_runs_a_request_only_single_round_fits_single_round():
+    """Multi round's draft follows the whole output; single round's drafts one answer of `max_draft_tokens`. Where a
+    prompt's budget fits the draft's positions only in single round, `rounds="auto"` runs single round instead of
+    refusing the request; rounds pinned to multi (or a fixed schedule, which runs the resolved rounds) still refuse it
+    in one line."""
+    short = Model(dataclasses.replace(DRAFT.config, max_position_embeddings=40), DRAFT.params, DRAFT.tokenizer)
+    prompt, budget = PROMPTS[0], 28  # 13 prompt tokens: single round needs 13 + 12, multi round 13 + 29 (> 40)
+
+    def engine(**kw):
+        return ParseEngine(TARGET, short, ParseConfig(**{"max_draft_tokens": 12, **kw}))
+
+    auto = engine(rounds="auto", schedule="auto")
+    auto._costs = costs(MEMORY_BOUND, eagle3=False)  # speculation wins
+    res = auto.generate([prompt] * 3, mode="parse", max_new_tokens=budget, max_batch=1)
+    assert {(c["ran"], c["rounds"]) for c in res.stats["schedule"]} == {("parse", "single")}
+    assert res.tokens == engine(rounds="single", schedule="fixed").generate(
+        [prompt] * 3, mode="parse", max_new_tokens=budget).tokens
+    for kw in ({"rounds": "multi", "schedule": "auto"}, {"rounds": "auto", "schedule": "fixed"}):
+        with pytest.raises(InputError, match="positions .* in the draft, which holds 40"):
+            engine(**kw).generate([prompt], mode="parse", max_new_tokens=budget)

@@ -88,6 +88,8 @@ def parse_result(ctx: ModeContext, req: Request, rows: dict, seconds: float, *, 
         accepted_per_request=accepted, prefixes_per_request=[int(x) for x in rows["prefixes"][:n]],
         verify_tokens=total("block_tokens"), continued_requests=continued_n, continue_batch=continue_batch,
         eagle3_accepted_tokens=total("eagle3_accepted_tokens"), eagle3_draft_tokens=total("eagle3_draft_tokens"),
+        eagle3_num_drafts=(None if "eagle3_draft_tokens" not in rows else  # each draft proposes gamma + tree nodes
+                           total("eagle3_draft_tokens") // (ctx.config.eagle3.gamma + ctx.config.eagle3.tree)),
         **step_metrics(rows, n))
     texts = [ctx.target.tokenizer.decode(t) for t in tokens]
     out = stats.as_dict()

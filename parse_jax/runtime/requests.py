@@ -52,6 +52,7 @@ class GenerationStats:
     gamma: int | None = None
     eagle3_accepted_tokens: int | None = None
     eagle3_draft_tokens: int | None = None
+    eagle3_num_drafts: int | None = None  # parse+eagle3: EAGLE-3 drafts its continuation verified
     # the field's metrics (parse_jax/runtime/metrics.py): raw counts here, the rates derived in as_dict()
     num_drafts: int | None = None
     num_draft_tokens: int | None = None
@@ -199,7 +200,7 @@ def device_prompts(model, ids: list[list[int]], batch: int, length: int, max_new
 # counts that add up over batches; lists that concatenate in prompt order
 _SUMMED = ("new_tokens", "seconds", "target_passes", "request_passes", "verify_passes", "rounds", "draft_tokens",
            "accepted_tokens", "verify_tokens", "continued_requests", "eagle3_accepted_tokens", "eagle3_draft_tokens",
-           "admissions", "parked")
+           "eagle3_num_drafts", "admissions", "parked")
 _JOINED = ("accepted_per_request", "prefixes_per_request", "drafts_per_request", "checks_per_request")
 
 

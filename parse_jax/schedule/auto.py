@@ -187,18 +187,49 @@ class ScheduleState:
             kind[key] = (*kind.get(key, ()), per_token)[-KEEP:]
             this_call = this_call | {key}
         acceptance, step_tokens = self.acceptance, self.step_tokens
-        drafted, accepted = stats.get("draft_tokens"), stats.get("accepted_tokens")
-        prefixes = stats.get("prefixes_per_request")
-        if run != PLAIN and drafted and accepted is not None and prefixes and "verify_passes" in stats:
-            steps = max(sum(prefixes), 1)
-            step_tokens = max(1.0, drafted / steps)
-            done = round(accepted / step_tokens)
-            judged = min(steps, done + int(stats["verify_passes"]))  # the accepted steps and each pass's rejection
-            acceptance = acceptance.update(steps_verified=max(judged, done), steps_accepted=done)
-        elif run != PLAIN and drafted and accepted is not None:
-            acceptance = acceptance.update(drafted=int(drafted), accepted=min(int(accepted), int(drafted)))
+        if run != PLAIN:
+            counts = acceptance_counts(run, stats)
+            acceptance = acceptance.update(**counts)
+            if "steps_verified" in counts:
+                step_tokens = max(1.0, stats["draft_tokens"] / max(sum(stats["prefixes_per_request"]), 1))
         return dataclasses.replace(self, acceptance=acceptance, step_tokens=step_tokens, samples=samples,
                                    fixed_samples=fixed_samples, this_call=this_call)
+
+
+def acceptance_counts(run: str, stats: Mapping[str, Any]) -> dict[str, int]:
+    """The counts (`AcceptanceStats.update`) a finished run of choice `run` adds: per kind of draft, what the target
+    judged (the accepted ones and one rejection per draft that had one: nothing past a rejection is judged) and
+    accepted, so that accepted / judged estimates the per-token (per-step) rate the policy's geometric models take.
+    Rejections are counted per request, never per batch pass: a pass over B rows judges B drafts.
+    - PARSE (`prefixes_per_request` in the stats): steps, from the accepted tokens over the mean step length; its
+      rejections are the verifications whose first-rejected-step histogram is not in the last (none rejected) bin,
+      else one per request's verification (`request_checks`). parse+eagle3 adds its continuation's EAGLE-3 drafts:
+      one rejection at most per draft (`eagle3_num_drafts`).
+    - Token-level (sd, or the head's with `run` "eagle3"): one rejection per draft less the drafts whose every
+      position was accepted (the last of `num_accepted_tokens_per_pos`)."""
+    drafted, accepted = stats.get("draft_tokens"), stats.get("accepted_tokens")
+    if not drafted or accepted is None:
+        return {}
+    prefixes = stats.get("prefixes_per_request")
+    if prefixes and "verify_passes" in stats:
+        steps = max(sum(prefixes), 1)
+        done = min(round(accepted / max(1.0, drafted / steps)), steps)
+        hist = stats.get("first_rejected_step_hist")
+        rejected = (stats["num_verifications"] - hist[-1] if hist and "num_verifications" in stats
+                    else stats.get("request_checks", stats["verify_passes"]))
+        counts = {"steps_verified": min(steps, done + int(rejected)), "steps_accepted": done}
+        e_drafted, e_accepted = stats.get("eagle3_draft_tokens"), stats.get("eagle3_accepted_tokens")
+        if e_drafted and e_accepted is not None:
+            e_accepted = min(int(e_accepted), int(e_drafted))
+            e_rejected = stats.get("eagle3_num_drafts", e_drafted - e_accepted)
+            counts.update(eagle3_drafted=min(int(e_drafted), e_accepted + int(e_rejected)), eagle3_accepted=e_accepted)
+        return counts
+    accepted = min(int(accepted), int(drafted))
+    per_pos, drafts = stats.get("num_accepted_tokens_per_pos"), stats.get("num_drafts")
+    rejected = drafts - per_pos[-1] if per_pos and drafts is not None else drafted - accepted
+    judged = min(int(drafted), accepted + int(rejected))
+    return ({"eagle3_drafted": judged, "eagle3_accepted": accepted} if run == "eagle3"
+            else {"drafted": judged, "accepted": accepted})
 
 
 def worth_measuring(gap: float, counts: tuple[int, int], windows_after: float) -> bool:

@@ -196,9 +196,16 @@ class CostTable:
             object.__setattr__(self, "measured", measured)
 
     def seconds(self, batch: int, tokens: int, cache_len: int) -> float:
-        """Trilinear interpolation; past the largest tokens in proportion to tokens."""
+        """Trilinear interpolation; past the largest tokens in proportion to tokens; past the largest batch or cache
+        along the last segment, never below the grid's edge (a profile keeps a larger shape that timed faster, and
+        that segment's slope must not take a cost to zero or below)."""
         over = max(tokens / self.tokens[-1], 1.0)
-        (i, wi), (j, wj), (k, wk) = (_segment(self.batches, batch), _segment(self.tokens, min(tokens, self.tokens[-1])),
+        tokens = min(tokens, self.tokens[-1])
+        edge = self._interpolated(min(batch, self.batches[-1]), tokens, min(cache_len, self.caches[-1]))
+        return max(self._interpolated(batch, tokens, cache_len), edge) * over
+
+    def _interpolated(self, batch: int, tokens: int, cache_len: int) -> float:
+        (i, wi), (j, wj), (k, wk) = (_segment(self.batches, batch), _segment(self.tokens, tokens),
                                      _segment(self.caches, cache_len))
         total = 0.0
         for di, fi in ((0, 1 - wi), (1, wi)):
@@ -206,7 +213,7 @@ class CostTable:
                 for dk, fk in ((0, 1 - wk), (1, wk)):
                     if fi and fj and fk:
                         total += fi * fj * fk * self.seconds_grid[i + di][j + dj][k + dk]
-        return total * over
+        return total
 
     def to_dict(self) -> dict[str, Any]:
         return {"batches": list(self.batches), "tokens": list(self.tokens), "caches": list(self.caches),

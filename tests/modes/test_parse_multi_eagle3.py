@@ -93,6 +93,8 @@ def test_threshold_one_is_the_target_alone_with_and_without_eagle3():
             assert res.tokens == expect, (mode, len(prompts))
             assert res.stats["rounds"] > 1
         assert res.stats["eagle3_draft_tokens"] > 0  # the steps were written with EAGLE-3
+        e = eng.config.eagle3  # each draft proposes its chain and tree nodes
+        assert res.stats["eagle3_num_drafts"] * (e.gamma + e.tree) == res.stats["eagle3_draft_tokens"]
 
 
 def test_eagle3_steps_give_multi_round_parse_tokens_at_any_threshold(partial):
@@ -136,6 +138,7 @@ def test_served_parse_eagle3_equals_each_prompt_alone(partial):
     assert res.tokens == [r.tokens[0] for r in alone]
     assert res.stats["accepted_per_request"] == [r.stats["accepted_tokens"] for r in alone]
     assert res.stats["eagle3_draft_tokens"] == sum(r.stats["eagle3_draft_tokens"] for r in alone)
+    assert res.stats["eagle3_num_drafts"] == sum(r.stats["eagle3_num_drafts"] for r in alone)
     # and through generate(max_batch=...): the engine serves parse+eagle3 in slots
     got = eng.generate(PROMPTS, mode="parse+eagle3", max_new_tokens=14, max_batch=2)
     assert got.stats["slots"] == 2

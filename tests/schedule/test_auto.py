@@ -125,6 +125,65 @@ def test_plain_decoding_is_never_second_guessed_and_counts_acceptance():
     assert state.acceptance.steps_accepted == 4 and state.acceptance.steps_verified == 5
 
 
+# a chain run of 10 drafts of 4 tokens: 25 accepted, 4 drafts accepted whole, so 6 rejected tokens were judged
+CHAIN_RUN = {"new_tokens": 35, "seconds": 0.1, "draft_tokens": 40, "accepted_tokens": 25, "num_drafts": 10,
+             "num_accepted_tokens_per_pos": [9, 7, 5, 4]}
+
+
+def test_each_kind_of_draft_counts_its_own_acceptance_per_judged_token():
+    """sd's counts go to the draft model's rate, EAGLE-3's to the head's (an eagle3 run priced at the prior forever,
+    and sd then priced with the head's acceptance, before); judged tokens are the accepted ones and one per draft
+    that had a rejection, not every token proposed (those past a rejection are never judged: counting them priced a
+    good draft as a poor one)."""
+    sd = ScheduleState().record("sd", 1, CHAIN_RUN).acceptance
+    assert (sd.drafted, sd.accepted, sd.eagle3_drafted) == (31, 25, 0)
+    e3 = ScheduleState().record("eagle3", 1, CHAIN_RUN).acceptance
+    assert (e3.eagle3_drafted, e3.eagle3_accepted, e3.drafted) == (31, 25, 0)
+    assert e3.as_seen().eagle3_rate == pytest.approx(25 / 31)
+    parse_eagle = {"new_tokens": 60, "seconds": 0.1, "draft_tokens": 40, "accepted_tokens": 20,
+                   "prefixes_per_request": [4], "verify_passes": 1, "request_checks": 1,
+                   "eagle3_draft_tokens": 30, "eagle3_accepted_tokens": 12, "eagle3_num_drafts": 10}
+    both = ScheduleState().record("parse+eagle3-single", 1, parse_eagle).acceptance
+    assert (both.steps_accepted, both.steps_verified) == (2, 3)
+    assert (both.eagle3_accepted, both.eagle3_drafted, both.drafted) == (12, 22, 0)
+
+
+def test_a_batch_counts_one_rejection_per_request_as_its_rows_alone_would():
+    """A verification pass over B rows judges B drafts: a batch's acceptance counts equal its rows run one at a
+    time (the pass count alone made a batch of B look B times as accepting)."""
+    row = {"new_tokens": 20, "seconds": 0.1, "draft_tokens": 50, "accepted_tokens": 20, "prefixes_per_request": [5],
+           "verify_passes": 1, "request_checks": 1}
+    alone = ScheduleState()
+    for _ in range(4):
+        alone = alone.record("parse-single", 1, row)
+    batch = ScheduleState().record("parse-single", 4, {**row, "new_tokens": 80, "draft_tokens": 200,
+                                                       "accepted_tokens": 80, "prefixes_per_request": [5] * 4,
+                                                       "request_checks": 4})
+    assert batch.acceptance == alone.acceptance
+    assert (batch.acceptance.steps_accepted, batch.acceptance.steps_verified) == (8, 12)
+    # where the run kept its first-rejected-step histogram, its rejections are read from it: 4 verifications, 2
+    # of them with a rejected step
+    hist = {**row, "num_verifications": 4, "first_rejected_step_hist": [1, 1, 0, 0, 0, 2]}
+    assert ScheduleState().record("parse-multi", 1, hist).acceptance.steps_verified == 2 + 2
+
+
+def test_a_head_whose_drafts_were_never_accepted_does_not_calibrate_plain_decoding_up():
+    """The eagle3 twin of the test above: the head's run, at zero acceptance, is set against its prediction at the
+    acceptance seen, so plain decoding's estimate stays its prediction."""
+    workload = Workload(batch=1, cache_len=256, suffix_tokens=4, remaining_tokens=64)
+    never = AcceptanceStats(eagle3_drafted=1000, eagle3_accepted=0)
+    truth = {c.mode: c.seconds_per_token for c in decide(
+        costs(MEMORY_BOUND), workload, never, dataclasses.replace(KNOBS, mode="eagle3")).alternatives}
+    assert truth["eagle3"] > truth["target"]
+    run = {"new_tokens": 100, "seconds": truth["eagle3"] * 100, "draft_tokens": 100, "accepted_tokens": 0,
+           "num_drafts": 20, "num_accepted_tokens_per_pos": [0] * 5}
+    state = ScheduleState().record("eagle3", 1, run)
+    assert state.acceptance.eagle3_drafted == 20 and state.acceptance.drafted == 0
+    c = _choose(state, MEMORY_BOUND, 1, mode="eagle3")
+    assert c.estimate["target"] == pytest.approx(truth["target"], rel=0.01)
+    assert c.run == "target"
+
+
 def test_a_fixed_batch_is_measured_by_its_longest_row_and_a_served_run_by_its_mean():
     """Rows of a fixed batch that finish early idle until its longest row ends; a served run refills them. Both are
     measured as the seconds per token of one row with every row busy, so neither looks cheaper for its batching."""

@@ -96,6 +96,19 @@ def test_table_beyond_largest_tokens_grows_in_proportion():
     assert table.seconds(32, 64, 64) > table.seconds(16, 64, 64)  # past the largest batch: along the last slope
 
 
+def test_past_the_grid_a_falling_last_segment_stays_at_the_edge():
+    """A profile keeps a larger shape that timed faster (its figure stands); along that falling segment a cost past
+    the grid went to zero and below (then plain decoding's calibration divided by it). It stays at the edge."""
+    grid = [[[3e-3, 1e-3] for _ in range(2)] for _ in range(2)]  # the larger cache timed a third of the smaller
+    table = CostTable((1, 4), (1, 8), (256, 512), grid)
+    assert table.seconds(1, 1, 512) == pytest.approx(1e-3)
+    for cache in (700, 1024, 4096):
+        assert table.seconds(1, 1, cache) == pytest.approx(1e-3)
+    grid = [[[4e-3, 4e-3]] * 2, [[1e-3, 1e-3]] * 2]  # batch 4 timed below batch 1
+    table = CostTable((1, 4), (1, 8), (256, 512), grid)
+    assert table.seconds(16, 8, 512) == pytest.approx(1e-3)
+
+
 def test_table_round_trip_and_bad_input():
     table = table_of(lambda b, t, c: 1e-3 * b * t + 1e-6 * c)
     assert CostTable.from_dict(table.to_dict()) == table
