@@ -40,6 +40,13 @@ def load_model(path: str | Path, step: int | None = None, params_path: str | Non
     from parse_jax.checkpoints import runs as checkpoint_manager
 
     check_mesh(mesh)
+    if checkpoint_manager.is_remote(path):  # gs://...: through etils.epath, as Orbax reads it
+        if checkpoint_manager.locate(path, step) is None:
+            raise CheckpointError(f"{path} is not an Orbax CheckpointManager folder: remote paths are read for "
+                                  "training runs only; copy a model folder to a local path")
+        return checkpoint_manager.load_run(path, checkpoint_manager.RunStep(step, params_path, config_from),
+                                           mesh=mesh, dtype=dtype, check_finite=check_finite,
+                                           attention_impl=attention_impl, fallback_replicated=fallback_replicated)
     path = Path(path).absolute()  # Orbax reads metadata only through absolute paths
     if not path.exists():
         raise CheckpointError(f"model path not found: {path}")

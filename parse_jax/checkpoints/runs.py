@@ -34,8 +34,10 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from parse_jax.checkpoints.hf import INDEX_FILE, SINGLE_FILE
 from parse_jax.checkpoints.orbax import (
     CONFIG_FILE,
+    PARAMS_DIR,
     abstract_params_one_device,
     cast_params,
     check_finite_params,
@@ -46,12 +48,14 @@ from parse_jax.errors import CheckpointError, ConfigError
 from parse_jax.models.config import DTYPES, ModelConfig, read_hf_config
 from parse_jax.models.model import Model, param_mismatches
 from parse_jax.models.tokenizer import Tokenizer
+from parse_jax.utils.validation import shorten
 
 TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's name marker of a folder being written (renamed away when complete)
 RUN_FILE = "run.json"               # this project's trainer: the run's fingerprint (documented, not imported)
 CKPT_DIR = "ckpt"                   # this project's trainer: RUN/ckpt/ is the CheckpointManager folder
 PYTREE_METADATA = "_METADATA"       # a PyTree (Standard/PyTree handler) item's tree metadata file
 COMMIT_FILE = "commit_success.txt"  # Orbax writes it last into each step (the marker where renames are not atomic)
+OCDBT_PROCESS = "ocdbt.process_"     # Orbax's per-process folders inside an item (named like prefixed steps)
 
 
 # ------------------------------------------------------------------------------------------------ steps
@@ -60,46 +64,91 @@ COMMIT_FILE = "commit_success.txt"  # Orbax writes it last into each step (the m
 # padded (`step_format_fixed_length`: `0023`) and prefixed (`step_prefix`: `step_23`, `step_0023`).
 
 
+def is_remote(path: Any) -> bool:
+    """A path with a scheme (gs://, s3://...), read through etils.epath's backends."""
+    return "://" in str(path)
+
+
 def as_path(path: Any) -> epath.Path:
     """`path` as an epath.Path (a local path made absolute; gs:// and other remote paths as they are)."""
     p = epath.Path(path)
-    return p.absolute() if "://" not in str(path) else p
+    return p if is_remote(path) else p.absolute()
 
 
-def _step_of(name: str) -> int | None:
-    """The step a finished step folder's name gives (Orbax's name formats: `23`, `0023`, `PREFIX_23`), None for any
-    other name (a temporary folder included)."""
-    if TMP_MARK in name or not (name.isdigit() or re.fullmatch(ocp.step.ALLOWED_STEP_NAME_PATTERN, name)):
+def _name_prefix(name: str) -> str | None:
+    """The step prefix a step folder's name (finished or temporary) is written with: "" for `23` / `0023`, "step"
+    for `step_23`; None for any other name, Orbax's own per-process folders (`ocdbt.process_0`) included."""
+    base = name.split(TMP_MARK)[0]
+    if base.isdigit():
+        return ""
+    m = re.fullmatch(ocp.step.ALLOWED_STEP_NAME_PATTERN, base)
+    return m.group(1) if m and not base.startswith(OCDBT_PROCESS) else None
+
+
+def step_prefix(folder: epath.Path) -> str | None:
+    """The prefix of `folder`'s step folders, as a manager names them all: "" where any is a plain number (a manager
+    without `step_prefix`), else the prefix most of them share; None where `folder` has no step folder. A subfolder
+    named otherwise (`eval_results_7/` beside `7/`) is not a step, as Orbax, told the manager's prefix, reads it."""
+    if not folder.is_dir():
+        return None
+    found = [p for c in folder.iterdir() if c.is_dir() and (p := _name_prefix(c.name)) is not None]
+    if not found:
+        return None
+    return "" if "" in found else max(sorted(set(found)), key=found.count)
+
+
+def _step_of(name: str, prefix: str) -> int | None:
+    """The step a finished step folder's name gives where the manager's steps are named with `prefix` (Orbax's
+    formats: `23`, `0023`, `PREFIX_23`), None for any other name (a temporary folder included)."""
+    if TMP_MARK in name or _name_prefix(name) != prefix:
         return None
     return ocp.step.step_from_checkpoint_name(name)
 
 
-def _tmp_step_of(name: str) -> int | None:
-    """The step of a temporary folder `<name>.orbax-checkpoint-tmp-<time>`."""
+def _tmp_step_of(name: str, prefix: str) -> int | None:
+    """The step of a temporary folder `<name>.orbax-checkpoint-tmp-<time>` of a manager naming steps with `prefix`."""
     m = re.match(ocp.step.TMP_DIR_STEP_PATTERN, name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and _name_prefix(name) == prefix else None
 
 
 def _is_manager(folder: epath.Path) -> bool:
     """A folder with step subfolders (finished or being written)."""
-    if not folder.is_dir():
-        return False
-    return any(c.is_dir() and (_step_of(c.name) is not None or _tmp_step_of(c.name) is not None)
-               for c in folder.iterdir())
+    return step_prefix(folder) is not None
+
+
+def _has_config(folder: epath.Path) -> bool:
+    return (folder / CONFIG_FILE).is_file() or (folder / "config.json").is_file()
+
+
+def _is_model_folder(folder: epath.Path) -> bool:
+    """A HF or parse-jax model folder: a config and its weights (a manager may keep a config beside its steps)."""
+    return (((folder / CONFIG_FILE).is_file() and (folder / PARAMS_DIR).is_dir())
+            or ((folder / "config.json").is_file()
+                and ((folder / SINGLE_FILE).is_file() or (folder / INDEX_FILE).is_file())))
 
 
 def locate(path: Any, step: int | None = None) -> tuple[epath.Path, int | None] | None:
     """(CheckpointManager folder, step) for a run folder, a CheckpointManager folder or one step's folder;
-    None when `path` is none of them (a plain model folder)."""
+    None when `path` is none of them (a plain model folder, even one with subfolders named like steps)."""
     path = as_path(path)
+    try:
+        return _locate(path, step)
+    except ImportError as e:  # etils' gs:// (and other remote) backends are optional installs
+        raise CheckpointError(f"cannot read {path}: {e}") from None
+
+
+def _locate(path: epath.Path, step: int | None) -> tuple[epath.Path, int | None] | None:
+    if _is_model_folder(path):
+        return None  # a model folder, even one named like a step (exports per step: out/1000/, out/2000/)
     if _is_manager(path):
         return path, step
-    if (path / CONFIG_FILE).is_file() or (path / "config.json").is_file():
-        return None  # a model folder, even one named like a step (exports per step: out/1000/, out/2000/)
+    if _has_config(path):
+        return None
     if _is_manager(path / CKPT_DIR) or ((path / CKPT_DIR).is_dir() and (path / RUN_FILE).is_file()):
         return path / CKPT_DIR, step
-    own = _step_of(path.name)
-    if own is not None and _is_manager(path.parent):
+    parent_prefix = step_prefix(path.parent) if _name_prefix(path.name) is not None else None
+    own = None if parent_prefix is None else _step_of(path.name, parent_prefix)
+    if own is not None:
         if step is not None and _as_step(step) != own:
             raise CheckpointError(f"{path} is the folder of step {own}, but step={step} was asked for")
         return path.parent, own
@@ -123,12 +172,14 @@ def list_steps(manager: Any) -> tuple[dict[int, epath.Path], dict[int, epath.Pat
     folders naming one step (`5` and `step_5`) are an error."""
     done: dict[int, epath.Path] = {}
     writing: dict[int, epath.Path] = {}
-    for c in as_path(manager).iterdir():
+    manager = as_path(manager)
+    prefix = step_prefix(manager) or ""
+    for c in manager.iterdir():
         if not c.is_dir():
             continue
-        if (s := _tmp_step_of(c.name)) is not None:
+        if (s := _tmp_step_of(c.name, prefix)) is not None:
             writing[s] = c
-        elif (s := _step_of(c.name)) is not None:
+        elif (s := _step_of(c.name, prefix)) is not None:
             if (ocp.step.is_path_temporary(c) or not ocp.step.is_path_finalized(c)
                     or any(TMP_MARK in item.name for item in c.iterdir())):
                 writing[s] = c
@@ -208,8 +259,13 @@ def _tree_metadata(item_dir: Path) -> Any:
     try:
         meta = ocp.PyTreeCheckpointHandler().metadata(item_dir)
     except Exception as e:  # Orbax raises many types for a damaged item
-        raise CheckpointError(f"cannot read the Orbax tree metadata of {item_dir}: {e}") from None
+        raise CheckpointError(f"cannot read the Orbax tree metadata of {item_dir}: {_one_line(e)}") from None
     return getattr(meta, "tree", meta)
+
+
+def _one_line(error: Exception) -> str:
+    """An Orbax / TensorStore error (many lines, a whole spec) as a short line of a message."""
+    return shorten(" ".join(str(error).split()), 300)
 
 
 def _display(item: str, keys: tuple[str, ...]) -> str:
@@ -337,7 +393,10 @@ def run_config(manager: Path, config_from: Any) -> tuple[ModelConfig, Tokenizer 
         return cfg, None if tok_dir is None else folder_tokenizer(tok_dir, cfg)
     if config_from is not None:
         src = as_path(config_from)
-        found = _config_of_folder(src) if src.is_dir() else None
+        try:
+            found = _config_of_folder(src) if src.is_dir() else None
+        except ImportError as e:  # a remote path whose etils backend is not installed
+            raise CheckpointError(f"cannot read config_from {src}: {e}") from None
         if found is None:
             raise ConfigError(f"config_from {src}: expected a Hugging Face folder (config.json), a parse-jax "
                               f"model folder ({CONFIG_FILE}) or a parse-jax training run ({RUN_FILE})")
@@ -408,7 +467,7 @@ def load_run(path: str | Path, which: RunStep = RunStep(), *, mesh: Any = None, 
     try:
         params = restore_subtree(item_dir, keys, target)
     except Exception as e:  # Orbax/TensorStore raise many types (some bare Exception) for damaged data
-        raise CheckpointError(f"cannot restore {where}: {type(e).__name__}: {str(e)[:300]}") from None
+        raise CheckpointError(f"cannot restore {where}: {type(e).__name__}: {_one_line(e)}") from None
     if check_finite:
         check_finite_params(params, where)
     cfg, params = cast_params(cfg, params, dtype)

@@ -205,6 +205,40 @@ def test_model_folders_named_like_steps_stay_model_folders(tmp_path):
     assert params_equal(m.params, models[10].params) and not hasattr(m, "loaded_from")
 
 
+def test_subfolders_named_like_prefixed_steps_are_not_steps(tmp_path, run):
+    """A manager names every step one way (Orbax is told its prefix); a subfolder named otherwise is not a step:
+    not in a model folder (an export with `eval_1/` beside it stays a model folder), not beside plain-number steps
+    (`eval_results_7/`), not Orbax's own `ocdbt.process_0` inside an item folder."""
+    model = random_model("qwen3", seed=3)
+    folder = save_model(model, tmp_path / "m")
+    (folder / "eval_1").mkdir()
+    (folder / "eval_1" / "scores.json").write_text("{}")
+    assert params_equal(load_model(folder).params, model.params)
+    copy = tmp_path / "run"
+    shutil.copytree(run[0], copy)
+    (copy / "ckpt" / "eval_results_7").mkdir()
+    with pytest.raises(CheckpointError, match=rf"^step 7 not found in .*; steps: {STEPS[0]}, {STEPS[1]}$"):
+        load_model(copy, step=7)
+    assert load_model(copy).loaded_from["step"] == STEPS[1]
+    item = copy / "ckpt" / str(STEPS[1]) / "state"
+    (item / "ocdbt.process_0").mkdir(exist_ok=True)
+    with pytest.raises(CheckpointError, match=r"is not a model folder: expected either a Hugging Face folder"):
+        load_model(item)
+
+
+def test_a_remote_run_without_its_storage_backend_is_one_line(monkeypatch, run):
+    """gs:// paths go to etils.epath as they are (they were made local paths: "/cwd/gs:/bucket/run not found"); where
+    its backend (gcsfs) is not installed, the error says so in one line, with and without a step."""
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # not installed (an optional install of etils' gs:// backend)
+    for step in (None, 3):
+        with pytest.raises(CheckpointError, match=r"^cannot read gs://bucket/run: .*gcsfs"):
+            load_model("gs://bucket/run", step=step)
+    with pytest.raises(CheckpointError, match=r"^cannot read gs://bucket/run: .*gcsfs"):
+        resolve_step("gs://bucket/run")
+    with pytest.raises(CheckpointError, match=r"^cannot read config_from gs://bucket/hf: .*gcsfs"):
+        load_model(run[0], config_from="gs://bucket/hf")
+
+
 SHARDED_CHECK = """
 import json, sys
 import jax, numpy as np
