@@ -152,7 +152,7 @@ def _rope_from_hf(d: dict[str, Any]) -> tuple[float, str, tuple[float, ...]]:
     scaling = d.get("rope_scaling") or {}
     if not isinstance(params, dict) or not isinstance(scaling, dict):
         raise ConfigError(f"config.json rope_scaling / rope_parameters must be objects, got {scaling!r} / {params!r}")
-    merged = {**params, **scaling}
+    merged = scaling or params  # transformers: `rope_parameters = rope_scaling or rope_parameters`, not a merge
     theta = _field({**d, **merged}, "rope_theta", float, 10000.0, minimum=0.0)
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
     where = f"config.json rope_scaling ({kind}) field"

@@ -169,6 +169,16 @@ class Tokenizer:
         """Ids of `text` exactly; no BOS/EOS or template tokens are added."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of a prompt as transformers' `tokenizer(text)` gives them: with the special tokens `tokenizer.json`'s
+        post-processor adds (Llama-3's and the embedded pair's BOS; none for Qwen3, nor where there is no
+        post-processor, whatever `bos_token` says), none where the text starts with the BOS token already (as
+        lm-eval encodes such a context: a chat-rendered prompt's BOS is not doubled)."""
+        ids = self.encode(text)
+        if self.bos_id is not None and ids[:1] == [self.bos_id]:
+            return ids
+        return self._tok.encode(text, add_special_tokens=True).ids
+
     def decode(self, ids: Any, keep_special: bool = False) -> str:
         """Text of `ids`, special tokens (BOS, EOS, chat markers) dropped unless `keep_special`."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=not keep_special)

@@ -115,7 +115,8 @@ _WARNED_UNWRITABLE: weakref.WeakSet = weakref.WeakSet()  # tokenizers whose unwr
 
 
 def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_bos: bool = True) -> list[list[int]]:
-    """Text prompts through the tokenizer (BOS prepended when the tokenizer has one); id lists as given."""
+    """Text prompts through the tokenizer as transformers encodes them (`Tokenizer.encode_prompt`: its BOS where its
+    post-processor adds one; `add_bos=False`: the text's own ids only); id lists as given."""
     if isinstance(prompts, (str, bytes)):
         raise InputError("prompts must be a list of strings or of token-id lists, not a single string")
     if not isinstance(prompts, (Sequence, np.ndarray)):
@@ -133,15 +134,14 @@ def encode_prompts(model, prompts: Sequence[str] | Sequence[Sequence[int]], add_
         if isinstance(p, str):
             if model.tokenizer is None:
                 raise InputError("text prompts need a tokenizer; this model has none (pass token ids)")
-            ids = model.tokenizer.encode(check_text(f"prompt {i}", p))
-            if not ids:
+            text = check_text(f"prompt {i}", p)
+            own = model.tokenizer.encode(text)
+            if not own:
                 raise InputError(f"prompt {i} is empty (no tokens)")
             has_unknown = getattr(model.tokenizer, "has_unknown", None)
-            if has_unknown is not None and has_unknown(ids):
-                unwritable.append((p, [int(t) for t in ids].index(model.tokenizer.unk_id)))
-            bos = getattr(model.tokenizer, "bos_id", None)
-            if add_bos and bos is not None and (not ids or ids[0] != bos):
-                ids = [bos] + ids
+            if has_unknown is not None and has_unknown(own):
+                unwritable.append((p, [int(t) for t in own].index(model.tokenizer.unk_id)))
+            ids = model.tokenizer.encode_prompt(text) if add_bos else own
         else:
             ids = [check_int(f"prompt {i} token {j}", t, error=InputError) for j, t in enumerate(p)]
         if not ids:

@@ -3,8 +3,9 @@
 WordLevel over the task's symbols, a WhitespaceSplit pre-tokenizer, and a decoder that joins tokens with one space
 (WordPiece with cleanup off; no symbol starts with its "##" prefix). Every task text is single-space separated, so
 `decode(encode(text)) == text` exactly, and a leading space changes nothing: `" Correct"` and `"Correct"` are the
-same single token. Special tokens: `<pad>` (id 0), `<bos>`, `<eos>`, `<unk>`; no post-processor, so `encode` never
-adds BOS/EOS (the model loader resolves them through `tokenizer_config.json`).
+same single token. Special tokens: `<pad>` (id 0), `<bos>`, `<eos>`, `<unk>`; a post-processor that prepends `<bos>`,
+so a prompt is encoded with it wherever transformers' `tokenizer(text)` encodes it (the models were trained so),
+this library's prompts and an exported pair's alike; `Tokenizer.encode` adds nothing.
 
 Regenerate the shipped files with `python -m parse_jax.tasks`.
 """
@@ -15,7 +16,7 @@ import json
 from pathlib import Path
 
 import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
 from parse_jax.tasks.arith import Task, load_task
 
@@ -36,6 +37,8 @@ def build_tokenizer(task: Task | None = None) -> tokenizers.Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A $B",
+                                                       special_tokens=[(BOS, vocab[BOS])])
     return tok
 
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.reference import visibility
-from parse_jax.models.config import ModelConfig, rope_inv_freq
+from parse_jax.models.config import ModelConfig, rope_attention_scaling, rope_inv_freq
 from parse_jax.models.decoder import apply_rope
 from parse_jax.models.functional import linear, rms_norm
 
@@ -36,7 +36,7 @@ def train_forward(params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
     x = emb[tokens]
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+    inv_freq, scaling = jnp.asarray(rope_inv_freq(cfg)), rope_attention_scaling(cfg)  # as the Decoder applies it
     if limit is None:
         mask = jnp.tril(jnp.ones((t, t), bool))
     else:
@@ -53,7 +53,7 @@ def train_forward(params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
         if cfg.qk_norm:
             q = rms_norm(q, a["q_norm"]["scale"], cfg.rms_norm_eps)
             k = rms_norm(k, a["k_norm"]["scale"], cfg.rms_norm_eps)
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        q, k = apply_rope(q, positions, inv_freq, scaling), apply_rope(k, positions, inv_freq, scaling)
         if kvh != h:
             k, v = jnp.repeat(k, h // kvh, axis=2), jnp.repeat(v, h // kvh, axis=2)
         s = jnp.einsum("bthd,bshd->bhts", q, k) * d ** -0.5

@@ -35,6 +35,38 @@ def test_round_trip_and_no_special_tokens(folder) -> None:
     assert len(tok.encode("the quick brown fox")) < len("the quick brown fox")  # merges are really used
 
 
+@pytest.mark.parametrize("post", ["bos", "byte_level", "none"])
+def test_prompts_are_encoded_as_transformers_tokenizer_call_encodes_them(tmp_path, post) -> None:
+    """A text prompt gets the special tokens `tokenizer.json`'s post-processor adds, as `tokenizer(text)` gives them:
+    BOS where it prepends one (Llama-3, the embedded pair), none where it adds none although `bos_token` is named
+    (a GPT-2 style tokenizer under a llama config; BOS was prepended, so the model read another prompt than under
+    transformers). A prompt that starts with BOS keeps one, as lm-eval encodes it."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import processors
+
+    from parse_jax.models.model import Model
+    from parse_jax.runtime.requests import encode_prompts
+    from tests.random_models import random_model
+
+    write_tokenizer(tmp_path)
+    raw = RawTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    bos = raw.id_to_token(BOS_ID)
+    raw.post_processor = {"bos": processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, BOS_ID)]),
+                          "byte_level": processors.ByteLevel(trim_offsets=False), "none": None}[post]
+    raw.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.from_folder(tmp_path)
+    assert tok.bos_id == BOS_ID  # named by tokenizer_config.json in every case
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    base = random_model("llama3", 0, vocab_size=TOKENIZER_VOCAB)
+    model = Model(base.config, base.params, tok)
+    for text in TEXTS:
+        expected = reference(text)["input_ids"]
+        assert encode_prompts(model, [text]) == [expected]
+        assert (expected[:1] == [BOS_ID]) == (post == "bos")
+        assert encode_prompts(model, [text], add_bos=False) == [reference(text, add_special_tokens=False)["input_ids"]]
+    assert encode_prompts(model, [bos + TEXTS[0]])[0].count(BOS_ID) == 1
+
+
 def test_decode_skips_special_tokens(folder) -> None:
     tok = Tokenizer.from_folder(folder)
     ids = [BOS_ID, *tok.encode("hello"), tok.token_to_id("<|im_end|>"), *tok.encode(" world"), EOS_ID]

@@ -62,3 +62,18 @@ def test_yarn_defaults_follow_transformers() -> None:
     cfg = config_from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "attention_factor": 1.5,
                                                    "truncate": False}})
     assert cfg.rope_scaling == (2.0, 256.0, 32.0, 1.0, 1.5, 0.0)
+
+
+def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_reads_it() -> None:
+    """A transformers-5 config (`rope_parameters`) given the yarn `rope_scaling` of a model card: transformers reads
+    `rope_scaling` alone (`rope_scaling or rope_parameters`); merged, its `type` lost to `rope_type: default`."""
+    d = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100,
+         "max_position_embeddings": 256, "rope_theta": 20000.0,
+         "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"},
+         "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}
+    theirs = transformers.Qwen3Config(**d).rope_parameters
+    ours = config_from_hf(d)
+    assert theirs["rope_type"] == ours.rope_type == "yarn"
+    assert ours.rope_theta == theirs["rope_theta"]
+    assert ours.rope_scaling[:2] == (theirs["factor"], theirs["original_max_position_embeddings"])

@@ -70,7 +70,7 @@ def test_judge_words_and_delimiter_are_single_tokens():
         ids = TOK.encode(word, add_special_tokens=False).ids
         assert len(ids) == 1 and ids[0] != UNK
         assert TOK.encode(" " + word, add_special_tokens=False).ids == ids
-        assert TOK.encode(" " + word).ids == ids
+        assert TOK.encode(" " + word).ids == [TOK.token_to_id("<bos>"), *ids]  # the post-processor's BOS
     assert TOK.encode(JUDGE_YES).ids != TOK.encode(JUDGE_NO).ids
     suffix = TOK.encode(VERIFY_SUFFIX, add_special_tokens=False).ids
     assert len(suffix) == 2 and UNK not in suffix

@@ -42,6 +42,23 @@ def test_training_forward_equals_model_logits(tok, spec_kw):
                                atol=2e-5, rtol=1e-5)
 
 
+def test_training_forward_equals_model_logits_under_yarn():
+    """yarn scales cos/sin by its attention factor (1 + 0.1 ln 4 here): the training forward too, or a head trained
+    for a yarn target (train-eagle3) learns another model's features."""
+    from parse_jax.models.config import config_from_hf, rope_attention_scaling
+
+    cfg = config_from_hf({"model_type": "qwen3", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                          "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 50,
+                          "max_position_embeddings": 64, "tie_word_embeddings": True,
+                          "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                           "original_max_position_embeddings": 16}})
+    assert rope_attention_scaling(cfg) > 1.1
+    params = init_params(cfg, seed=5)
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 40)).astype(np.int32)
+    np.testing.assert_allclose(np.asarray(train_logits(params, cfg, ids)), Model(cfg, params).logits(ids),
+                               atol=2e-5, rtol=1e-5)
+
+
 def test_packed_rows_score_each_copy_like_its_standalone_verification_prompt(tok, task, enc):
     """The training forward over a packed row (design.md §2) gives every judge position the logits of a plain
     causal pass over that prefix's verification prompt."""
