@@ -3,12 +3,15 @@
     import parse_jax.harness.lm_eval_model  # registers "parse-jax" (or run the `parse-jax-lm-eval` script)
     lm_eval.simple_evaluate(model="parse-jax", model_args="pair=DIR,mode=parse,parse_config=qwen3_chat", ...)
 
-`model_args`: `pair=DIR` (default: the embedded pair) or `target=DIR[,draft=DIR][,eagle3=DIR]`, `mode` (a bench
-mode: target, sd, sequential, parse, parse-multi, eagle3, parse+eagle3; default parse), `parse_config` (anything
-`ParseConfig.load` reads: a shipped name, a YAML/JSON path, inline JSON), `batch_size` (a number, or lm-eval's
-`auto` / `auto:N`: parse-jax's default, at most `max_batch_size`), `max_gen_toks`, `dtype`, `seed`, `stats_path`
-(a JSON file for the speculation stats), `enable_thinking` (passed to the chat template, as lm-eval's HF model
-passes it).
+`model_args`: `pair=DIR` (default: the embedded pair) or `target=DIR[,draft=DIR][,eagle3=DIR]`, where a training
+run (an Orbax CheckpointManager folder) takes `load_model`'s `step`, `params_path`, `config_from` (the draft's:
+`draft_step`, `draft_params_path`, `draft_config_from`), `mode` (a bench mode: target, sd, sequential, parse,
+parse-multi, eagle3, parse+eagle3; default parse), `parse_config` (anything `ParseConfig.load` reads: a shipped
+name, a YAML/JSON path, inline JSON), `batch_size` (a number, or lm-eval's `auto` / `auto:N`: parse-jax's default,
+at most `max_batch_size`), `max_gen_toks`, `dtype`, `seed`, `stats_path` (a JSON file for the speculation stats),
+`enable_thinking` (passed to the chat template, as lm-eval's HF model passes it). A `model_args` string is split
+at commas outside braces, brackets and quotes (`parse_config={"schedule": "fixed", "threshold": 0.3}` is one
+value). What was loaded (paths, the step read) is in lm-eval's results as `config.parse_jax_models`.
 
 - `generate_until` groups the requests by their generation kwargs (the new-token budget under any of lm-eval's
   names for it, `until` and the sampling temperature that `do_sample` / `temperature` ask for, as lm-eval's HF
@@ -17,13 +20,18 @@ passes it).
   strings end its row: those that are one token are stop ids of the device program beside the model's EOS; in
   the modes whose output a resumed call continues exactly (target, draft, sd, eagle3) a longer one is checked on
   the committed text between segments of 16, 32, 64, ... tokens; PARSE modes run a batch in one call
-  (docs/design.md §8). Outputs are cut by lm-eval's own `postprocess_generated_text`.
+  (docs/design.md §8). Outputs are cut by lm-eval's own `postprocess_generated_text`. A context longer than the
+  mode holds with its budget keeps its last tokens (as lm-eval's HF model cuts to `max_length - max_gen_toks`;
+  the limit is the longest the mode's own checks take), with one warning per call; an error of a batch names the
+  request's index in the call.
 - `loglikelihood` and `loglikelihood_rolling` score on the target alone (its logits, BOS first), a request's text
   encoded as lm-eval encodes it (`encode_pair`).
 - `--apply_chat_template` renders lm-eval's chat history with the target tokenizer's own chat template (as
   transformers renders it, `continue_final_message` included); a target without one is refused at that flag.
-- The speculation stats of every generation (the field's metrics, parse_jax/runtime/metrics.py) are summed and
-  written to `stats_path` and into lm-eval's results (`config.speculation_stats`, via `get_model_info`).
+- The speculation stats of every generation (the field's metrics, parse_jax/runtime/metrics.py) are summed, with
+  what `schedule="auto"` ran per request (`schedule_ran`) and the count of scored requests, and written to
+  `stats_path` after every call (scoring ones too) and into lm-eval's results (`config.speculation_stats`, via
+  `get_model_info`).
 
 How lm-eval finds it: pyproject declares it in the `lm_eval.models` entry-point group, which lm-eval's plugin
 discovery reads (lm-eval's main branch, after 0.4.13) so that a bare `lm_eval --model parse-jax` needs nothing
@@ -34,10 +42,13 @@ else. lm-eval 0.4.13 reads no entry point (its registry holds `lm_eval.models.MO
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry fills itself only when empty)
@@ -45,11 +56,11 @@ import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import postprocess_generated_text
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
+from lm_eval.utils import get_rolling_token_windows, handle_arg_string, make_disjoint_window
 
 from parse_jax.errors import ConfigError, InputError, ParseJaxError
 from parse_jax.runtime.metrics import combine
-from parse_jax.utils.validation import SEED_MAX, check_float, check_int
+from parse_jax.utils.validation import SEED_MAX, check_float, check_int, shorten
 
 DEFAULT_BATCH = 8  # rows per engine call unless `batch_size` says otherwise
 FIRST_SEGMENT = 16  # new tokens of a generation's first segment when a stop string spans tokens; then doubled
@@ -62,26 +73,60 @@ UNSUPPORTED = {"num_beams": (None, 1), "repetition_penalty": (None, 1, 1.0), "no
                "length_penalty": (None, 1, 1.0)}
 READ = ("until", "do_sample", "temperature", *BUDGET_NAMES, *UNSUPPORTED_WHEN_SAMPLING, *UNSUPPORTED)
 SUMMED = ("new_tokens", "target_passes", "verify_passes", "draft_tokens", "accepted_tokens", "seconds")
+RUN_ARGS = {"target": ("step", "params_path", "config_from"),  # `load_model`'s, per model: a step of a training run
+            "draft": ("draft_step", "draft_params_path", "draft_config_from")}
 
 
-def _load_models(pair: str | None, target: str | None, draft: str | None, eagle3: str | None, dtype: str | None):
+def _load_models(a: ModelArgs):
+    """(target, draft) as `model_args` name them: the pair, or model folders / steps of training runs."""
     from parse_jax.checkpoints.load import load_model
     from parse_jax.checkpoints.pair import load_pair
 
-    if target is None:
-        if draft is not None:
+    if a.target is None:
+        if a.draft is not None:
             raise ConfigError("model_args draft= needs target= (the model it drafts for)")
-        t, d = load_pair(pair, dtype=dtype)
+        t, d = load_pair(a.pair, dtype=a.dtype)
     else:
-        if pair is not None:
+        if a.pair is not None:
             raise ConfigError("model_args: give either pair= or target=/draft=, not both")
-        t = load_model(target, dtype=dtype)
-        d = load_model(draft, dtype=dtype) if draft is not None else None
-    if eagle3 is not None:
+        with run_args_named("target"):
+            t = load_model(a.target, a.step, a.params_path, a.config_from, dtype=a.dtype)
+        d = None
+        if a.draft is not None:
+            with run_args_named("draft"):
+                d = load_model(a.draft, a.draft_step, a.draft_params_path, a.draft_config_from, dtype=a.dtype)
+    if a.eagle3 is not None:
         from parse_jax.speculation.eagle3 import load_eagle3
 
-        t.eagle3 = load_eagle3(eagle3, t)
+        t.eagle3 = load_eagle3(a.eagle3, t)
     return t, d
+
+
+@contextlib.contextmanager
+def run_args_named(who: str):
+    """A loader's errors inside, said to be about `who`'s model ("target" or "draft": the loader names its own
+    arguments, `step`, `params_path`, `config_from`, which the draft's `model_args` spell `draft_step`, ...)."""
+    try:
+        yield
+    except ParseJaxError as e:
+        raise type(e)(f"model_args {who}: {e}") from None
+
+
+def loaded_models(a: ModelArgs, target, draft) -> dict:
+    """Which models were loaded, as `parse-jax eval`'s provenance names them (`target_step`: the step read)."""
+    def where(path):
+        return None if path is None else str(Path(path).resolve())
+
+    out = {"pair": where(a.pair) or ("embedded" if a.target is None else None), "target": where(a.target),
+           "draft": where(a.draft), "eagle3": where(a.eagle3), "dtype": a.dtype}
+    for name, model in (("target", target), ("draft", draft)):
+        read = getattr(model, "loaded_from", None)  # set by the run loader only: the step and sub-tree it read
+        if read:
+            out[f"{name}_step"], out[f"{name}_params_path"] = read["step"], read["params_path"]
+        config_from = getattr(a, RUN_ARGS[name][2])
+        if config_from is not None:
+            out[f"{name}_config_from"] = where(config_from)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +138,12 @@ class ModelArgs:
     target: str | None = None
     draft: str | None = None
     eagle3: str | None = None
+    step: int | None = None  # the target's, where target= is a training run (`load_model`'s); default: the latest
+    params_path: str | None = None
+    config_from: str | None = None
+    draft_step: int | None = None  # the same for the draft's run
+    draft_params_path: str | None = None
+    draft_config_from: str | None = None
     mode: str = "parse"
     parse_config: Any = None
     batch_size: int | str = DEFAULT_BATCH
@@ -112,12 +163,22 @@ class ModelArgs:
         if unknown:
             raise ConfigError(f"unknown parse-jax model_args {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         args = {k: v for k, v in given.items() if k in known and v is not None}
-        for key in ("batch_size", "max_batch_size", "max_gen_toks", "seed"):  # "8" from a model_args string
+        for key in ("batch_size", "max_batch_size", "max_gen_toks", "seed", "step", "draft_step"):  # "8" as text
             if isinstance(args.get(key), str) and args[key].strip().isdigit():
                 args[key] = int(args[key])
         out = cls(**args)
         check_int("max_gen_toks", out.max_gen_toks, 1)
         check_int("seed", out.seed, 0)
+        for who, keys in RUN_ARGS.items():
+            named = [k for k in keys if getattr(out, k) is not None]
+            if named and getattr(out, who) is None:
+                raise ConfigError(f"model_args {', '.join(named)}: only with {who}=RUN_DIR (a training run: an Orbax "
+                                  "CheckpointManager folder)")
+            if getattr(out, keys[0]) is not None:
+                check_int(f"model_args {keys[0]}", getattr(out, keys[0]), 0)
+            for key in keys[1:]:
+                if getattr(out, key) is not None and not isinstance(getattr(out, key), str):
+                    raise ConfigError(f"model_args {key} must be a path, got {getattr(out, key)!r}")
         if out.max_batch_size is not None:
             check_int("max_batch_size", out.max_batch_size, 1)
         if out.enable_thinking not in (None, True, False):
@@ -151,15 +212,19 @@ class ParseJaxLM(LM):
         self.batch_size, self.max_gen_toks, self.seed = a.rows(), a.max_gen_toks, a.seed
         self.mode, self.stats_path = a.mode, a.stats_path
         self.chat_template_args = {} if a.enable_thinking is None else {"enable_thinking": a.enable_thinking}
-        self.target, self.draft = _load_models(a.pair, a.target, a.draft, a.eagle3, a.dtype)
+        self.target, self.draft = _load_models(a)
+        self.models = loaded_models(a, self.target, self.draft)
         self.eos_ids = [int(x) for x in resolve_eos(self.target) if x >= 0]  # the model's own stop ids
         self._runners: dict[tuple[tuple[int, ...], float], Any] = {}
+        self._limits: dict[tuple[tuple[int, ...], float, int], int] = {}
         self._runner(())  # the mode's checks (its models, its settings) now, not at the first request
         self.stats_parts: list[dict] = []
+        self.schedule_ran: collections.Counter[str] = collections.Counter()  # requests per choice schedule ran
+        self.scored = 0  # loglikelihood(_rolling) requests scored
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ParseJaxLM:
-        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+        return cls.create_from_arg_obj(parse_args_string(arg_string), additional_config)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> ParseJaxLM:
@@ -179,24 +244,74 @@ class ParseJaxLM(LM):
                    sampling_temperature(kwargs))
             groups.setdefault(key, []).append(i)
         tok = self.target.tokenizer
-        for (max_new, until, temperature), idx in groups.items():
+        plan, cut = [], {}
+        for (max_new, until, temperature), idx in groups.items():  # every context cut to fit before any run
+            stop_ids = single_token_stops(tok, until)
+            runner = self._runner(stop_ids, temperature)
+            ids, cut_here = self._fitted(runner, (stop_ids, temperature, max_new), requests, idx)
+            cut.update(cut_here)
+            plan.append((max_new, until, stop_ids, runner, idx, ids))
+        if cut:  # as lm-eval's HF model cuts (it warns per batch): once, with the count
+            limits = sorted(set(cut.values()))
+            _warn_once(f"generate_until: {len(cut)} of {len(requests)} requests had a context longer than mode "
+                       f"{self.mode} holds with their max_gen_toks; cut from the left to the last "
+                       f"{' / '.join(map(str, limits))} tokens, as lm-eval's HF model cuts it (requests "
+                       f"{shorten(', '.join(map(str, sorted(cut))))})")
+        for max_new, until, stop_ids, runner, idx, ids in plan:
             # one job per group, as `parse-jax eval` declares its records: under schedule="auto" a choice's program
             # setup is charged to the group's rows (docs/design.md §7). Not where rows go on in segments (several
             # calls per prompt would spend the job's count before its first batch ends)
-            stop_ids = single_token_stops(tok, until)
-            runner = self._runner(stop_ids, temperature)
             segmented = len(stop_ids) < len(until) and self.mode in RESUMABLE  # a stop string over several tokens
             with contextlib.nullcontext() if segmented else runner.job(len(idx)):
                 for start in range(0, len(idx), self.batch_size):
-                    batch = idx[start: start + self.batch_size]
+                    batch, prompts = idx[start: start + self.batch_size], ids[start: start + self.batch_size]
                     seed = (self.seed + batch[0]) % (SEED_MAX + 1)  # a batch's own draws (lm-eval's repeats too)
-                    prompts = [requests[i].args[0] for i in batch]
-                    texts = (self._generate_in_segments(runner, prompts, max_new, until, stop_ids, seed) if segmented
-                             else self._generate(runner, prompts, max_new, seed))
-                    for i, text in zip(batch, texts):
+                    texts, ran = (self._generate_in_segments(runner, batch, prompts, max_new, until, stop_ids, seed)
+                                  if segmented else self._generate(runner, batch, prompts, max_new, seed))
+                    for i, text, names in zip(batch, texts, ran):
                         out[i] = postprocess_generated_text(text, list(until), None)  # lm-eval's own cut
+                        self.schedule_ran.update(names)
         self._write_stats()
         return [str(x) for x in out]
+
+    def _fitted(self, runner, key: tuple, requests, idx: list[int]) -> tuple[list[list[int]], dict[int, int]]:
+        """(ids, {request: kept length} of those cut) of requests `idx` (one group: `key` is its stop ids,
+        temperature and budget): each context cut from the left to the longest that `runner` holds with the group's
+        budget, as lm-eval's HF model cuts to `max_length - max_gen_toks`."""
+        from parse_jax.runtime.requests import encode_prompts
+
+        with requests_named("generate_until", idx):
+            ids = encode_prompts(self.target, [requests[i].args[0] for i in idx])  # as the runner would encode them
+        try:
+            runner.check([max(ids, key=len)], key[2], self.seed)  # the longest fits: every context does
+            return ids, {}
+        except InputError:
+            pass
+        limit = self._context_limit(runner, key, idx[0])
+        return [p[-limit:] for p in ids], {i: limit for i, p in zip(idx, ids) if len(p) > limit}
+
+    def _context_limit(self, runner, key: tuple, first: int) -> int:
+        """The longest context `runner`'s own checks accept with budget `key[2]`: the mode's positions (and its
+        passes' room past the budget), whatever schedule and rounds it may run; found by bisection on those
+        checks, once per setting."""
+        if key not in self._limits:
+            max_new = key[2]
+            try:
+                runner.check([[0]], max_new, self.seed)
+            except InputError as e:
+                why = re.sub(r"^prompt 0 has 1 tokens", "a context of 1 token", str(e))
+                raise InputError(f"generate_until: request {first} asks for max_gen_toks={max_new}, which leaves "
+                                 f"no room for a context in mode {self.mode} ({why})") from None
+            fits, too_long = 1, self.target.config.max_position_embeddings + 1
+            while too_long - fits > 1:
+                mid = (fits + too_long) // 2
+                try:
+                    runner.check([[0] * mid], max_new, self.seed)
+                    fits = mid
+                except InputError:
+                    too_long = mid
+            self._limits[key] = fits
+        return self._limits[key]
 
     def _runner(self, stop_ids: tuple[int, ...], temperature: float = 0.0):
         """The mode's runner stopping at the model's EOS and `stop_ids`, sampling at `temperature` (0: greedy); one
@@ -210,33 +325,39 @@ class ParseJaxLM(LM):
                                              eos_ids=eos, honour_rounds=True)
         return self._runners[key]
 
-    def _generate(self, runner, prompts: list[str], max_new: int, seed: int) -> list[str]:
-        """Uncut texts of a batch in one call of `runner` (a `_runner`): stop strings of one token end their row
-        inside the device program (stop ids beside the EOS)."""
-        res = runner(prompts, max_new, seed)
+    def _generate(self, runner, batch: list[int], ids: list[list[int]], max_new: int,
+                  seed: int) -> tuple[list[str], list[set[str]]]:
+        """(uncut texts, what the schedule ran for each) of a batch (requests `batch`, prompts `ids`) in one call of
+        `runner` (a `_runner`): stop strings of one token end their row inside the device program (stop ids beside
+        the EOS)."""
+        with requests_named("generate_until", batch):
+            res = runner(ids, max_new, seed)
         self.stats_parts.append(res.stats)
-        return res.texts
+        return res.texts, ran_each(res.stats, len(ids))
 
-    def _generate_in_segments(self, runner, prompts: list[str], max_new: int, until: tuple[str, ...],
-                              stop_ids: tuple[int, ...], seed: int) -> list[str]:
-        """Uncut texts of a batch whose `until` holds a stop string longer than one token: a row whose committed
+    def _generate_in_segments(self, runner, batch: list[int], ids: list[list[int]], max_new: int,
+                              until: tuple[str, ...], stop_ids: tuple[int, ...],
+                              seed: int) -> tuple[list[str], list[set[str]]]:
+        """`_generate` for a batch whose `until` holds a stop string longer than one token: a row whose committed
         text holds one ends at the next check. Generation runs in segments of 16, 32, 64, ... tokens (at most
         log2(max_new) calls), each on the prompt and the ids committed so far, and only rows with no stop string,
         EOS or spent budget go on. Resuming is exact only where a call's output does not depend on where it starts
         (target, draft alone, sd, eagle3: the target's own tokens, `RESUMABLE`); PARSE modes run each batch in one
         call and cut after it (docs/design.md §8)."""
-        from parse_jax.runtime.requests import encode_prompts
-
         tok = self.target.tokenizer
-        ids = encode_prompts(self.target, prompts)
         done_ids = {*self.eos_ids, *stop_ids}
-        gen: list[list[int]] = [[] for _ in prompts]
-        live, segment = list(range(len(prompts))), FIRST_SEGMENT
+        gen: list[list[int]] = [[] for _ in ids]
+        ran: list[set[str]] = [set() for _ in ids]
+        live, segment = list(range(len(ids))), FIRST_SEGMENT
         while live:
             n = min(segment, max_new - len(gen[live[0]]))  # live rows have all committed the same count
             # each segment its own draws: a step's noise must not repeat at every segment's start
-            res = runner([ids[i] + gen[i] for i in live], n, (seed + 65537 * len(gen[live[0]])) % (SEED_MAX + 1))
+            with requests_named("generate_until", [batch[i] for i in live]):
+                res = runner([ids[i] + gen[i] for i in live], n,
+                             (seed + 65537 * len(gen[live[0]])) % (SEED_MAX + 1))
             self.stats_parts.append(res.stats)
+            for i, names in zip(live, ran_each(res.stats, len(live))):
+                ran[i] |= names
             still = []
             for i, new in zip(live, res.tokens):
                 gen[i] += list(new)
@@ -244,13 +365,21 @@ class ParseJaxLM(LM):
                 if not ended and not any(s in tok.decode(gen[i]) for s in until):
                     still.append(i)
             live, segment = still, segment * 2
-        return [tok.decode(g) for g in gen]
+        return [tok.decode(g) for g in gen], ran
 
     def speculation_stats(self) -> dict:
-        """The speculation stats of every generation so far: counts summed, the field's rates derived."""
+        """The speculation stats of every generation so far: counts summed, the field's rates derived, and under
+        `schedule="auto"` how many requests each choice ran (`schedule_ran`, as `parse-jax eval` counts its records:
+        "target" is plain decoding); `scored_requests`: loglikelihood(_rolling) requests, scored on the target
+        alone."""
         totals = {k: sum(p.get(k, 0) for p in self.stats_parts) for k in SUMMED if any(k in p for p in
                                                                                         self.stats_parts)}
-        return {"mode": self.mode, "batches": len(self.stats_parts), **totals, **combine(self.stats_parts)}
+        out = {"mode": self.mode, "batches": len(self.stats_parts), **totals, **combine(self.stats_parts)}
+        if self.schedule_ran:
+            out["schedule_ran"] = dict(sorted(self.schedule_ran.items()))
+        if self.scored:
+            out["scored_requests"] = self.scored
+        return out
 
     def _write_stats(self) -> None:
         if self.stats_path is not None:
@@ -259,7 +388,8 @@ class ParseJaxLM(LM):
             write_json(self.stats_path, self.speculation_stats())
 
     def get_model_info(self) -> dict:
-        return {"parse_jax_mode": self.mode, "parse_config": json.loads(json.dumps(self.config.flat(), default=str)),
+        return {"parse_jax_mode": self.mode, "parse_jax_models": self.models,
+                "parse_config": json.loads(json.dumps(self.config.flat(), default=str)),
                 "speculation_stats": self.speculation_stats()}
 
     # --- chat templates (lm-eval's --apply_chat_template) ----------------------------------------------------
@@ -306,7 +436,7 @@ class ParseJaxLM(LM):
         first = tok.bos_id if tok.bos_id is not None else tok.eos_id
         return [] if first is None else [int(first)]
 
-    def _score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+    def _score(self, context: list[int], continuation: list[int], index: int) -> tuple[float, bool]:
         """log p(continuation | context) on the target and whether greedy decoding writes it. As lm-eval's HF model
         scores: the last token is never fed (nothing reads its logits) and a context longer than the target's
         positions is cut from the left, so a rolling window of `max_length` + 1 tokens fits."""
@@ -314,8 +444,8 @@ class ParseJaxLM(LM):
             return 0.0, True
         width = self.target.config.max_position_embeddings
         if len(continuation) > width:
-            raise InputError(f"loglikelihood: a continuation of {len(continuation)} tokens is longer than the "
-                             f"target's {width} positions")
+            raise InputError(f"loglikelihood: request {index} has a continuation of {len(continuation)} tokens, "
+                             f"longer than the target's {width} positions")
         fed = (context + continuation)[-(width + 1):][:-1]
         length = min(-(-len(fed) // 16) * 16, width)  # right padding to a multiple of 16: fewer shapes to compile
         ids = np.zeros((1, length), np.int64)
@@ -327,28 +457,84 @@ class ParseJaxLM(LM):
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         out = []
-        for req in requests:
+        for i, req in enumerate(requests):
             context, continuation = encode_pair(self.target.tokenizer, *req.args)
             prefix = self._prefix()
             if context[: len(prefix)] == prefix and prefix:  # a chat template wrote the BOS itself: not twice
                 prefix = []
-            out.append(self._score(prefix + context, continuation))
+            out.append(self._score(prefix + context, continuation, i))
+        self.scored += len(requests)
+        self._write_stats()
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         tok, out = self.target.tokenizer, []
         prefix = self._prefix()
         width = self.target.config.max_position_embeddings
-        for req in requests:
+        for i, req in enumerate(requests):
             (text,) = req.args
             windows = get_rolling_token_windows(token_list=tok.encode(text), prefix_token=prefix[0] if prefix else 0,
                                                 max_seq_len=width, context_len=1)
             total = 0.0
             for window in map(make_disjoint_window, windows):
                 context, continuation = list(window[0]), list(window[1])
-                total += self._score(context, continuation)[0]
+                total += self._score(context, continuation, i)[0]
             out.append(total)
+        self.scored += len(requests)
+        self._write_stats()
         return out
+
+
+def parse_args_string(arg_string: str) -> dict[str, Any]:
+    """`key=value,key=value` as lm-eval's `simple_parse_args_string` reads it (each value through its
+    `handle_arg_string`), but split only at commas outside braces, brackets and quoted strings (a value that
+    starts with a quote, or a string inside braces), so that inline JSON
+    (`parse_config={"schedule": "fixed", "threshold": 0.3}`) is one value."""
+    parts, depth, quote, start, escaped = [], 0, None, 0, False
+    for at, ch in enumerate(arg_string):
+        if quote:
+            quote = None if ch == quote and not escaped else quote
+            escaped = ch == "\\" and not escaped
+        elif ch in "\"'" and (depth or arg_string[at - 1: at] == "="):  # a quoted value, or JSON's strings
+            quote = ch
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(arg_string[start:at])
+            start = at + 1
+    if depth or quote:
+        raise ConfigError(f"model_args {shorten(arg_string)!r}: unbalanced {quote or 'braces or brackets'}")
+    parts.append(arg_string[start:])
+    out = {}
+    for part in (p for p in parts if p.strip()):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"model_args {shorten(part.strip())!r}: expected key=value")
+        out[key.strip()] = handle_arg_string(value)
+    return out
+
+
+@contextlib.contextmanager
+def requests_named(where: str, index: list[int]):
+    """Errors of a batch inside, naming its row ("prompt 3"), as the request of the lm-eval call that row holds
+    (`index[3]`)."""
+    try:
+        yield
+    except ParseJaxError as e:
+        message, n = re.subn(r"\bprompt (\d+)\b", lambda m: f"request {index[int(m.group(1))]}"
+                             if int(m.group(1)) < len(index) else m.group(0), str(e))
+        if not n:
+            raise
+        raise type(e)(f"{where}: {message}") from None
+
+
+def ran_each(stats: dict, n: int) -> list[set[str]]:
+    """What `schedule="auto"` ran for each of a call's `n` rows (empty sets where nothing was scheduled)."""
+    from parse_jax.harness.runs import ran_per_prompt
+
+    return [{name} for name in ran_per_prompt(stats, n) or []] or [set() for _ in range(n)]
 
 
 def stop_strings(until: Any) -> tuple[str, ...]:

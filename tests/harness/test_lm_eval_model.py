@@ -3,6 +3,7 @@
 results; the shipped embedded-task YAML over a local JSONL file gives `parse-jax eval`'s accuracy."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -233,11 +234,13 @@ def test_stop_strings_of_one_token_special_ones_included(tmp_path):
 def test_each_generation_group_is_one_job(tmp_path, monkeypatch):
     """lm-eval hands the model every request at once: each group (one budget and stop set) is declared a job, as
     `parse-jax eval` declares its records, so under schedule="auto" a choice's program setup is charged to the
-    group's rows. With sd's setup on record as far more than those rows could pay back, the group decodes plainly."""
+    group's rows. With sd's setup on record as far more than those rows could pay back, the group decodes plainly,
+    and the speculation stats say what ran."""
     from parse_jax.schedule.setup import load_setup_costs
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the profiles folder (and the setup file) of this test
-    lm = lm_eval_model.ParseJaxLM(mode="sd", batch_size=2)
+    stats = tmp_path / "stats.json"
+    lm = lm_eval_model.ParseJaxLM(mode="sd", batch_size=2, stats_path=str(stats))
     load_setup_costs(lm.target, lm.draft, lm.target.eagle3).with_figure("sd", 2, 1e6).with_figure(
         "target", 2, 0.0).save()
     prompts = [p for p, _ in load_task().problems(4, 5)]
@@ -246,6 +249,9 @@ def test_each_generation_group_is_one_job(tmp_path, monkeypatch):
     decisions = [c for part in lm.stats_parts for c in part["schedule"]]
     assert decisions and {c["ran"] for c in decisions} == {"target"}
     assert all(c["setup_seconds_per_token"]["sd"] > 1e3 for c in decisions)  # charged: a job was declared
+    # the stats written say so: every request decoded plainly, not in sd (as `parse-jax eval`'s schedule_ran)
+    assert json.loads(stats.read_text())["schedule_ran"] == {"target": len(prompts)}
+    assert lm.get_model_info()["speculation_stats"]["schedule_ran"] == {"target": len(prompts)}
 
 
 def test_generation_kwargs_and_batch_sizes_as_lm_eval_names_them(tmp_path, monkeypatch, caplog):
@@ -349,3 +355,121 @@ def test_a_context_whose_chat_template_wrote_the_bos_is_scored_after_one_bos(tmp
     expect = sum(logp[len(ctx) - 1 + i, t] for i, t in enumerate(cont))
     ((ll, _),) = lm.loglikelihood([Instance("loglikelihood", {}, (context, " 7"), 0)])
     assert ll == pytest.approx(expect, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Training runs (Orbax CheckpointManager folders, as this project's trainer lays them out) of the engine tests'
+    target and draft."""
+    from tests.checkpoints.runs_fixture import write_run
+    from tests.test_engine import DRAFT, TARGET
+
+    root = tmp_path_factory.mktemp("runs")
+    saved = write_run(root / "target_run", TARGET, steps=(4, 10), run_json=True)
+    write_run(root / "draft_run", DRAFT, steps=(30,), run_json=True)
+    return root / "target_run", root / "draft_run", saved
+
+
+def test_model_args_choose_a_step_of_a_training_run_and_the_results_say_which(runs):
+    """`step` / `draft_step` (and `params_path`, `config_from`: `load_model`'s) pick a step of a run: the params of
+    that step are the ones loaded, and lm-eval's reported config names the path and the step read (the latest where
+    none is given), as `parse-jax eval`'s provenance does (`target_step`). Misplaced or missing ones: one line."""
+    import jax
+
+    target_run, draft_run, saved = runs
+    lm = lm_eval_model.ParseJaxLM.create_from_arg_string(
+        f"target={target_run},step=4,params_path=state/params,draft={draft_run},mode=sd,batch_size=1")
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(lm.target.params), jax.tree.leaves(saved[4])))
+    models = lm.get_model_info()["parse_jax_models"]
+    assert models["target"] == str(target_run.resolve()) and models["draft"] == str(draft_run.resolve())
+    assert models["target_step"] == 4 and models["draft_step"] == 30 and models["target_params_path"] == "state/params"
+    latest = lm_eval_model.ParseJaxLM(target=str(target_run), mode="target", batch_size=1, config_from=str(target_run))
+    assert latest.get_model_info()["parse_jax_models"]["target_step"] == 10
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(latest.target.params),
+                                                    jax.tree.leaves(saved[10])))
+    cases = [(dict(draft_step=3), "model_args draft_step: only with draft=RUN_DIR"),
+             (dict(target=str(target_run), step=15), "model_args target: step 15 not found in "),
+             (dict(target=str(target_run), draft=str(draft_run), draft_step=998, mode="sd"),
+              "model_args draft: step 998 not found in "),
+             (dict(target=str(target_run), step="four"), "step must be an integer, got 'four'"),
+             (dict(target=str(target_run), draft=str(draft_run), draft_params_path="state/x", mode="sd"),
+              "model_args draft: params_path 'state/x' not found")]
+    for args, message in cases:
+        with pytest.raises(lm_eval_model.ParseJaxError, match=re.escape(message)):
+            lm_eval_model.ParseJaxLM(**{"mode": "target", **args})
+
+
+def test_a_context_longer_than_the_mode_holds_is_cut_from_the_left_with_one_warning(monkeypatch, caplog):
+    """As lm-eval's HF model cuts a context to `max_length - max_gen_toks`: a context longer than the mode holds
+    with its budget keeps its last tokens (in target mode exactly max_length - max_gen_toks; in sd the longest the
+    engine takes, its draft's room counted), one warning says how many were cut, and the rest run as before."""
+    from parse_jax import ParseEngine, generate
+    from parse_jax.runtime.requests import encode_prompts
+    from parse_jax.utils.progress import logger
+
+    monkeypatch.setattr(logger, "propagate", True)
+    prompt = load_task().problems(1, 3)[0][0]
+    long = " ".join(["1 + 2 ;"] * 200)
+    reqs = [Instance("generate_until", {}, (p, {"max_gen_toks": 16, "until": []}), i)
+            for i, p in enumerate([prompt, long, prompt])]
+    for mode in ("target", "sd"):
+        lm = lm_eval_model.ParseJaxLM(mode=mode, batch_size=2, parse_config='{"schedule": "fixed"}')
+        width = lm.target.config.max_position_embeddings
+        ids = encode_prompts(lm.target, [long])[0]
+        assert len(ids) + 16 > width
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="parse_jax"):
+            out = lm.generate_until(reqs)
+        (line,) = [r.getMessage() for r in caplog.records if "cut from the left" in r.getMessage()]
+        kept = int(re.search(r"to the last (\d+) tokens", line).group(1))
+        assert line.startswith("generate_until: 1 of 3 requests") and "(requests 1)" in line
+        if mode == "target":
+            assert kept == width - 16
+        else:  # the longest the engine's own request takes: one token more is refused
+            eng = ParseEngine(lm.target, lm.draft, lm.config)
+            eng.request([ids[-kept:]], "sd", 16, 0.0, 0, 0, 1.0, None)
+            with pytest.raises(lm_eval_model.InputError):
+                eng.request([ids[-kept - 1:]], "sd", 16, 0.0, 0, 0, 1.0, None)
+        expect = generate(lm.target, [ids[-kept:], encode_prompts(lm.target, [prompt])[0]], max_new_tokens=16).texts
+        assert out == [expect[1], expect[0], expect[1]]  # greedy sd writes the target's own tokens
+
+
+def test_an_error_of_a_batch_names_the_request_not_the_row():
+    """An error raised on a batch names the request's index in the lm-eval call, not its row in the batch."""
+    lm = lm_eval_model.ParseJaxLM(mode="target", batch_size=2)
+    prompt = load_task().problems(1, 3)[0][0]
+    reqs = [Instance("generate_until", {}, (p, {"max_gen_toks": n, "until": []}), i)
+            for i, (p, n) in enumerate([(prompt, 16), (prompt, 8), ("   ", 8)])]
+    with pytest.raises(lm_eval_model.InputError, match=r"^generate_until: request 2 is empty") as err:
+        lm.generate_until(reqs)
+    assert "prompt" not in str(err.value)
+    width = lm.target.config.max_position_embeddings
+    with pytest.raises(lm_eval_model.InputError, match=rf"request 1 asks for max_gen_toks={width}, which leaves no "
+                                                       "room for a context in mode target"):
+        lm.generate_until([reqs[0], Instance("generate_until", {}, (prompt, {"max_gen_toks": width}), 1)])
+
+
+def test_stats_path_is_written_by_scoring_runs_too(tmp_path):
+    """A run of loglikelihood requests only writes `stats_path` (what lm-eval's results hold too): no generation,
+    and how many requests were scored on the target."""
+    stats = tmp_path / "stats.json"
+    lm = lm_eval_model.ParseJaxLM(mode="parse", batch_size=1, stats_path=str(stats))
+    prompt = load_task().problems(1, 3)[0][0]
+    lm.loglikelihood([Instance("loglikelihood", {}, (prompt, " 3"), 0),
+                      Instance("loglikelihood", {}, (prompt, " 4"), 1)])
+    assert json.loads(stats.read_text()) == lm.get_model_info()["speculation_stats"]
+    assert json.loads(stats.read_text()) == {"mode": "parse", "batches": 0, "scored_requests": 2}
+    lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (prompt,), 0)])
+    assert json.loads(stats.read_text())["scored_requests"] == 3
+
+
+def test_inline_json_parse_config_in_a_model_args_string():
+    """`create_from_arg_string` splits at commas outside braces, brackets and quotes: an inline-JSON parse_config
+    with several keys is one value (lm-eval's own split cuts it at its first comma)."""
+    given = '{"schedule": "fixed", "threshold": 0.3, "max_draft_tokens": 12}'
+    lm = lm_eval_model.ParseJaxLM.create_from_arg_string(f"mode=target,parse_config={given},batch_size=3")
+    assert lm.config == ParseConfig.load(given) != ParseConfig() and lm.batch_size == 3
+    assert lm_eval_model.parse_args_string('a="x,y",b=[1, 2],c=true,d=it\'s') == {"a": "x,y", "b": "[1, 2]",
+                                                                                  "c": True, "d": "it's"}
+    with pytest.raises(lm_eval_model.ConfigError, match=r"model_args 'mode=target,parse_config=\{': unbalanced"):
+        lm_eval_model.ParseJaxLM.create_from_arg_string("mode=target,parse_config={")
