@@ -131,10 +131,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from parse_jax.engine import ParseEngine
-    from parse_jax.harness.sweep import run_sweep, sweep_configs, sweep_table, write_sweep
+    from parse_jax.harness.sweep import check_sweep_mode, run_sweep, sweep_configs, sweep_table, write_sweep
     from parse_jax.utils.atomic import check_writable
 
     no_rounds(args)
+    check_sweep_mode(args.mode)  # before the models load
     values = [v for v in args.values.split(",") if v.strip()]
     base = parse_config(args)
     sweep_configs(base, args.param, values)  # bad values fail before models load
@@ -158,11 +159,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from parse_jax.engine import ParseEngine
     from parse_jax.harness.runs import mode_config
-    from parse_jax.harness.sweep import CALIBRATED_CONFIG, calibrate, write_sweep
+    from parse_jax.harness.sweep import CALIBRATED_CONFIG, calibrate, check_sweep_mode, write_sweep
     from parse_jax.modes.table import MODE_TABLE
     from parse_jax.utils.atomic import check_writable
 
     no_rounds(args)
+    check_sweep_mode(args.mode)  # before the models load
     if args.threshold is not None:
         raise ConfigError("calibrate chooses the threshold: give candidates with --thresholds, not --threshold")
     given = [item for item in args.set or [] if item.partition("=")[0].strip() == "threshold"]
@@ -193,6 +195,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     chosen = res["calibration"]
     print(chosen["message"])
     if chosen["threshold"] is None:
+        stale = Path(args.out) / CALIBRATED_CONFIG
+        if stale.is_file():  # an earlier calibration's, which --parse-config DIR/parse_config.yaml would pick up
+            stale.unlink()
+            print(f"removed {stale}: an earlier calibration's settings, not this run's")
         return 1
     print(f"threshold: {chosen['threshold']:g}")
     # the calibrated settings, for every command (--parse-config) and ParseConfig.load

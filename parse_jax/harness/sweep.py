@@ -20,11 +20,9 @@ from parse_jax.engine import ParseConfig, ParseEngine
 from parse_jax.errors import ConfigError, InputError
 from parse_jax.harness.provenance import format_provenance, provenance
 from parse_jax.harness.runs import (
-    BENCH_MODES,
     RunSettings,
     format_row,
     measure,
-    mode_config,
     mode_runner,
     ran_text,
     recorded_settings,
@@ -96,15 +94,25 @@ class SweepBase:
     config: ParseConfig
 
 
+# the modes a PARSE setting (threshold, prefixes, segmenter, draft length) changes: those whose target judges drafts
+SWEEP_MODES = tuple(label for spec in MODE_TABLE.values() if spec.judged for label in spec.bench_labels)
+
+
+def check_sweep_mode(mode: str) -> None:
+    """A sweep or a calibration varies a PARSE setting: in another mode (sd, eagle3, the target) it changes nothing,
+    and each value would measure the same run."""
+    if mode not in SWEEP_MODES:
+        raise InputError(f"--mode {mode!r}: sweep and calibrate vary a PARSE setting, which only the modes that judge "
+                         f"drafts read; allowed: {', '.join(SWEEP_MODES)}")
+
+
 def run_sweep(eng: ParseEngine | SweepBase, task, param: str, values: Sequence[str],
               settings: RunSettings = SWEEP_SETTINGS, *, mode: str = "parse", split: str = "test",
               models: dict | None = None) -> dict:
     """`target` once, then `mode` with each value of `param` over `eng.config`, on the same `settings.n` problems
     of `split` (a --data `DataTask` has one split: its file)."""
     target, draft, base = eng.target, eng.draft, eng.config
-    spec = MODE_TABLE.get(mode_config(base, mode)[1]) if mode in BENCH_MODES else None
-    if spec is None or not (spec.needs_draft or spec.needs_head):  # the target or the draft alone: nothing to vary
-        raise InputError(f"a sweep varies a PARSE mode; got {mode!r}")
+    check_sweep_mode(mode)
     configs = sweep_configs(base, param, values)
     sampling = {"temperature": settings.temperature, "eos_ids": settings.eos_ids}
     runners = {"target": mode_runner(target, draft, base, "target", **sampling)}
@@ -178,8 +186,9 @@ def pick_threshold(result: dict, tolerance: float) -> dict:
     if not eligible:
         best = max(result["points"], key=lambda p: p["accuracy"])
         return {"threshold": None, "eligible": [], "tolerance": tolerance, "target_accuracy": base,
-                "message": f"no threshold keeps accuracy within {tolerance:g} of the target's {100 * base:.1f}% "
-                           f"on the dev split; the best, {best['value']}, reached {100 * best['accuracy']:.1f}%"}
+                "message": f"no threshold keeps accuracy within {100 * tolerance:g} points of the target's "
+                           f"{100 * base:.1f}% on the dev split; the best, {best['value']}, reached "
+                           f"{100 * best['accuracy']:.1f}%"}
     chosen = max(eligible, key=lambda p: (p["accepted_tokens"], float(p["value"])))
     return {"threshold": float(chosen["value"]), "eligible": [p["value"] for p in eligible], "tolerance": tolerance,
             "target_accuracy": base, "accuracy": chosen["accuracy"], "accepted_tokens": chosen["accepted_tokens"],

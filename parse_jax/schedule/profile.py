@@ -88,7 +88,8 @@ def profiles_dir() -> Path:
 
 def model_fingerprint(model: Model) -> dict[str, Any]:
     """What any measurement of `model` here depends on: its config and param shapes, the device (on a CPU, the
-    processor), the library versions. JSON-shaped, as it reads back from a file (lists, not tuples)."""
+    processor), the library versions, and on a mesh its shape and each param's partition (a table timed under one
+    layout is not another's). JSON-shaped, as it reads back from a file (lists, not tuples)."""
     import jaxlib
 
     leaves = jax.tree_util.tree_flatten_with_path(model.params)[0]
@@ -96,6 +97,11 @@ def model_fingerprint(model: Model) -> dict[str, Any]:
     key = {"config": model.config.to_dict(), "attention_impl": model.attention_impl, "params": params,
            "device_kind": current_device_kind(), "device_count": jax.device_count(), "jax": jax.__version__,
            "jaxlib": jaxlib.__version__, "parse_jax": package_version()}
+    mesh = getattr(model, "mesh", None)
+    if mesh is not None:  # unsharded models keep the key they had
+        key["mesh"] = {str(axis): int(n) for axis, n in mesh.shape.items()}
+        key["partition"] = sorted([jax.tree_util.keystr(path), str(getattr(x.sharding, "spec", None))]
+                                  for path, x in leaves)
     if jax.devices()[0].platform == "cpu":  # jax names every processor "cpu"
         key["host"] = cpu_identity()
     return json.loads(json.dumps(key))

@@ -9,6 +9,7 @@ loadable with `pj.load_eagle3(DIR/eagle3, target)`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -90,9 +91,16 @@ def check_trainable(prompt_lens: np.ndarray, row_lens: np.ndarray, seq_len: int,
                          f"train on nothing; raise --seq-len (--seq-len {fits} fits every row whole)")
 
 
-def target_fingerprint(target) -> float:
-    """A cheap stand-in for the target's identity in run fingerprints: the sum of |params|."""
-    return float(sum(float(jnp.sum(jnp.abs(x))) for x in jax.tree.leaves(target.params)))
+def target_fingerprint(target) -> str:
+    """The target's identity in run fingerprints: a digest of each param's name, shape, dtype and a strided sample of
+    its values (up to 16 per axis), read to the host. The same weights give it on any mesh (a sum on the devices
+    did not: its order follows the sharding, and a run could not resume on another mesh); a few KB move."""
+    h = hashlib.sha256()
+    for path, x in jax.tree_util.tree_flatten_with_path(target.params)[0]:
+        sample = x[tuple(slice(None, None, max(1, n // 16)) for n in x.shape)]
+        h.update(f"{jax.tree_util.keystr(path)}:{x.shape}:{x.dtype}".encode())
+        h.update(np.ascontiguousarray(jax.device_get(sample)).tobytes())
+    return h.hexdigest()
 
 
 def teacher_arrays(target, cfg: Eagle3Config, rows: np.ndarray, batch: int = 256,

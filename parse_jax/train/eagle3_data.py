@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from parse_jax.errors import ConfigError, InputError
+from parse_jax.errors import CheckpointError, ConfigError, InputError
 from parse_jax.runtime.requests import PAD_ID, encode_prompts
 from parse_jax.speculation.eagle3 import (
     Eagle3,
@@ -41,7 +41,7 @@ from parse_jax.speculation.eagle3 import (
 from parse_jax.train.eagle3 import HEAD_OUTPUTS, check_trainable, make_loss, target_fingerprint
 from parse_jax.train.forward import train_forward
 from parse_jax.train.recipe import Eagle3Spec
-from parse_jax.train.trainer import PhaseOptions, clear_outputs, train_phase
+from parse_jax.train.trainer import CKPT_DIR, PhaseOptions, clear_outputs, has_checkpoint, train_phase
 from parse_jax.utils.atomic import write_json
 from parse_jax.utils.progress import bar, logger
 
@@ -255,6 +255,8 @@ def train_eagle3_data(target, data: str | Path, out: str | Path, spec: Eagle3Spe
     if spec.draft_vocab_size > vocab:
         raise ConfigError(f"draft_vocab_size (--draft-vocab-size) {spec.draft_vocab_size} is above the target's "
                           f"vocabulary of {vocab}; allowed 0 (the full vocabulary) to {vocab}")
+    if run.mode == "resume" and not has_checkpoint(out / "head_run"):  # before the data's encoding or regeneration
+        raise CheckpointError(f"nothing to resume in {out}: no checkpoint in {out / 'head_run' / CKPT_DIR}")
     rows, ids = prepare(target, data, spec, out, regenerate, progress)
     cfg = Eagle3Config.for_target(target.config, taps=data_taps(target.config.num_layers),
                                   draft_vocab=None if ids is None else len(ids))

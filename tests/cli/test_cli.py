@@ -1,5 +1,6 @@
 """`parse-jax generate` and `parse-jax convert` as a user runs them: the console script, in a subprocess."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -69,7 +70,6 @@ def test_bench_writes_the_design_schema(pair_dir, tmp_path):
              "--batch-size", "2", "--repeats", "1", "--json", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
     assert "| parse |" in r.stdout
-    import json
 
     res = json.loads(out.read_text())
     assert set(res["modes"]) == {"target", "parse", "sd"}
@@ -110,7 +110,6 @@ def test_bench_out_writes_every_file(pair_dir, tmp_path, capsys):
                             "--no-progress")
     assert rc == 0, err
     assert {p.name for p in out.iterdir()} == {"bench.json", "bench.md", "bench_throughput.png", "bench_accuracy.png"}
-    import json
 
     res = json.loads((out / "bench.json").read_text())
     assert res["command"].startswith("parse-jax bench") and res["provenance"]["config"]["models"]["pair"]
@@ -137,6 +136,21 @@ def test_calibrate_writes_its_settings_with_the_threshold_it_chose(pair_dir, tmp
     assert head[2] == "# the other settings are as given (schedule auto, rounds auto)"
 
 
+def test_a_calibration_that_finds_no_threshold_leaves_no_earlier_settings_behind(tmp_path, capsys):
+    """Exit 1 when no threshold keeps accuracy (the embedded pair at threshold 0 keeps every draft: the draft's
+    87.5% on these 16 dev problems against the target's 100%); the folder's parse_config.yaml of an earlier
+    calibration is removed, never left for `--parse-config DIR/parse_config.yaml` to pick up."""
+    out = tmp_path / "cal"
+    out.mkdir()
+    (out / "parse_config.yaml").write_text("threshold: 0.2\n")  # an earlier run's, into the same folder
+    rc, stdout, err = _main(capsys, "calibrate", "--n", "16", "--thresholds", "0",
+                            "--tolerance", "0", "--max-new-tokens", "32", "--out", str(out), "--no-progress")
+    assert rc == 1, err
+    assert "no threshold keeps accuracy within 0 points of the target's 100.0%" in stdout
+    assert not (out / "parse_config.yaml").exists() and f"removed {out / 'parse_config.yaml'}" in stdout
+    assert json.loads((out / "calibrate.json").read_text())["calibration"]["threshold"] is None
+
+
 def test_new_commands_fail_early_with_one_line(pair_dir, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -148,6 +162,11 @@ def test_new_commands_fail_early_with_one_line(pair_dir, tmp_path, capsys):
         (["sweep", "--pair", str(pair_dir), "--param", "max_prefixes", "--values", "0", "--out", str(tmp_path)],
          "max_prefixes must be >= 1"),
         (["calibrate", "--pair", str(pair_dir), "--thresholds", "a", "--out", str(tmp_path)], "--thresholds"),
+        # a mode no PARSE setting changes, refused before the models load (this pair folder does not exist)
+        (["sweep", "--pair", str(tmp_path / "none"), "--param", "threshold", "--values", "0.5", "--mode", "sd",
+          "--out", str(tmp_path)], "--mode 'sd': sweep and calibrate vary a PARSE setting"),
+        (["calibrate", "--pair", str(tmp_path / "none"), "--mode", "eagle3", "--out", str(tmp_path)],
+         "allowed: sequential, parse, parse-multi, parse+eagle3, parse+eagle3-multi"),
         (["calibrate", "--pair", str(pair_dir), "--out", str(blocker / "d")], "cannot write to output folder"),
         (["eval", "--data", str(tmp_path / "none.jsonl"), "--pair", str(pair_dir), "--out", str(tmp_path / "r.jsonl")],
          "cannot read data file"),
@@ -161,7 +180,6 @@ def test_new_commands_fail_early_with_one_line(pair_dir, tmp_path, capsys):
 
 
 def test_eval_cli_bad_lines_resume_and_summary(pair_dir, tmp_path, capsys):
-    import json
 
     from parse_jax.tasks import load_task
 
@@ -235,7 +253,6 @@ def test_parse_defaults_in_help_are_the_engines():
 
 
 def test_generate_json_round_trip_and_stats_as_json(pair_dir, capsys):
-    import json
 
     from parse_jax import ParseConfig, ParseEngine, load_pair
 

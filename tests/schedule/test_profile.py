@@ -1,6 +1,10 @@
 """The profile: measured tables cached on disk, keyed by the model's fingerprint, never required."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import pytest
@@ -54,6 +58,37 @@ def test_profile_is_invalidated_when_the_fingerprint_changes(model, tmp_path, mo
     assert load_or_profile(model, grid=TINY, folder=tmp_path) is None
     path.write_text("{not json")
     assert load_or_profile(model, grid=TINY, folder=tmp_path) is None
+
+
+MESH_KEYS = """
+import json, sys
+import parse_jax as pj
+from parse_jax.checkpoints.orbax import save_model
+from parse_jax.schedule.profile import model_fingerprint
+from tests.random_models import random_model
+save_model(random_model("qwen3", seed=3), sys.argv[1] + "/m")
+out = {}
+for mesh in (None, "data=4", "data=2,model=2"):
+    m = pj.load_model(sys.argv[1] + "/m", mesh=None if mesh is None else pj.make_mesh(mesh))
+    out[str(mesh)] = json.dumps(model_fingerprint(m), sort_keys=True)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_profile_is_keyed_by_the_mesh_it_was_timed_on(tmp_path):
+    """A pass split over a mesh costs what its layout makes it cost: a table timed unsharded (or on another mesh) is
+    not served to a run on a mesh (it was: the key held the device count only). On 4 fake CPU devices."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(root) + os.pathsep + env.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", MESH_KEYS, str(tmp_path)], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    keys = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(set(keys.values())) == 3
+    assert "mesh" not in json.loads(keys["None"])  # unsharded models keep the key they had (their tables stay valid)
 
 
 def test_pass_costs_fall_back_to_the_roofline(model, tmp_path):

@@ -220,3 +220,15 @@ def test_the_cli_trains_a_head_and_generate_runs_it(tiny_hf, data_file, tmp_path
     got = cli("generate", "--model", model, "--eagle3", str(out / "speculators"), "--mode", "eagle3",
               "--max-new-tokens", "10", prompt).stdout
     assert got == want
+
+
+def test_resume_without_a_checkpoint_is_refused_before_the_data_is_prepared(hf_target, data_file, tmp_path):
+    """`--resume` on a folder with no checkpoint is refused before the records are encoded (or, with --regenerate,
+    before the target writes every response): nothing is written."""
+    from parse_jax.errors import CheckpointError
+
+    out = tmp_path / "new"
+    with pytest.raises(CheckpointError, match=r"^nothing to resume in .*new: no checkpoint in"):
+        train_eagle3_data(hf_target, data_file, out, Eagle3Spec(steps=2, batch_size=2, samples=4, seq_len=24),
+                          regenerate=True, run=PhaseOptions(mode="resume", progress=False))
+    assert not out.exists()

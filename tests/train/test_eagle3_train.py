@@ -1,5 +1,11 @@
 """EAGLE-3 head training: the loss falls on a short run, a crashed run resumes, the result loads for its target."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import parse_jax as pj
@@ -60,3 +66,38 @@ def test_a_crashed_run_resumes_where_it_stopped(small_target, task, tmp_path):
     seen = []
     train_eagle3(small_target, task, tmp_path / "run", SPEC, progress=False, on_step=seen.append)
     assert seen[0] == 9 and seen[-1] == 24  # resumed after the last checkpoint, not from scratch
+
+
+FINGERPRINTS = """
+import json, sys
+import parse_jax as pj
+from parse_jax.checkpoints.orbax import save_model
+from parse_jax.train.eagle3 import target_fingerprint
+from tests.random_models import random_model
+folder = sys.argv[1]
+for seed in (3, 4):
+    save_model(random_model("qwen3", seed=seed, hidden_size=256, intermediate_size=512), f"{folder}/m{seed}")
+out = {"other weights": target_fingerprint(pj.load_model(f"{folder}/m4"))}
+for mesh in (None, "data=2,model=2", "data=4"):
+    model = pj.load_model(f"{folder}/m3", mesh=None if mesh is None else pj.make_mesh(mesh))
+    out[str(mesh)] = target_fingerprint(model)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.subprocess
+def test_the_target_fingerprint_is_the_same_on_any_mesh(tmp_path):
+    """A run's fingerprint names its target; the same weights must give it under any layout, or a head started on
+    one mesh cannot resume on another (a sum of |params| on the devices differed in its last digits with the
+    sharding: 85685.12591 unsharded, 85685.12726 on data=2,model=2). On 4 fake CPU devices (a subprocess: the device
+    count is fixed when jax starts)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(root) + os.pathsep + env.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", FINGERPRINTS, str(tmp_path)], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["None"] == out["data=2,model=2"] == out["data=4"]
+    assert out["other weights"] != out["None"]
