@@ -16,6 +16,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from parse_jax import ParseConfig, evaluate, load_pair  # noqa: E402
 from parse_jax.harness import lm_eval_model  # noqa: E402  (registers "parse-jax")
 from parse_jax.harness.eval.data import write_task_jsonl  # noqa: E402
+from parse_jax.harness.lm_eval_args import DEFAULT_BATCH  # noqa: E402
 from parse_jax.tasks import load_task  # noqa: E402
 from parse_jax.utils.paths import config_dir  # noqa: E402
 
@@ -261,7 +262,7 @@ def test_generation_kwargs_and_batch_sizes_as_lm_eval_names_them(tmp_path, monke
     from parse_jax.utils.progress import logger
 
     monkeypatch.setattr(logger, "propagate", True)  # the CLI's configure() may have turned it off in this process
-    assert lm_eval_model.ParseJaxLM(mode="target", batch_size="auto:4").batch_size == lm_eval_model.DEFAULT_BATCH
+    assert lm_eval_model.ParseJaxLM(mode="target", batch_size="auto:4").batch_size == DEFAULT_BATCH
     assert lm_eval_model.ParseJaxLM(mode="target", batch_size=3, max_batch_size=2).batch_size == 3  # auto's cap
     lm = lm_eval_model.ParseJaxLM(mode="target", batch_size="auto", max_batch_size=2)
     assert lm.batch_size == 2

@@ -57,10 +57,27 @@ def summarize(results: Iterable[dict]) -> dict:
     ran = collections.Counter(r["ran"] for r in rows if "ran" in r)  # what schedule="auto" ran, in records
     if ran:
         out["schedule_ran"] = dict(sorted(ran.items()))
-    drafted = [r["stats"] for r in rows if "num_drafts" in r.get("stats", {})]
-    if drafted and sum(s["num_drafts"] for s in drafted):  # sd / eagle3: vLLM's acceptance length
-        out["acceptance_length"] = 1 + sum(s["accepted_tokens"] for s in drafted) / sum(s["num_drafts"]
-                                                                                        for s in drafted)
+    out.update(speculation_totals([r["stats"] for r in rows if "stats" in r]))
+    return out
+
+
+def speculation_totals(stats: list[dict]) -> dict:
+    """The records' speculation counts summed, under the names of docs/metrics.md (rates from the sums): sd / eagle3
+    `num_drafts`, `num_accepted_tokens`, `acceptance_length` (vLLM's); PARSE `num_steps_drafted`,
+    `num_verifications`, `accepted_tokens_per_verification`."""
+    out: dict = {}
+    drafted = [s for s in stats if "num_drafts" in s]
+    if drafted:
+        drafts, accepted = sum(s["num_drafts"] for s in drafted), sum(s["accepted_tokens"] for s in drafted)
+        out.update(num_drafts=drafts, num_accepted_tokens=accepted)
+        if drafts:
+            out["acceptance_length"] = 1 + accepted / drafts
+    stepped = [s for s in stats if "steps_drafted" in s]
+    if stepped:
+        verifications = sum(s.get("verify_passes", 0) for s in stepped)
+        out.update(num_steps_drafted=sum(s["steps_drafted"] for s in stepped), num_verifications=verifications)
+        if verifications:
+            out["accepted_tokens_per_verification"] = sum(s["accepted_tokens"] for s in stepped) / verifications
     return out
 
 

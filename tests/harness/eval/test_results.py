@@ -255,6 +255,18 @@ def test_gsm8k_records_carry_both_lm_eval_scorings_the_prompt_and_the_stats(tmp_
     assert [r["prompt"] for r in rows] == list(replies) and [r["output"] for r in rows] == list(replies.values())
     assert rows[0]["stats"] == {"accepted_tokens": 3, "num_drafts": 2, "verify_passes": 2}
     assert s["acceptance_length"] == pytest.approx(1 + 8 / 8)
+    assert (s["num_drafts"], s["num_accepted_tokens"]) == (8, 8) and "num_steps_drafted" not in s
+
+
+def test_the_summary_totals_parse_counts_under_the_metrics_names():
+    """PARSE records' counts sum to docs/metrics.md's names (the rate from the sums, not a mean of rates)."""
+    from parse_jax.harness.eval.report import summarize
+
+    rows = [{"key": str(i), "correct": True, "stats": {"accepted_tokens": a, "steps_drafted": k, "verify_passes": v}}
+            for i, (a, k, v) in enumerate([(12, 4, 1), (3, 6, 3)])]
+    s = summarize(rows)
+    assert (s["num_steps_drafted"], s["num_verifications"]) == (10, 4)
+    assert s["accepted_tokens_per_verification"] == pytest.approx(15 / 4) and "num_drafts" not in s
 
 
 def test_each_record_says_what_the_auto_schedule_ran_and_the_summary_counts_them(data, tmp_path):
