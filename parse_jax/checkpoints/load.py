@@ -25,6 +25,11 @@ from parse_jax.models.sharding import ShardingRules, abstract_params, fitting_ru
 from parse_jax.models.tokenizer import Tokenizer
 
 
+def remote_model_folder(path: Any) -> str:
+    return (f"{path} is not an Orbax CheckpointManager folder: remote paths are read for training runs only; copy a "
+            "model folder to a local path")
+
+
 def load_model(path: str | Path, step: int | None = None, params_path: str | None = None,
                config_from: str | Path | ModelConfig | Model | None = None, mesh: Any = None, *,
                dtype: str | None = None, check_finite: bool = True, attention_impl: str = "xla",
@@ -42,8 +47,7 @@ def load_model(path: str | Path, step: int | None = None, params_path: str | Non
     check_mesh(mesh)
     if checkpoint_manager.is_remote(path):  # gs://...: through etils.epath, as Orbax reads it
         if checkpoint_manager.locate(path, step) is None:
-            raise CheckpointError(f"{path} is not an Orbax CheckpointManager folder: remote paths are read for "
-                                  "training runs only; copy a model folder to a local path")
+            raise CheckpointError(remote_model_folder(path))
         return checkpoint_manager.load_run(path, checkpoint_manager.RunStep(step, params_path, config_from),
                                            mesh=mesh, dtype=dtype, check_finite=check_finite,
                                            attention_impl=attention_impl, fallback_replicated=fallback_replicated)
@@ -102,11 +106,13 @@ def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = Non
     whole on one device; so is a Hugging Face folder (each device reads its slices of the safetensors files,
     `checkpoints.hf.load_hf_sharded`). `rules` default: `fitting_rules(config, mesh, fallback_replicated)`."""
     check_mesh(mesh, needed_by="load_sharded (pj.load_model(path) loads onto one device)")
-    path = Path(path).absolute()
+    path = path if checkpoint_manager.is_remote(path) else Path(path).absolute()  # gs://...: as etils reads it
     if checkpoint_manager.locate(path, step) is not None:
         return checkpoint_manager.load_run(path, checkpoint_manager.RunStep(step, params_path, config_from),
                                            mesh=mesh, rules=rules, fallback_replicated=fallback_replicated,
                                            dtype=dtype, check_finite=check_finite, attention_impl=attention_impl)
+    if checkpoint_manager.is_remote(path):
+        raise CheckpointError(remote_model_folder(path))
     if not (path / CONFIG_FILE).is_file() and (path / "config.json").is_file():
         from parse_jax.checkpoints.hf import load_hf_sharded
 

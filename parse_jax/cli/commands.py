@@ -196,7 +196,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(chosen["message"])
     if chosen["threshold"] is None:
         stale = Path(args.out) / CALIBRATED_CONFIG
-        if stale.is_file():  # an earlier calibration's, which --parse-config DIR/parse_config.yaml would pick up
+        given = [Path(args.parse_config_file).resolve()] if args.parse_config_file else []
+        if stale.is_file() and stale.resolve() not in given:  # an earlier calibration's (never this run's input)
             stale.unlink()
             print(f"removed {stale}: an earlier calibration's settings, not this run's")
         return 1

@@ -228,8 +228,8 @@ def command_line(args: argparse.Namespace) -> str:
 
 def model_desc(args: argparse.Namespace) -> dict:
     """Which models a result came from, for its provenance."""
-    def where(path):
-        return None if path is None else str(Path(path).resolve())
+    def where(path):  # a remote run (gs://...) as given
+        return None if path is None else str(path) if "://" in str(path) else str(Path(path).resolve())
 
     desc = {"pair": where(args.pair) or ("embedded" if args.model is None else None), "target": where(args.model),
             "draft": where(args.draft), "dtype": args.dtype}

@@ -57,8 +57,8 @@ def run_args_named(who: str):
 
 def loaded_models(a: ModelArgs, target, draft) -> dict:
     """Which models were loaded, as `parse-jax eval`'s provenance names them (`target_step`: the step read)."""
-    def where(path):
-        return None if path is None else str(Path(path).resolve())
+    def where(path):  # a remote run (gs://...) as given
+        return None if path is None else str(path) if "://" in str(path) else str(Path(path).resolve())
 
     out = {"pair": where(a.pair) or ("embedded" if a.target is None else None), "target": where(a.target),
            "draft": where(a.draft), "eagle3": where(a.eagle3), "dtype": a.dtype}

@@ -5,7 +5,8 @@ BOS and EOS are exactly what the tokenizer files define, as `transformers.AutoTo
 `bos_token: null` (Qwen) means no BOS even when config.json has a `bos_token_id` (stop ids from config.json and
 generation_config.json go into `ModelConfig.eos_token_ids` instead).
 
-No `transformers` at run time: the fast tokenizer file holds the whole pipeline, and the chat template
+No `transformers` at run time: the fast tokenizer file holds the pipeline (a prompt's BOS / EOS as transformers
+adds them: `encode_prompt`), and the chat template
 is rendered the way `transformers` renders it (sandboxed jinja2, `raise_exception`, `bos_token`, ...).
 """
 
@@ -86,6 +87,9 @@ class Tokenizer:
             self.eos_token = self._tok.id_to_token(self.eos_id)
         self.unk_id = self._find_unk()
         self.chat_template = self._find_chat_template(config)
+        # a prompt's special tokens (`encode_prompt`): the post-processor's; without one, BOS where one is named (this
+        # library's tokenizers, saved before theirs had a post-processor, were trained so)
+        self._has_post_processor = self._tok.post_processor is not None
 
     @classmethod
     def from_folder(cls, folder: str | Path, bos_id: int | None = None, eos_id: int | None = None) -> Tokenizer:
@@ -170,14 +174,18 @@ class Tokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_prompt(self, text: str) -> list[int]:
-        """Ids of a prompt as transformers' `tokenizer(text)` gives them: with the special tokens `tokenizer.json`'s
-        post-processor adds (Llama-3's and the embedded pair's BOS; none for Qwen3, nor where there is no
-        post-processor, whatever `bos_token` says), none where the text starts with the BOS token already (as
-        lm-eval encodes such a context: a chat-rendered prompt's BOS is not doubled)."""
+        """Ids of a prompt as transformers' `tokenizer(text)` gives them (`PreTrainedTokenizerFast`, Llama-3's and
+        this library's class): with the special tokens `tokenizer.json`'s post-processor adds (Llama-3's and the
+        embedded pair's BOS; none for Qwen3, nor for a GPT-2 style post-processor whatever `bos_token` names). A
+        tokenizer.json without a post-processor gets the named BOS (this library's tokenizers before theirs had
+        one, whose models were trained so; transformers adds none there). None where the text starts with the BOS
+        token already (as lm-eval encodes such a context: a chat-rendered prompt's BOS is not doubled)."""
         ids = self.encode(text)
         if self.bos_id is not None and ids[:1] == [self.bos_id]:
             return ids
-        return self._tok.encode(text, add_special_tokens=True).ids
+        if self._has_post_processor:
+            return self._tok.encode(text, add_special_tokens=True).ids
+        return ([self.bos_id] if self.bos_id is not None else []) + ids
 
     def decode(self, ids: Any, keep_special: bool = False) -> str:
         """Text of `ids`, special tokens (BOS, EOS, chat markers) dropped unless `keep_special`."""

@@ -100,7 +100,7 @@ def model_fingerprint(model: Model) -> dict[str, Any]:
     mesh = getattr(model, "mesh", None)
     if mesh is not None:  # unsharded models keep the key they had
         key["mesh"] = {str(axis): int(n) for axis, n in mesh.shape.items()}
-        key["partition"] = sorted([jax.tree_util.keystr(path), str(getattr(x.sharding, "spec", None))]
+        key["partition"] = sorted([jax.tree_util.keystr(path), str(getattr(getattr(x, "sharding", None), "spec", None))]
                                   for path, x in leaves)
     if jax.devices()[0].platform == "cpu":  # jax names every processor "cpu"
         key["host"] = cpu_identity()

@@ -93,7 +93,7 @@ def check_trainable(prompt_lens: np.ndarray, row_lens: np.ndarray, seq_len: int,
 
 def target_fingerprint(target) -> str:
     """The target's identity in run fingerprints: a digest of each param's name, shape, dtype and a strided sample of
-    its values (up to 16 per axis), read to the host. The same weights give it on any mesh (a sum on the devices
+    its values (16 to 31 per axis), read to the host. The same weights give it on any mesh (a sum on the devices
     did not: its order follows the sharding, and a run could not resume on another mesh); a few KB move."""
     h = hashlib.sha256()
     for path, x in jax.tree_util.tree_flatten_with_path(target.params)[0]:

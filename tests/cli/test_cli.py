@@ -149,6 +149,12 @@ def test_a_calibration_that_finds_no_threshold_leaves_no_earlier_settings_behind
     assert "no threshold keeps accuracy within 0 points of the target's 100.0%" in stdout
     assert not (out / "parse_config.yaml").exists() and f"removed {out / 'parse_config.yaml'}" in stdout
     assert json.loads((out / "calibrate.json").read_text())["calibration"]["threshold"] is None
+    # a settings file the run was given is its input, never removed
+    (out / "parse_config.yaml").write_text("threshold: 0.2\n")
+    rc, stdout, err = _main(capsys, "calibrate", "--n", "16", "--thresholds", "0", "--tolerance", "0",
+                            "--max-new-tokens", "32", "--parse-config", str(out / "parse_config.yaml"), "--out",
+                            str(out), "--no-progress")
+    assert rc == 1 and (out / "parse_config.yaml").read_text() == "threshold: 0.2\n" and "removed" not in stdout
 
 
 def test_new_commands_fail_early_with_one_line(pair_dir, tmp_path, capsys):

@@ -37,10 +37,12 @@ def test_round_trip_and_no_special_tokens(folder) -> None:
 
 @pytest.mark.parametrize("post", ["bos", "byte_level", "none"])
 def test_prompts_are_encoded_as_transformers_tokenizer_call_encodes_them(tmp_path, post) -> None:
-    """A text prompt gets the special tokens `tokenizer.json`'s post-processor adds, as `tokenizer(text)` gives them:
-    BOS where it prepends one (Llama-3, the embedded pair), none where it adds none although `bos_token` is named
-    (a GPT-2 style tokenizer under a llama config; BOS was prepended, so the model read another prompt than under
-    transformers). A prompt that starts with BOS keeps one, as lm-eval encodes it."""
+    """A text prompt gets the special tokens `tokenizer(text)` gives it: those `tokenizer.json`'s post-processor
+    adds, BOS where it prepends one (Llama-3, the embedded pair), none where it adds none although `bos_token` is
+    named (a GPT-2 style tokenizer under a llama config: BOS was prepended, so the model read another prompt than
+    under transformers); tokenizer_config's add_bos_token changes nothing there, in transformers neither. A
+    tokenizer.json without a post-processor (this library's before it had one, which transformers reads without
+    BOS) keeps the named BOS its models were trained with. A prompt that starts with BOS keeps one."""
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import processors
 
@@ -54,15 +56,17 @@ def test_prompts_are_encoded_as_transformers_tokenizer_call_encodes_them(tmp_pat
     raw.post_processor = {"bos": processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, BOS_ID)]),
                           "byte_level": processors.ByteLevel(trim_offsets=False), "none": None}[post]
     raw.save(str(tmp_path / "tokenizer.json"))
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": post != "bos"}))
     tok = Tokenizer.from_folder(tmp_path)
     assert tok.bos_id == BOS_ID  # named by tokenizer_config.json in every case
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
     base = random_model("llama3", 0, vocab_size=TOKENIZER_VOCAB)
     model = Model(base.config, base.params, tok)
     for text in TEXTS:
-        expected = reference(text)["input_ids"]
-        assert encode_prompts(model, [text]) == [expected]
-        assert (expected[:1] == [BOS_ID]) == (post == "bos")
+        theirs = reference(text)["input_ids"]
+        assert (theirs[:1] == [BOS_ID]) == (post == "bos")
+        assert encode_prompts(model, [text]) == [[BOS_ID, *theirs] if post == "none" else theirs]
         assert encode_prompts(model, [text], add_bos=False) == [reference(text, add_special_tokens=False)["input_ids"]]
     assert encode_prompts(model, [bos + TEXTS[0]])[0].count(BOS_ID) == 1
 

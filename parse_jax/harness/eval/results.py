@@ -170,9 +170,9 @@ def _check_header(path: Path, old: dict, new: dict) -> None:
 
 def build_prompt(record: Record, tokenizer, chat: str = "auto", instruction: str = DEFAULT_INSTRUCTION,
                  template_kwargs: dict | None = None):
-    """The model input of a record: task prompts as they are (text, BOS added by the engine); GSM8K questions
-    through the model's chat template when it has one (token ids; the template writes its own BOS), else
-    "Question: ...\\nAnswer:" text."""
+    """The model input of a record: task prompts as they are (text, which the engine encodes as `tokenizer(text)`
+    does); GSM8K questions through the model's chat template when it has one (token ids; the template writes its
+    own BOS), else "Question: ...\\nAnswer:" text."""
     if chat not in CHAT:
         raise InputError(f"chat must be one of {CHAT}, got {chat!r}")
     if record.kind == "task":
