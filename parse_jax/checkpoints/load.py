@@ -45,21 +45,19 @@ def load_model(path: str | Path, step: int | None = None, params_path: str | Non
     from parse_jax.checkpoints import runs as checkpoint_manager
 
     check_mesh(mesh)
-    if checkpoint_manager.is_remote(path):  # gs://...: through etils.epath, as Orbax reads it
-        if checkpoint_manager.locate(path, step) is None:
-            raise CheckpointError(remote_model_folder(path))
-        return checkpoint_manager.load_run(path, checkpoint_manager.RunStep(step, params_path, config_from),
-                                           mesh=mesh, dtype=dtype, check_finite=check_finite,
-                                           attention_impl=attention_impl, fallback_replicated=fallback_replicated)
-    path = Path(path).absolute()  # Orbax reads metadata only through absolute paths
-    if not path.exists():
-        raise CheckpointError(f"model path not found: {path}")
-    if not path.is_dir():
-        raise CheckpointError(f"model path must be a folder, got a file: {path}")
+    remote = checkpoint_manager.is_remote(path)  # gs://...: a run, read through etils.epath as Orbax reads it
+    if not remote:
+        path = Path(path).absolute()  # Orbax reads metadata only through absolute paths
+        if not path.exists():
+            raise CheckpointError(f"model path not found: {path}")
+        if not path.is_dir():
+            raise CheckpointError(f"model path must be a folder, got a file: {path}")
     if checkpoint_manager.locate(path, step) is not None:
         return checkpoint_manager.load_run(path, checkpoint_manager.RunStep(step, params_path, config_from),
                                            mesh=mesh, dtype=dtype, check_finite=check_finite,
                                            attention_impl=attention_impl, fallback_replicated=fallback_replicated)
+    if remote:
+        raise CheckpointError(remote_model_folder(path))
     given = [name for name, value in (("step", step), ("params_path", params_path), ("config_from", config_from))
              if value is not None]
     if given and ((path / CONFIG_FILE).is_file() or (path / "config.json").is_file()):

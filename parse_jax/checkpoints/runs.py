@@ -69,6 +69,11 @@ def is_remote(path: Any) -> bool:
     return "://" in str(path)
 
 
+def shown_path(path: Any) -> str | None:
+    """`path` as provenance records it: a local one resolved, a remote one (gs://...) as given; None for None."""
+    return None if path is None else str(path) if is_remote(path) else str(Path(path).resolve())
+
+
 def as_path(path: Any) -> epath.Path:
     """`path` as an epath.Path (a local path made absolute; gs:// and other remote paths as they are)."""
     p = epath.Path(path)

@@ -228,12 +228,10 @@ def command_line(args: argparse.Namespace) -> str:
 
 def model_desc(args: argparse.Namespace) -> dict:
     """Which models a result came from, for its provenance."""
-    def where(path):  # a remote run (gs://...) as given
-        return None if path is None else str(path) if "://" in str(path) else str(Path(path).resolve())
+    from parse_jax.checkpoints.runs import resolve_step, shown_path
 
-    desc = {"pair": where(args.pair) or ("embedded" if args.model is None else None), "target": where(args.model),
-            "draft": where(args.draft), "dtype": args.dtype}
-    from parse_jax.checkpoints.runs import resolve_step
+    desc = {"pair": shown_path(args.pair) or ("embedded" if args.model is None else None),
+            "target": shown_path(args.model), "draft": shown_path(args.draft), "dtype": args.dtype}
 
     pin_steps(args)
     for who, name, path, (step, params_path, config_from) in given_runs(args):  # which step of a run (if one)
@@ -244,7 +242,7 @@ def model_desc(args: argparse.Namespace) -> dict:
         if getattr(args, params_path, None) is not None:
             desc[f"{name}_params_path"] = getattr(args, params_path)
         if getattr(args, config_from, None) is not None:
-            desc[f"{name}_config_from"] = where(getattr(args, config_from))
+            desc[f"{name}_config_from"] = shown_path(getattr(args, config_from))
     return desc
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from lm_eval.utils import handle_arg_string
@@ -57,18 +56,17 @@ def run_args_named(who: str):
 
 def loaded_models(a: ModelArgs, target, draft) -> dict:
     """Which models were loaded, as `parse-jax eval`'s provenance names them (`target_step`: the step read)."""
-    def where(path):  # a remote run (gs://...) as given
-        return None if path is None else str(path) if "://" in str(path) else str(Path(path).resolve())
+    from parse_jax.checkpoints.runs import shown_path
 
-    out = {"pair": where(a.pair) or ("embedded" if a.target is None else None), "target": where(a.target),
-           "draft": where(a.draft), "eagle3": where(a.eagle3), "dtype": a.dtype}
+    out = {"pair": shown_path(a.pair) or ("embedded" if a.target is None else None), "target": shown_path(a.target),
+           "draft": shown_path(a.draft), "eagle3": shown_path(a.eagle3), "dtype": a.dtype}
     for name, model in (("target", target), ("draft", draft)):
         read = getattr(model, "loaded_from", None)  # set by the run loader only: the step and sub-tree it read
         if read:
             out[f"{name}_step"], out[f"{name}_params_path"] = read["step"], read["params_path"]
         config_from = getattr(a, RUN_ARGS[name][2])
         if config_from is not None:
-            out[f"{name}_config_from"] = where(config_from)
+            out[f"{name}_config_from"] = shown_path(config_from)
     return out
 
 

@@ -180,11 +180,12 @@ class Tokenizer:
         tokenizer.json without a post-processor gets the named BOS (this library's tokenizers before theirs had
         one, whose models were trained so; transformers adds none there). None where the text starts with the BOS
         token already (as lm-eval encodes such a context: a chat-rendered prompt's BOS is not doubled)."""
-        ids = self.encode(text)
+        encoding = self._tok.encode(text, add_special_tokens=False)  # tokenized once; special tokens added after
+        ids = encoding.ids
         if self.bos_id is not None and ids[:1] == [self.bos_id]:
             return ids
         if self._has_post_processor:
-            return self._tok.encode(text, add_special_tokens=True).ids
+            return self._tok.post_process(encoding).ids
         return ([self.bos_id] if self.bos_id is not None else []) + ids
 
     def decode(self, ids: Any, keep_special: bool = False) -> str:

@@ -191,9 +191,14 @@ class ScheduleState:
             counts = acceptance_counts(run, stats)
             acceptance = acceptance.update(**counts)
             if "steps_verified" in counts:
-                step_tokens = max(1.0, stats["draft_tokens"] / max(sum(stats["prefixes_per_request"]), 1))
+                step_tokens = mean_step_tokens(stats)
         return dataclasses.replace(self, acceptance=acceptance, step_tokens=step_tokens, samples=samples,
                                    fixed_samples=fixed_samples, this_call=this_call)
+
+
+def mean_step_tokens(stats: Mapping[str, Any]) -> float:
+    """Tokens per drafted step of a PARSE run's stats (at least 1)."""
+    return max(1.0, stats["draft_tokens"] / max(sum(stats["prefixes_per_request"]), 1))
 
 
 def acceptance_counts(run: str, stats: Mapping[str, Any]) -> dict[str, int]:
@@ -213,23 +218,27 @@ def acceptance_counts(run: str, stats: Mapping[str, Any]) -> dict[str, int]:
     prefixes = stats.get("prefixes_per_request")
     if prefixes and "verify_passes" in stats:
         steps = max(sum(prefixes), 1)
-        done = min(round(accepted / max(1.0, drafted / steps)), steps)
+        done = min(round(accepted / mean_step_tokens(stats)), steps)
         hist = stats.get("first_rejected_step_hist")
         rejected = (stats["num_verifications"] - hist[-1] if hist and "num_verifications" in stats
                     else stats.get("request_checks", stats["verify_passes"]))
         counts = {"steps_verified": min(steps, done + int(rejected)), "steps_accepted": done}
         e_drafted, e_accepted = stats.get("eagle3_draft_tokens"), stats.get("eagle3_accepted_tokens")
         if e_drafted and e_accepted is not None:
-            e_accepted = min(int(e_accepted), int(e_drafted))
-            e_rejected = stats.get("eagle3_num_drafts", e_drafted - e_accepted)
-            counts.update(eagle3_drafted=min(int(e_drafted), e_accepted + int(e_rejected)), eagle3_accepted=e_accepted)
+            judged, e_accepted = _judged(e_drafted, e_accepted, stats.get("eagle3_num_drafts"))
+            counts.update(eagle3_drafted=judged, eagle3_accepted=e_accepted)
         return counts
-    accepted = min(int(accepted), int(drafted))
     per_pos, drafts = stats.get("num_accepted_tokens_per_pos"), stats.get("num_drafts")
-    rejected = drafts - per_pos[-1] if per_pos and drafts is not None else drafted - accepted
-    judged = min(int(drafted), accepted + int(rejected))
+    judged, accepted = _judged(drafted, accepted, drafts - per_pos[-1] if per_pos and drafts is not None else None)
     return ({"eagle3_drafted": judged, "eagle3_accepted": accepted} if run == "eagle3"
             else {"drafted": judged, "accepted": accepted})
+
+
+def _judged(drafted: int, accepted: int, rejected: int | None) -> tuple[int, int]:
+    """(judged, accepted) tokens of drafts: the accepted ones and the `rejected` (None: every one not accepted), at
+    most what was drafted."""
+    accepted = min(int(accepted), int(drafted))
+    return min(int(drafted), accepted + int(drafted - accepted if rejected is None else rejected)), accepted
 
 
 def worth_measuring(gap: float, counts: tuple[int, int], windows_after: float) -> bool:

@@ -5,7 +5,6 @@ The 8 fake CPU devices need XLA_FLAGS before jax starts: the checks run in a sub
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.fake_devices import device_env
 from tests.models.hf_tiny import make_tiny_hf
 
 pytestmark = pytest.mark.subprocess  # its module fixture runs the checks in a subprocess
@@ -25,12 +25,9 @@ def measured(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("hf-mesh")
     make_tiny_hf("qwen3", root / "qwen3-sharded", seed=4, sharded=True)
     make_tiny_hf("qwen2", root / "qwen2-bf16", seed=5, dtype="bfloat16")
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     out = root / "results.json"
     proc = subprocess.run([sys.executable, "-m", "tests.checkpoints.check_hf_mesh", str(root), str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=device_env(8), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 

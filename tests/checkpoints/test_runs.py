@@ -3,11 +3,8 @@ beside the params, two steps): the right step's params, found automatically, and
 
 import dataclasses
 import json
-import os
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -24,6 +21,7 @@ from parse_jax.models.model import Model
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.tasks import TOKENIZER_DIR
 from tests.checkpoints.runs_fixture import write_run
+from tests.fake_devices import run_on_devices
 from tests.random_models import random_model, tiny_config
 
 STEPS = (10, 30)
@@ -259,14 +257,7 @@ def test_restored_shard_by_shard_on_four_devices(run):
     """On a 2 x 2 mesh of fake CPU devices (a subprocess: the device count is fixed when jax starts), each q_proj
     shard holds half the heads, and the logits equal the single-device load."""
     folder, _, _ = run
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(root) + os.pathsep + env.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", SHARDED_CHECK, str(folder)], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=root)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_on_devices(SHARDED_CHECK, str(folder))
     assert out["devices"] == 4 and out["full"] == [48, 128] and out["shard"] == [48, 64]
     assert out["err"] <= 1e-5
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -27,19 +26,13 @@ from parse_jax.distributed.mesh import make_mesh, parse_mesh_spec
 from parse_jax.distributed.multihost import initialize_from_args, is_writer, process_slice, wants_auto_distributed
 from parse_jax.errors import ConfigError
 from parse_jax.utils.paths import config_dir
+from tests.fake_devices import device_env
 
 pytestmark = pytest.mark.subprocess  # its module fixture runs the checks in a subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 MESHES = ["8x1", "4x2", "2x4", "1x8"]
 TOL = 1e-5
-
-
-def _env(devices: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
-    return env
 
 
 def _free_port() -> int:
@@ -59,7 +52,8 @@ def runs(tmp_path_factory) -> Path:
     beside them (the machine has 2 cores)."""
     out = tmp_path_factory.mktemp("dist")
     run = dict(cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    eight = subprocess.Popen([sys.executable, "-m", "tests.distributed.check_meshes", str(out)], env=_env(8), **run)
+    eight = subprocess.Popen([sys.executable, "-m", "tests.distributed.check_meshes", str(out)], env=device_env(8),
+                             **run)
     deadline = time.monotonic() + 900
     while not (out / "ready").exists() and eight.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -67,7 +61,7 @@ def runs(tmp_path_factory) -> Path:
         _wait(eight, "check_meshes")
     cmd = [sys.executable, "-m", "tests.distributed.check_multihost", "--coordinator", f"localhost:{_free_port()}",
            "--num-processes", "2", "--mesh", "data=1,model=2"]
-    two = [subprocess.Popen(cmd + ["--process-id", str(i), str(out)], env=_env(1), **run) for i in range(2)]
+    two = [subprocess.Popen(cmd + ["--process-id", str(i), str(out)], env=device_env(1), **run) for i in range(2)]
     _wait(eight, "check_meshes")
     for i, proc in enumerate(two):
         _wait(proc, f"check_multihost process {i}")

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from tests.distributed.check_pallas_mesh import MODES
-from tests.distributed.test_distributed import ROOT, _env
+from tests.distributed.test_distributed import ROOT
+from tests.fake_devices import device_env
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 TOL = 1e-5
@@ -22,7 +23,7 @@ def result(tmp_path_factory) -> dict:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.distributed.check_pallas_mesh", str(out)],
         cwd=ROOT,
-        env=_env(8),
+        env=device_env(8),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -1,10 +1,6 @@
 """The profile: measured tables cached on disk, keyed by the model's fingerprint, never required."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import pytest
@@ -13,6 +9,7 @@ import parse_jax
 from parse_jax.schedule import profile
 from parse_jax.schedule.costs import CostTable, Roofline
 from parse_jax.schedule.profile import Grid, load_or_profile, pass_costs
+from tests.fake_devices import run_on_devices
 from tests.random_models import random_model
 
 TINY = Grid(batches=(1, 2), tokens=(1, 4), caches=(16,), max_block_tokens=4, repeats=1, rounds=1)
@@ -79,14 +76,7 @@ print(json.dumps(out))
 def test_a_profile_is_keyed_by_the_mesh_it_was_timed_on(tmp_path):
     """A pass split over a mesh costs what its layout makes it cost: a table timed unsharded (or on another mesh) is
     not served to a run on a mesh (it was: the key held the device count only). On 4 fake CPU devices."""
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(root) + os.pathsep + env.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", MESH_KEYS, str(tmp_path)], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=root)
-    assert r.returncode == 0, r.stderr[-3000:]
-    keys = json.loads(r.stdout.strip().splitlines()[-1])
+    keys = run_on_devices(MESH_KEYS, str(tmp_path))
     assert len(set(keys.values())) == 3
     assert "mesh" not in json.loads(keys["None"])  # unsharded models keep the key they had (their tables stay valid)
 

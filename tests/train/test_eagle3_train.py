@@ -1,15 +1,12 @@
 """EAGLE-3 head training: the loss falls on a short run, a crashed run resumes, the result loads for its target."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import parse_jax as pj
 from parse_jax.train.eagle3 import Eagle3Spec, train_eagle3
+from tests.fake_devices import run_on_devices
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +30,6 @@ def test_loss_falls_and_the_head_loads(small_target, task, tmp_path):
     loaded = pj.load_eagle3(tmp_path / "run" / "eagle3", small_target)
     assert loaded.config == head.config
     # the training history: first and last logged losses of this run
-    import json
 
     run = json.loads((tmp_path / "run" / "head_run" / "run.json").read_text())
     assert run["phase"] == "eagle3"
@@ -91,13 +87,6 @@ def test_the_target_fingerprint_is_the_same_on_any_mesh(tmp_path):
     one mesh cannot resume on another (a sum of |params| on the devices differed in its last digits with the
     sharding: 85685.12591 unsharded, 85685.12726 on data=2,model=2). On 4 fake CPU devices (a subprocess: the device
     count is fixed when jax starts)."""
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(root) + os.pathsep + env.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", FINGERPRINTS, str(tmp_path)], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=root)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_on_devices(FINGERPRINTS, str(tmp_path))
     assert out["None"] == out["data=2,model=2"] == out["data=4"]
     assert out["other weights"] != out["None"]

@@ -10,6 +10,8 @@ import collections
 import math
 from collections.abc import Iterable
 
+from parse_jax.runtime.metrics import derived
+
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 
@@ -62,23 +64,21 @@ def summarize(results: Iterable[dict]) -> dict:
 
 
 def speculation_totals(stats: list[dict]) -> dict:
-    """The records' speculation counts summed, under the names of docs/metrics.md (rates from the sums): sd / eagle3
-    `num_drafts`, `num_accepted_tokens`, `acceptance_length` (vLLM's); PARSE `num_steps_drafted`,
-    `num_verifications`, `accepted_tokens_per_verification`."""
-    out: dict = {}
+    """The records' speculation counts summed, under the names of docs/metrics.md, with the rates
+    `runtime.metrics.derived` takes from the sums: sd / eagle3 `num_drafts`, `num_accepted_tokens`,
+    `acceptance_length` (vLLM's); PARSE `num_steps_drafted`, `num_verifications`, `accepted_tokens_per_verification`."""
+    counts: dict = {}
     drafted = [s for s in stats if "num_drafts" in s]
     if drafted:
-        drafts, accepted = sum(s["num_drafts"] for s in drafted), sum(s["accepted_tokens"] for s in drafted)
-        out.update(num_drafts=drafts, num_accepted_tokens=accepted)
-        if drafts:
-            out["acceptance_length"] = 1 + accepted / drafts
+        counts.update(num_drafts=sum(s["num_drafts"] for s in drafted),
+                      num_accepted_tokens=sum(s["accepted_tokens"] for s in drafted))
     stepped = [s for s in stats if "steps_drafted" in s]
     if stepped:
-        verifications = sum(s.get("verify_passes", 0) for s in stepped)
-        out.update(num_steps_drafted=sum(s["steps_drafted"] for s in stepped), num_verifications=verifications)
-        if verifications:
-            out["accepted_tokens_per_verification"] = sum(s["accepted_tokens"] for s in stepped) / verifications
-    return out
+        counts.update(num_steps_drafted=sum(s["steps_drafted"] for s in stepped),
+                      num_verifications=sum(s.get("verify_passes", 0) for s in stepped))
+    accepted = {"accepted_tokens": sum(s["accepted_tokens"] for s in stepped)} if stepped else {}
+    rates = {k: v for k, v in derived({**counts, **accepted}).items() if v is not None}
+    return {**counts, **rates}
 
 
 def format_summary(s: dict) -> str:
