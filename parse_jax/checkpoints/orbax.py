@@ -162,6 +162,8 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
     if target is None:
         target = abstract_params_one_device(cfg)
     where = f"params in {params_dir} for the config in {CONFIG_FILE}"
+    _quiet_orbax_leftovers()  # before the reads start: a failed read's callbacks can print while Orbax unwinds
+    _RESTORES_IN_FLIGHT[0] += 1
     try:
         with _checkpointer() as checkpointer:
             stored = checkpointer.metadata(params_dir).item_metadata
@@ -175,13 +177,16 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
     except CheckpointError:
         raise
     except Exception as e:  # Orbax/TensorStore raise many types (some bare Exception) for damaged data
+        _FAILED_FOLDERS.add(_tensorstore_path(params_dir))  # still in flight: its leftovers are recognised throughout
         problem = _orbax_problem(e)
-    _drop_failed_reads(params_dir)
+    finally:
+        _RESTORES_IN_FLIGHT[0] -= 1
+    _drop_failed_reads()
     raise CheckpointError(f"cannot restore {where}: {problem}")
 
 
 
-def _drop_failed_reads(params_dir: Path) -> None:
+def _drop_failed_reads() -> None:
     """Orbax leaves the other reads of a failed restore as coroutines that raise when collected, each printing
     a 60-line TensorStore dump ("Exception ignored in ..."): collect them now, and drop the ones collected later
     (a read still referenced by a pending task is collected at exit), so the user sees one line.
@@ -189,18 +194,25 @@ def _drop_failed_reads(params_dir: Path) -> None:
     `RuntimeError: Event loop is closed` at some later moment (seen under load): that one error is dropped too.
     Under load, asyncio also logs the reads' futures whose errors nobody retrieved ("Future exception was never
     retrieved", through the `asyncio` logger): from then on, such records of errors naming this folder or raised in
-    Orbax's modules are dropped (`_UnretrievedReadFilter`). Every other error is printed as before."""
-    # as TensorStore writes it: absolute, `..` resolved, links kept
-    _FAILED_FOLDERS.add(os.path.join(os.path.abspath(params_dir), ""))
-    _quiet_orbax_leftovers()
+    Orbax's modules are dropped (`_UnretrievedReadFilter`). The hooks are in place before any restore starts
+    (its reads can fail while Orbax unwinds, before this runs) and drop nothing until a restore is in flight or
+    one has failed. Every other error is printed as before."""
     gc.collect()
 
 
+def _tensorstore_path(params_dir: Path) -> str:
+    """A folder as TensorStore writes it in its errors: absolute, `..` resolved, links kept, a trailing separator."""
+    return os.path.join(os.path.abspath(params_dir), "")
+
+
 _FAILED_FOLDERS: set[str] = set()  # params folders (with a trailing separator) whose restore failed in this process
+_RESTORES_IN_FLIGHT = [0]  # restores running now (in any thread)
 _ORBAX_PACKAGE = os.path.join("orbax", "checkpoint", "")  # in the path of Orbax's own modules
 
 
 def _is_orbax_leftover(obj: Any, value: BaseException | None) -> bool:
+    if not (_RESTORES_IN_FLIGHT[0] or _FAILED_FOLDERS):
+        return False
     code = getattr(obj, "cr_code", None)
     if code is not None and "orbax" in code.co_filename:
         return True

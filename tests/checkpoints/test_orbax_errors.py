@@ -10,9 +10,11 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import orbax.checkpoint as ocp
 import pytest
 
 from parse_jax.checkpoints.load import convert_hf, load_model
@@ -117,6 +119,33 @@ def test_damaged_orbax_data_names_the_tensor(model, tmp_path) -> None:
     last = proc.stderr.splitlines()[-1] if proc.stderr else ""
     assert proc.returncode == 1 and "CheckpointError: cannot restore" in last, proc.stderr[-3000:]
 
+
+
+def test_a_read_failing_while_the_restore_unwinds_prints_nothing(model, tmp_path, monkeypatch, capsys) -> None:
+    """TensorStore's callback threads print a closed event loop's error through sys.excepthook (PyErr_Print) at
+    any moment, also before the failed restore's error reaches parse-jax (seen under load): the hooks that drop it
+    are in place before the reads start. In a process with no restore in flight and none failed, nothing is
+    dropped."""
+    from parse_jax.checkpoints import orbax as orbax_module
+
+    path = save_model(model, tmp_path / "ckpt")
+    for hook in ("excepthook", "unraisablehook"):  # as in a fresh process: no hooks installed, no restore failed
+        monkeypatch.setattr(sys, hook, getattr(sys, f"__{hook}__"))
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
+    monkeypatch.setattr(orbax_module, "_FAILED_FOLDERS", set())
+    load_model(path)  # a good restore: the hooks are installed, and drop nothing afterwards
+    sys.excepthook(RuntimeError, RuntimeError("Event loop is closed"), None)
+    assert "Event loop is closed" in capsys.readouterr().err
+    restore = ocp.Checkpointer.restore
+
+    def failing(self, *args, **kwargs):
+        sys.excepthook(RuntimeError, RuntimeError("Event loop is closed"), None)  # a reader thread, mid-unwind
+        restore(self, tmp_path / "missing", *args[1:], **kwargs)
+
+    monkeypatch.setattr(ocp.Checkpointer, "restore", failing)
+    with pytest.raises(CheckpointError, match="cannot restore"):
+        load_model(path)
+    assert capsys.readouterr().err == ""
 
 
 def test_unretrieved_read_errors_of_a_failed_restore_are_not_logged(model, tmp_path) -> None:
