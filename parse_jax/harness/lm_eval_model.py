@@ -24,8 +24,9 @@ value). What was loaded (paths, the step read) is in lm-eval's results as `confi
   mode holds with its budget keeps its last tokens (as lm-eval's HF model cuts to `max_length - max_gen_toks`;
   the limit is the longest the mode's own checks take), with one warning per call; an error of a batch names the
   request's index in the call.
-- `loglikelihood` and `loglikelihood_rolling` score on the target alone (its logits, BOS first), a request's text
-  encoded as lm-eval encodes it (`encode_pair`).
+- `loglikelihood` and `loglikelihood_rolling` score on the target alone, a request's text encoded as lm-eval's HF
+  model encodes it (`encode_pair`: the tokenizer's own special tokens; an empty context, and a document's first
+  window, after its BOS, or its EOS where it has none).
 - `--apply_chat_template` renders lm-eval's chat history with the target tokenizer's own chat template (as
   transformers renders it, `continue_final_message` included); a target without one is refused at that flag.
 - The speculation stats of every generation (the field's metrics, parse_jax/runtime/metrics.py) are summed, with
@@ -304,10 +305,15 @@ class ParseJaxLM(LM):
 
     # --- scoring on the target ---------------------------------------------------------------------------
 
-    def _prefix(self) -> list[int]:
+    def _prefix_id(self, what: str) -> int:
+        """lm-eval's HF model's `prefix_token_id`: the BOS, else the EOS; what an empty context and a document's
+        first rolling window condition on."""
         tok = self.target.tokenizer
         first = tok.bos_id if tok.bos_id is not None else tok.eos_id
-        return [] if first is None else [int(first)]
+        if first is None:
+            raise InputError(f"{what} needs a token to condition on and the target's tokenizer names no BOS or EOS "
+                             f"({tok.source}): add bos_token or eos_token to its tokenizer_config.json")
+        return int(first)
 
     def _score(self, context: list[int], continuation: list[int], index: int) -> tuple[float, bool]:
         """log p(continuation | context) on the target and whether greedy decoding writes it. As lm-eval's HF model
@@ -331,23 +337,22 @@ class ParseJaxLM(LM):
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         out = []
         for i, req in enumerate(requests):
-            context, continuation = encode_pair(self.target.tokenizer, *req.args)
-            prefix = self._prefix()
-            if context[: len(prefix)] == prefix and prefix:  # a chat template wrote the BOS itself: not twice
-                prefix = []
-            out.append(self._score(prefix + context, continuation, i))
+            context, continuation = req.args
+            prefix = None if context else self._prefix_id(f"loglikelihood: request {i} (an empty context)")
+            out.append(self._score(*encode_pair(self.target.tokenizer, context, continuation, prefix), i))
         self.scored += len(requests)
         self._write_stats()
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         tok, out = self.target.tokenizer, []
-        prefix = self._prefix()
         width = self.target.config.max_position_embeddings
         for i, req in enumerate(requests):
             (text,) = req.args
-            windows = get_rolling_token_windows(token_list=tok.encode(text), prefix_token=prefix[0] if prefix else 0,
-                                                max_seq_len=width, context_len=1)
+            # as lm-eval's HF model: the document as the tokenizer writes it by default (its BOS, where its
+            # post-processor adds one), after the prefix token (so a BOS-adding tokenizer's first window holds two)
+            windows = get_rolling_token_windows(token_list=tok.encode_prompt(text), max_seq_len=width, context_len=1,
+                                                prefix_token=self._prefix_id("loglikelihood_rolling"))
             total = 0.0
             for window in map(make_disjoint_window, windows):
                 context, continuation = list(window[0]), list(window[1])
@@ -440,16 +445,20 @@ def open_final_message(text: str, final: str) -> str:
     return text[: at + kept] if text[at: at + kept] == final else text[: at + len(final.strip())]
 
 
-def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """A loglikelihood request's ids as lm-eval encodes them (`TemplateLM._encode_pair`, causal): the context's
-    trailing spaces move into the continuation, and the continuation is what encoding the whole adds past the
-    context's ids (so a token that spans the join is the continuation's)."""
+def encode_pair(tok, context: str, continuation: str, prefix_id: int | None = None) -> tuple[list[int], list[int]]:
+    """A loglikelihood request's ids as lm-eval's HF model encodes them (`TemplateLM.loglikelihood` and
+    `_encode_pair`, causal): the context's trailing spaces move into the continuation; context and whole are
+    encoded as the tokenizer writes them by default (`encode_prompt`: a BOS where its post-processor adds one,
+    none for Qwen's), and the continuation is what the whole adds past the context's ids (a token that spans the
+    join is the continuation's). An empty context is `prefix_id` (lm-eval's `prefix_token_id`), unless the
+    continuation starts with that token."""
     if not context:
-        return [], tok.encode(continuation)
+        ids = tok.encode(continuation)
+        return ([prefix_id], ids) if ids[:1] != [prefix_id] else (ids[:1], ids[1:])
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole, head = tok.encode(context + continuation), tok.encode(context)
+    whole, head = tok.encode_prompt(context + continuation), tok.encode_prompt(context)
     return head, whole[len(head):]
 
 

@@ -14,6 +14,7 @@ lm_eval = pytest.importorskip("lm_eval")  # the test extra installs it; without 
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from parse_jax import ParseConfig, evaluate, load_pair  # noqa: E402
+from parse_jax.checkpoints.pair import PAIR_DIR  # noqa: E402
 from parse_jax.harness import lm_eval_model  # noqa: E402  (registers "parse-jax")
 from parse_jax.harness.eval.data import write_task_jsonl  # noqa: E402
 from parse_jax.harness.lm_eval_args import DEFAULT_BATCH  # noqa: E402
@@ -61,8 +62,8 @@ def test_until_and_max_gen_toks_and_the_target_scores():
     assert len(lm.target.tokenizer.encode(short)) <= 2 and full.startswith(short.strip())
     tok, target = lm.target.tokenizer, lm.target
     text = tok.decode(tok.encode(" " + full)[:5])  # the first 5 tokens of the answer
-    head, cont = lm_eval_model.encode_pair(tok, prompt, text)  # split as lm-eval splits it (checked against lm-eval)
-    ctx = [tok.bos_id] + head
+    ctx, cont = lm_eval_model.encode_pair(tok, prompt, text)  # split as lm-eval splits it (checked against lm-eval)
+    assert ctx[0] == tok.bos_id  # the embedded tokenizer's post-processor writes its BOS
     logits = np.asarray(target.logits(np.array([ctx + cont])), np.float64)[0]
     logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
     expect = sum(logp[len(ctx) - 1 + i, t] for i, t in enumerate(cont))
@@ -71,7 +72,7 @@ def test_until_and_max_gen_toks_and_the_target_scores():
     (ll5, _), = lm.loglikelihood([Instance("loglikelihood", {}, (prompt, text), 0)])
     assert ll5 == pytest.approx(expect, abs=1e-4)
     (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (prompt,), 0)])
-    ids = tok.encode(prompt)
+    ids = tok.encode_prompt(prompt)  # as lm-eval's HF model: the document's own BOS predicted after the prefix BOS
     logits = np.asarray(target.logits(np.array([[tok.bos_id] + ids])), np.float64)[0]
     logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
     assert rolling == pytest.approx(sum(logp[i, t] for i, t in enumerate(ids)), abs=1e-4)
@@ -320,24 +321,58 @@ def test_chat_history_is_rendered_as_transformers_renders_it(tmp_path):
     assert sample["arguments"][0][0].startswith("<|im_start|>user")
 
 
-def test_loglikelihood_requests_are_encoded_as_lm_eval_encodes_them():
-    """Context and continuation as lm-eval's own `TemplateLM._encode_pair` splits them (trailing spaces moved into
-    the continuation, the whole encoded at once), so a context's trailing space scores as the continuation's."""
-    from types import SimpleNamespace
+def _their_hf_model(folder, max_length: int):
+    """lm-eval's own HF model (`HFLM`) with transformers' tokenizer of `folder` and no torch model: its
+    `_loglikelihood_tokens` (the forward passes) records the ids it would score instead."""
+    from lm_eval.api.model import CacheHook
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoTokenizer
 
-    from lm_eval.api.model import TemplateLM
+    hf = HFLM.__new__(HFLM)  # its __init__ loads a torch model; the tokenization reads only these
+    hf.tokenizer = AutoTokenizer.from_pretrained(folder)
+    hf.add_bos_token, hf.custom_prefix_token_id, hf.backend, hf._max_length = None, None, "causal", max_length
+    hf.enable_thinking = None
+    hf.batch_size_per_gpu, hf._rank, hf._world_size, hf.cache_hook = 1, 0, 1, CacheHook(None)
+    hf.scored = []
 
-    lm = lm_eval_model.ParseJaxLM(mode="target", batch_size=1)
-    tok = lm.target.tokenizer
-    theirs = SimpleNamespace(backend="causal", tok_encode=lambda text, **_: tok.encode(text))
+    def forward(requests, **_):
+        hf.scored += [(list(context), list(continuation)) for _, context, continuation in requests]
+        return [(0.0, True)] * len(requests)
+
+    hf._loglikelihood_tokens = forward
+    return hf
+
+
+@pytest.mark.parametrize("tokenizer", ["embedded", "qwen"])
+def test_scoring_requests_are_tokenized_as_lm_evals_hf_model_tokenizes_them(tokenizer, tmp_path, monkeypatch):
+    """The ids each loglikelihood(_rolling) request is scored on equal those lm-eval's own HF model (`HFLM`) scores,
+    with transformers' tokenizer of the same folder: trailing spaces moved into the continuation, the tokenizer's
+    own special tokens (the embedded one's post-processor adds its BOS; Qwen's adds none and names no BOS, so its
+    EOS is the prefix token), an empty context as the prefix token, rolling windows after it."""
+    from tests.models.hf_tiny import make_tiny_hf
+
+    folder = (make_tiny_hf("qwen3", tmp_path / "q", seed=3, tokenizer="qwen") if tokenizer == "qwen"
+              else PAIR_DIR / "target")
+    lm = lm_eval_model.ParseJaxLM(target=str(folder), mode="target", batch_size=1)
+    width = lm.target.config.max_position_embeddings
+    hf = _their_hf_model(folder, width)
+    scored = []
+    monkeypatch.setattr(lm, "_score", lambda context, continuation, index: scored.append(
+        (context, continuation)) or (0.0, True))
     prompt = load_task().problems(1, 9)[0][0]
-    for context, continuation in [(prompt, " 3;"), (prompt + " ", "3;"), (prompt + "  ", " 3"), ("x = 1", "2;"),
-                                  (prompt[:-2], prompt[-2:])]:
-        assert lm_eval_model.encode_pair(tok, context, continuation) == TemplateLM._encode_pair(
-            theirs, context, continuation)
-    (moved, _), (given, _) = lm.loglikelihood([Instance("loglikelihood", {}, (prompt + " ", "3"), 0),
-                                               Instance("loglikelihood", {}, (prompt, " 3"), 1)])
-    assert moved == given and np.isfinite(moved)
+    pairs = [(prompt, " 3;"), (prompt + " ", "3;"), (prompt + "  ", " 3"), ("x = 1", "2;"), (prompt[:-2], prompt[-2:]),
+             ("", prompt), ("", " 3")]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    lm.loglikelihood(requests)
+    hf.loglikelihood(requests)
+    assert scored == hf.scored and len(scored) == len(pairs)
+    scored.clear()
+    hf.scored.clear()
+    long_doc = " ".join([prompt] * (2 * width // len(lm.target.tokenizer.encode(prompt)) + 1))
+    documents = [Instance("loglikelihood_rolling", {}, (doc,), i) for i, doc in enumerate([prompt, long_doc])]
+    lm.loglikelihood_rolling(documents)
+    hf.loglikelihood_rolling(documents)
+    assert scored == hf.scored and len(scored) > 2  # the long document in several windows
 
 
 def test_a_context_whose_chat_template_wrote_the_bos_is_scored_after_one_bos(tmp_path):
