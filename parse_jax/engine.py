@@ -105,12 +105,14 @@ class ParseEngine:
         check_config(config)
         check_mesh(mesh)
         self.config = config or ParseConfig()
+        eagle3 = eagle3 if eagle3 is not None else target.eagle3
+        if eagle3 is not None:  # a head loaded alone meets its target here: checked, in the target's dtype (the
+            # target it was trained for: before a draft with more embedding rows pads it, which the head reads
+            # through the target's own embedding and LM head, or maps into with its d2t)
+            eagle3 = check_head("eagle3", eagle3).for_target(target.config)
         if draft is not None:  # one tokenizer, embeddings padded differently: pad the smaller, mask its padding
             target, draft = align_vocab(target, draft)
             check_pair(target, draft)
-        eagle3 = eagle3 if eagle3 is not None else target.eagle3
-        if eagle3 is not None:  # a head loaded alone meets its target here: checked, in the target's dtype
-            eagle3 = check_head("eagle3", eagle3).for_target(target.config)
         if mesh is not None:  # weights over `model`, requests over `data` (see parse_jax.distributed)
             target = shard_model(target, mesh)
             draft = shard_model(draft, mesh, fallback_replicated=True) if draft is not None else None

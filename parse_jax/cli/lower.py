@@ -17,7 +17,7 @@ ALL_MODES = LOWER_MODES[:-1]
 
 
 def _models(args: argparse.Namespace):
-    from parse_jax.lowering.sources import read_head_shapes, shape_head, shape_model, shape_pair
+    from parse_jax.lowering.sources import check_shape_pair, read_head_shapes, shape_head, shape_model, shape_pair
 
     if args.model is None:
         if args.draft is not None:
@@ -28,6 +28,8 @@ def _models(args: argparse.Namespace):
             raise ConfigError("give either --pair or --model/--draft, not both")
         target = shape_model(args.model, args.dtype)
         draft = shape_model(args.draft, args.dtype) if args.draft is not None else None
+        if draft is not None:
+            check_shape_pair(target, draft)
     target.eagle3 = shape_head(target.config) if args.eagle3 is None else read_head_shapes(args.eagle3, target)
     return target, draft
 

@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--mode", default=None, help="a bench mode (default: parse on a pair, target with --model alone)")
     add_parse_args(e)
     e.add_argument("--out", required=True, help="results JSONL (appended per record; rerun to resume); the summary "
-                                                "goes to OUT.summary.json")
+                                                "goes beside it (results.jsonl -> results.summary.json)")
     e.add_argument("--task", default="default", help="embedded task preset that grades task records")
     e.add_argument("--max-new-tokens", type=int, default=256)
     e.add_argument("--temperature", type=float, default=0.0)

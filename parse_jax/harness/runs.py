@@ -49,8 +49,10 @@ def check_modes(modes: Sequence[str]) -> list[str]:
         expanded += list(BENCH_MODES) if m == "all" else [m]
     modes = list(dict.fromkeys(expanded))
     unknown = [m for m in modes if m not in BENCH_MODES]
-    if unknown or not modes:
-        raise InputError(f"unknown mode(s) {unknown or modes}; available: {', '.join(BENCH_MODES)} (or all)")
+    if not [m for m in modes if m.strip()]:
+        raise InputError(f"modes is empty; give one or more of: {', '.join(BENCH_MODES)} (or all)")
+    if unknown:
+        raise InputError(f"unknown mode(s) {unknown}; available: {', '.join(BENCH_MODES)} (or all)")
     return modes
 
 

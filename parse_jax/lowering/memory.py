@@ -243,12 +243,14 @@ def _plan(shapes: Shapes, target: Chip, sizes: dict[str, int], capacity: int, he
 
 def plan_memory(ctx, mode: str, req, target: Chip, sizes: dict[str, int] | None = None,
                 capacity: int | None = None, batch: int | None = None,
-                rounds: tuple[str | None, ...] = (None,)) -> MemoryPlan:
+                rounds: tuple[str | None, ...] = (None,), serve_smaller: bool = True) -> MemoryPlan:
     """The memory plan of `mode` over the validated request `req` on `target` chips (`capacity` bytes each; default
     the chip table's HBM), with what would fit when it does not. `batch`: the rows run at once (default every
     prompt of `req`; fewer under `generate(..., max_batch=)`, a served run where the mode serves), each as long as
     the longest prompt. `rounds`: those the run may take (`schedule="auto"` over `rounds="auto"`: multi and single;
-    None: the context's); the plan is the largest."""
+    None: the context's); the plan is the largest. `serve_smaller`: a smaller batch offered instead is planned as
+    `max_batch` over the same prompts (a served run, as `generate` takes it); False: as that many prompts alone
+    (what `parse-jax lower --batch-size` means)."""
     sizes = dict(sizes or {"data": 1, "model": 1})
     capacity = int(capacity if capacity is not None else target.hbm_bytes)
     batch, prompt_len = batch or len(req.ids), max(len(x) for x in req.ids)
@@ -261,10 +263,11 @@ def plan_memory(ctx, mode: str, req, target: Chip, sizes: dict[str, int] | None 
     serves = spec is not None and spec.serve is not None and getattr(ctx.target, "mesh", None) is None
 
     def at(b: int, n: int, s: dict[str, int]) -> MemoryPlan:
-        """The plan of `b` rows at once (served where fewer than the prompts: `generate(..., max_batch=b)`), the
-        largest of the rounds the run may take."""
+        """The plan of `b` rows at once (served where fewer than the prompts and `serve_smaller`:
+        `generate(..., max_batch=b)`), the largest of the rounds the run may take."""
+        served = serves and b < len(req.ids) and serve_smaller
         plans = [_plan(run_shapes(ctx, mode, b, prompt_len, n, target.platform, rounds=r,
-                                  served=serves and b < len(req.ids)), target, s, capacity, head_weights,
+                                  served=served), target, s, capacity, head_weights,
                        (b, prompt_len, n)) for r in rounds]
         return max(plans, key=lambda x: x.total)
 

@@ -67,6 +67,27 @@ def shape_model(source: str | Path, dtype: str | None = None) -> Model:
     return Model(cfg, param_shapes(cfg), _tokenizer(folder, cfg))
 
 
+PADDING_SHARE = 0.01  # embedding padding (rows to a multiple of 64 or 128): Qwen2.5-7B 152064 vs 0.5B 151936, 0.08%
+
+
+def check_shape_pair(target: Model, draft: Model) -> None:
+    """A target and draft of different vocabulary sizes are padded to one (`align_vocab`) where they share a
+    tokenizer. A model lowered from its config alone carries the embedded tokenizer as a stand-in, which shows
+    nothing: there, sizes that differ by more than embedding padding (`PADDING_SHARE`) are two vocabularies,
+    refused naming both sizes."""
+    from parse_jax.tasks import TOKENIZER_DIR
+
+    stand_in = [name for name, m in (("target", target), ("draft", draft))
+                if Path(m.tokenizer.source).resolve() == Path(TOKENIZER_DIR).resolve()]
+    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    if stand_in and abs(tv - dv) > PADDING_SHARE * max(tv, dv):
+        raise ConfigError(f"target and draft have different vocabularies (target {tv} rows, draft {dv} rows: more "
+                          f"apart than embedding padding) and the {' and '.join(stand_in)} "
+                          f"{'has' if len(stand_in) == 1 else 'have'} no tokenizer.json to show one tokenizer: "
+                          "token-level speculation and PARSE need one; lower a pair of one vocabulary, or give "
+                          "model folders with their tokenizers")
+
+
 def shape_pair(folder: str | Path | None = None, dtype: str | None = None) -> tuple[Model, Model]:
     """(target, draft) of a pair folder (target/ + draft/; default the embedded pair) as shapes."""
     from parse_jax.checkpoints.pair import PAIR_DIR

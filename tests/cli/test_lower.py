@@ -71,6 +71,17 @@ def test_memory_only_plans_a_qwen3_8b_pair_at_once(capsys):
         "memory (parse): batch 8 x 256 prompt + 512 new tokens does not fit a v5e chip (17.2 GB): weights 17.57 GB")
 
 
+def test_the_smaller_batch_offered_fits_as_lower_plans_it(capsys):
+    """"what would fit: batch 32" means `--batch-size 32` (that many prompts at once), and that run fits; it was
+    planned as max_batch 32 over the 64 prompts (a served run, more cache), and offered 16."""
+    args = ["lower", "--model", "qwen3-8b", "--draft", "qwen3-0.6b", "--mode", "parse", "--prompt-len", "256",
+            "--max-new-tokens", "512", "--memory-only", "--chip", "v6e", "-q"]
+    assert main(args + ["--batch-size", "64"]) == 0
+    assert "does not fit a v6e chip" in (out := capsys.readouterr().out) and "what would fit: batch 32;" in out
+    assert main(args + ["--batch-size", "32"]) == 0
+    assert "batch 32 x 256 prompt + 512 new tokens fits a v6e chip" in capsys.readouterr().out
+
+
 def test_a_pair_whose_vocabularies_differ_in_padding_is_planned(tmp_path, capsys):
     """Qwen2.5-7B has 152064 embedding rows and its 0.5B draft 151936: a config-only (shape-only) model is padded
     to the larger vocabulary like a loaded one, not refused with numpy's broadcast error."""
@@ -82,6 +93,22 @@ def test_a_pair_whose_vocabularies_differ_in_padding_is_planned(tmp_path, capsys
     assert main(["lower", "--model", str(tmp_path / "big" / "config.json"), "--draft", "qwen3-0.6b", "--mode", "sd",
                  "--memory-only", "-q"]) == 0, capsys.readouterr().err
     assert capsys.readouterr().out.startswith("memory (sd): batch 1 x 64 prompt + 256 new tokens fits")
+
+
+def test_a_config_only_pair_of_two_vocabularies_is_refused_in_one_line(tmp_path, capsys):
+    """A draft of another vocabulary (not padding) given as configs alone: refused naming both sizes, before the
+    default EAGLE-3 head is blamed for the padded target's size."""
+    from tests.models.hf_tiny import make_tiny_hf
+
+    folder = make_tiny_hf("qwen3", tmp_path / "tiny")
+    (folder / "tokenizer.json").unlink()  # config and weights only
+    capsys.readouterr()
+    for mode in ("target", "sd"):
+        assert main(["lower", "--model", str(folder), "--draft", "llama3-1b", "--mode", mode, "--memory-only",
+                     "-q"]) == 2
+        err = capsys.readouterr().err
+        assert "target and draft have different vocabularies (target 320 rows, draft 128256 rows" in err, err
+        assert "\n" not in err.strip() and "EAGLE-3" not in err
 
 
 def test_bad_lower_flags_are_one_line_errors(tmp_path, capsys):

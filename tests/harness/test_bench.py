@@ -126,6 +126,8 @@ def test_modes_follow_the_engine():
     assert set(MODES) <= set(BENCH_MODES) and {"parse-multi", "draft"} <= set(BENCH_MODES)
     assert check_modes(["all"]) == list(BENCH_MODES)
     assert check_modes(["parse", "target", "parse"]) == ["parse", "target"]
+    with pytest.raises(InputError, match=r"^modes is empty; give one or more of: target,"):  # --modes ''
+        check_modes([])
     cfg = ParseConfig(rounds="multi")
     single = ParseConfig(rounds="single")
     assert mode_config(cfg, "parse") == (single, "parse")  # bench: the label names the rounds

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -104,3 +105,22 @@ def test_padded_model_round_trips(folders, tmp_path) -> None:
     back = load_model(save_model(d2, tmp_path / "ckpt"))
     assert back.config == d2.config and back.config.vocab_limit == VOCAB
     np.testing.assert_array_equal(back.logits(IDS), d2.logits(IDS))
+
+
+def test_a_target_with_fewer_rows_than_its_draft_keeps_its_eagle3_head(folders) -> None:
+    """The draft pads the target (Qwen2.5-0.5B drafting for a target saved with fewer rows): the head, checked
+    against the target it was trained for, runs beside the padded one, and greedy eagle3 and parse+eagle3 are still
+    the target alone."""
+    from parse_jax.speculation.eagle3 import Eagle3, Eagle3Config, init_head
+
+    target, draft = load_model(folders["draft"]), load_model(folders["target"])  # VOCAB rows, BIG rows
+    cfg = Eagle3Config.for_target(target.config)
+    rng = np.random.default_rng(3)
+    head = Eagle3(cfg, jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.05, x.shape).astype(np.float32),
+                                    init_head(cfg, 3)))
+    engine = pj.ParseEngine(target, draft, pj.ParseConfig(schedule="fixed"), eagle3=head)
+    assert engine.target.config.vocab_size == BIG and engine.eagle3 is not None
+    prompts = [IDS[0].tolist()]
+    want = pj.generate(target, prompts, max_new_tokens=12, eos_ids=[]).tokens
+    for mode in ("eagle3", "parse+eagle3"):
+        assert engine.generate(prompts, mode=mode, max_new_tokens=12, eos_ids=[]).tokens == want, mode
