@@ -163,7 +163,8 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
         target = abstract_params_one_device(cfg)
     where = f"params in {params_dir} for the config in {CONFIG_FILE}"
     _quiet_orbax_leftovers()  # before the reads start: a failed read's callbacks can print while Orbax unwinds
-    _RESTORES_IN_FLIGHT[0] += 1
+    with _RESTORES_LOCK:
+        _RESTORES_IN_FLIGHT[0] += 1
     try:
         with _checkpointer() as checkpointer:
             stored = checkpointer.metadata(params_dir).item_metadata
@@ -180,7 +181,8 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
         _FAILED_FOLDERS.add(_tensorstore_path(params_dir))  # still in flight: its leftovers are recognised throughout
         problem = _orbax_problem(e)
     finally:
-        _RESTORES_IN_FLIGHT[0] -= 1
+        with _RESTORES_LOCK:
+            _RESTORES_IN_FLIGHT[0] -= 1
     _drop_failed_reads()
     raise CheckpointError(f"cannot restore {where}: {problem}")
 
@@ -188,15 +190,14 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
 
 def _drop_failed_reads() -> None:
     """Orbax leaves the other reads of a failed restore as coroutines that raise when collected, each printing
-    a 60-line TensorStore dump ("Exception ignored in ..."): collect them now, and drop the ones collected later
-    (a read still referenced by a pending task is collected at exit), so the user sees one line.
-    Reads still in flight may complete after Orbax closed their event loop, and their callbacks then print
-    `RuntimeError: Event loop is closed` at some later moment (seen under load): that one error is dropped too.
-    Under load, asyncio also logs the reads' futures whose errors nobody retrieved ("Future exception was never
-    retrieved", through the `asyncio` logger): from then on, such records of errors naming this folder or raised in
-    Orbax's modules are dropped (`_UnretrievedReadFilter`). The hooks are in place before any restore starts
-    (its reads can fail while Orbax unwinds, before this runs) and drop nothing until a restore is in flight or
-    one has failed. Every other error is printed as before."""
+    a 60-line TensorStore dump ("Exception ignored in ..."): collect them now; the hooks (`_quiet_orbax_leftovers`,
+    in place since before the restore started) drop the ones collected later (a read still referenced by a pending
+    task is collected at exit), so the user sees one line. Those hooks also drop what the reads' callbacks print
+    when they find Orbax's event loop closed (`RuntimeError: Event loop is closed`, at any moment, also before the
+    restore's error reaches parse-jax: seen under load), and asyncio's records of the reads' futures whose errors
+    nobody retrieved ("Future exception was never retrieved") naming a failed folder or raised in Orbax's modules
+    (`_UnretrievedReadFilter`). They drop nothing until a restore is in flight or one has failed; every other error
+    is printed as before."""
     gc.collect()
 
 
@@ -206,12 +207,18 @@ def _tensorstore_path(params_dir: Path) -> str:
 
 
 _FAILED_FOLDERS: set[str] = set()  # params folders (with a trailing separator) whose restore failed in this process
-_RESTORES_IN_FLIGHT = [0]  # restores running now (in any thread)
+_RESTORES_IN_FLIGHT = [0]  # restores running now (in any thread), counted under _RESTORES_LOCK
+_RESTORES_LOCK = threading.Lock()
 _ORBAX_PACKAGE = os.path.join("orbax", "checkpoint", "")  # in the path of Orbax's own modules
 
 
+def _restores_failed_or_running() -> bool:
+    """Whether a restore is in flight or one has failed in this process: until then the hooks drop nothing."""
+    return bool(_RESTORES_IN_FLIGHT[0] or _FAILED_FOLDERS)
+
+
 def _is_orbax_leftover(obj: Any, value: BaseException | None) -> bool:
-    if not (_RESTORES_IN_FLIGHT[0] or _FAILED_FOLDERS):
+    if not _restores_failed_or_running():
         return False
     code = getattr(obj, "cr_code", None)
     if code is not None and "orbax" in code.co_filename:
@@ -232,7 +239,7 @@ class _UnretrievedReadFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         value = record.exc_info[1] if record.exc_info else None
-        if value is None:
+        if value is None or not _restores_failed_or_running():
             return True
         unretrieved = "exception was never retrieved" in str(record.msg)
         return not ((unretrieved and _is_failed_read(value)) or _is_orbax_leftover(None, value))

@@ -251,6 +251,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         settings["eos_ids"] = eos_ids_from_args(args)
     if args.no_thinking:
         settings["enable_thinking"] = False
+    if args.temperature > 0:  # which prompts share a batch changes what a sampled run draws (a greedy one: nothing)
+        settings["batch_size"] = args.batch_size
     saved = models_saved(args)
     if saved:  # only for training-run steps: results files of model folders resume as before
         settings["models_saved"] = saved

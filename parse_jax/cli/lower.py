@@ -28,8 +28,8 @@ def _models(args: argparse.Namespace):
             raise ConfigError("give either --pair or --model/--draft, not both")
         target = shape_model(args.model, args.dtype)
         draft = shape_model(args.draft, args.dtype) if args.draft is not None else None
-        if draft is not None:
-            check_shape_pair(target, draft)
+    if draft is not None:
+        check_shape_pair(target, draft)
     target.eagle3 = shape_head(target.config) if args.eagle3 is None else read_head_shapes(args.eagle3, target)
     return target, draft
 

@@ -305,15 +305,12 @@ class ParseJaxLM(LM):
 
     # --- scoring on the target ---------------------------------------------------------------------------
 
-    def _prefix_id(self, what: str) -> int:
-        """lm-eval's HF model's `prefix_token_id`: the BOS, else the EOS; what an empty context and a document's
-        first rolling window condition on."""
+    def _prefix_id(self) -> int | None:
+        """lm-eval's HF model's `prefix_token_id`: the BOS, else the EOS (None: neither); what an empty context and a
+        document's first rolling window condition on."""
         tok = self.target.tokenizer
         first = tok.bos_id if tok.bos_id is not None else tok.eos_id
-        if first is None:
-            raise InputError(f"{what} needs a token to condition on and the target's tokenizer names no BOS or EOS "
-                             f"({tok.source}): add bos_token or eos_token to its tokenizer_config.json")
-        return int(first)
+        return None if first is None else int(first)
 
     def _score(self, context: list[int], continuation: list[int], index: int) -> tuple[float, bool]:
         """log p(continuation | context) on the target and whether greedy decoding writes it. As lm-eval's HF model
@@ -335,24 +332,28 @@ class ParseJaxLM(LM):
         return float(logp[np.arange(len(cont)), cont].sum()), bool((logits.argmax(-1) == cont).all())
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        out = []
+        out, prefix = [], self._prefix_id()
         for i, req in enumerate(requests):
-            context, continuation = req.args
-            prefix = None if context else self._prefix_id(f"loglikelihood: request {i} (an empty context)")
-            out.append(self._score(*encode_pair(self.target.tokenizer, context, continuation, prefix), i))
+            try:
+                pair = encode_pair(self.target.tokenizer, *req.args, prefix)
+            except InputError as e:
+                raise InputError(f"loglikelihood: request {i}: {e}") from None
+            out.append(self._score(*pair, i))
         self.scored += len(requests)
         self._write_stats()
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        tok, out = self.target.tokenizer, []
+        tok, out, prefix = self.target.tokenizer, [], self._prefix_id()
+        if prefix is None:
+            raise InputError(f"loglikelihood_rolling: {no_prefix_token(tok)}")
         width = self.target.config.max_position_embeddings
         for i, req in enumerate(requests):
             (text,) = req.args
             # as lm-eval's HF model: the document as the tokenizer writes it by default (its BOS, where its
             # post-processor adds one), after the prefix token (so a BOS-adding tokenizer's first window holds two)
             windows = get_rolling_token_windows(token_list=tok.encode_prompt(text), max_seq_len=width, context_len=1,
-                                                prefix_token=self._prefix_id("loglikelihood_rolling"))
+                                                prefix_token=prefix)
             total = 0.0
             for window in map(make_disjoint_window, windows):
                 context, continuation = list(window[0]), list(window[1])
@@ -451,15 +452,24 @@ def encode_pair(tok, context: str, continuation: str, prefix_id: int | None = No
     encoded as the tokenizer writes them by default (`encode_prompt`: a BOS where its post-processor adds one,
     none for Qwen's), and the continuation is what the whole adds past the context's ids (a token that spans the
     join is the continuation's). An empty context is `prefix_id` (lm-eval's `prefix_token_id`), unless the
-    continuation starts with that token."""
-    if not context:
-        ids = tok.encode(continuation)
-        return ([prefix_id], ids) if ids[:1] != [prefix_id] else (ids[:1], ids[1:])
+    continuation starts with that token; so is a context of spaces alone on a tokenizer that adds no BOS (it
+    encodes to nothing, and the first token needs one before it)."""
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole, head = tok.encode_prompt(context + continuation), tok.encode_prompt(context)
-    return head, whole[len(head):]
+    head = tok.encode_prompt(context) if context else []
+    if not head:
+        if prefix_id is None:
+            raise InputError(f"an empty context: {no_prefix_token(tok)}")
+        ids = tok.encode(continuation)
+        return ([prefix_id], ids) if ids[:1] != [prefix_id] else (ids[:1], ids[1:])
+    return head, tok.encode_prompt(context + continuation)[len(head):]
+
+
+def no_prefix_token(tok) -> str:
+    """Why a request that needs lm-eval's prefix token cannot have one."""
+    return (f"needs a token to condition on and the target's tokenizer names no BOS or EOS ({tok.source}): add "
+            "bos_token or eos_token to its tokenizer_config.json")
 
 
 def single_token_stops(tok, until: tuple[str, ...]) -> tuple[int, ...]:

@@ -243,14 +243,15 @@ def _plan(shapes: Shapes, target: Chip, sizes: dict[str, int], capacity: int, he
 
 def plan_memory(ctx, mode: str, req, target: Chip, sizes: dict[str, int] | None = None,
                 capacity: int | None = None, batch: int | None = None,
-                rounds: tuple[str | None, ...] = (None,), serve_smaller: bool = True) -> MemoryPlan:
+                rounds: tuple[str | None, ...] = (None,)) -> MemoryPlan:
     """The memory plan of `mode` over the validated request `req` on `target` chips (`capacity` bytes each; default
     the chip table's HBM), with what would fit when it does not. `batch`: the rows run at once (default every
     prompt of `req`; fewer under `generate(..., max_batch=)`, a served run where the mode serves), each as long as
     the longest prompt. `rounds`: those the run may take (`schedule="auto"` over `rounds="auto"`: multi and single;
-    None: the context's); the plan is the largest. `serve_smaller`: a smaller batch offered instead is planned as
-    `max_batch` over the same prompts (a served run, as `generate` takes it); False: as that many prompts alone
+    None: the context's); the plan is the largest. A smaller batch offered instead is, where `batch` is given,
+    `max_batch` over the same prompts (a served run, as `generate` takes it); without it, that many prompts alone
     (what `parse-jax lower --batch-size` means)."""
+    serve_smaller = batch is not None
     sizes = dict(sizes or {"data": 1, "model": 1})
     capacity = int(capacity if capacity is not None else target.hbm_bytes)
     batch, prompt_len = batch or len(req.ids), max(len(x) for x in req.ids)

@@ -100,7 +100,7 @@ def lower_run(engine, mode: str, batch_size: int, max_new_tokens: int, *, target
                  for r in rounds]  # each rounds' programs have names of their own
         launches = [launch for c in (taken if lower else ()) for launch in mode_launches(c, mode, req)]
         programs = tuple(lower_launch(launch, device, abstract) for launch in launches)
-    plan = plan_memory(ctx, mode, req, device, sizes, rounds=rounds, serve_smaller=False)  # "batch b": b prompts
+    plan = plan_memory(ctx, mode, req, device, sizes, rounds=rounds)  # no `batch`: "batch b" offered is b prompts
     return LoweredRun(mode, device, sizes, batch_size, prompt_len, req.max_new, programs, plan,
                       time.perf_counter() - t0)
 

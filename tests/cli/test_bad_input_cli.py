@@ -348,6 +348,31 @@ def test_a_rerun_starts_over_a_header_only_results_file(work, pair_dir, capsys, 
     assert "was started with other settings" in capsys.readouterr().err
 
 
+def test_a_sampled_eval_resumes_only_at_its_batch_size_and_says_what_continuous_batching_draws(
+        work, pair_dir, capsys, tmp_path):
+    """Which prompts share a call changes what a sampled run draws: its header records --batch-size (a greedy
+    run's does not: it resumes at any), and a sampled run resumed after a --limit inside a call says that the
+    records left are other samples than a whole run's."""
+    out = tmp_path / "s.jsonl"
+    base = ["eval", "--pair", str(pair_dir), "--data", str(work / "data.jsonl"), "--out", str(out), "--mode",
+            "target", "--max-new-tokens", "4", "--no-progress", "--temperature", "0.7"]
+    assert main([*base, "--batch-size", "2", "--limit", "1"]) == 0, capsys.readouterr().err
+    assert json.loads(out.read_text().splitlines()[0])["settings"]["batch_size"] == 2
+    capsys.readouterr()
+    assert main([*base, "--batch-size", "1"]) == 2
+    assert "batch_size: 2 then, 1 now" in capsys.readouterr().err
+    assert main([*base, "--batch-size", "2"]) == 0
+    assert "stopped inside a call of 16 records" in capsys.readouterr().out  # 2 rows x 8 batches per call
+    greedy = tmp_path / "g.jsonl"
+    args = [*base[:-2], "--out", str(greedy)]
+    assert main([*args, "--batch-size", "2", "--limit", "1"]) == 0
+    assert "batch_size" not in json.loads(greedy.read_text().splitlines()[0])["settings"]
+    capsys.readouterr()
+    assert main([*args, "--batch-size", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "1 of 2 records already done" in printed and "other samples" not in printed
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -375,6 +375,29 @@ def test_scoring_requests_are_tokenized_as_lm_evals_hf_model_tokenizes_them(toke
     assert scored == hf.scored and len(scored) > 2  # the long document in several windows
 
 
+def test_a_context_of_spaces_and_a_tokenizer_without_bos_or_eos(tmp_path, monkeypatch):
+    """A context of spaces alone moves into the continuation and, on Qwen's tokenizer (no BOS added), leaves no
+    ids: it is scored after the prefix token, as an empty context is. A tokenizer naming neither BOS nor EOS has no
+    prefix token: the requests that need one are refused in one line naming the request."""
+    from parse_jax.errors import InputError
+    from tests.models.hf_tiny import make_tiny_hf
+
+    folder = make_tiny_hf("qwen3", tmp_path / "q", seed=3, tokenizer="qwen")
+    lm = lm_eval_model.ParseJaxLM(target=str(folder), mode="target", batch_size=1)
+    tok = lm.target.tokenizer
+    assert tok.bos_id is None and tok.eos_id is not None
+    assert lm_eval_model.encode_pair(tok, "  ", "3", tok.eos_id) == ([tok.eos_id], tok.encode("  3"))
+    ((spaces, _), (empty, _)) = lm.loglikelihood([Instance("loglikelihood", {}, ("  ", "3"), 0),
+                                                  Instance("loglikelihood", {}, ("", "  3"), 1)])
+    assert spaces == empty and np.isfinite(spaces)
+    monkeypatch.setattr(tok, "eos_id", None)
+    with pytest.raises(InputError, match=r"^loglikelihood: request 1: an empty context: needs a token to condition "
+                                         r"on and the target's tokenizer names no BOS or EOS"):
+        lm.loglikelihood([Instance("loglikelihood", {}, ("x =", " 3"), 0), Instance("loglikelihood", {}, ("", "3"), 1)])
+    with pytest.raises(InputError, match=r"^loglikelihood_rolling: needs a token to condition on"):
+        lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("x = 3",), 0)])
+
+
 def test_a_context_whose_chat_template_wrote_the_bos_is_scored_after_one_bos(tmp_path):
     """loglikelihood on a context rendered by a template that writes `{{ bos_token }}` (Llama-3's): one BOS in front,
     as lm-eval's HF model scores it, not the template's and ours."""

@@ -144,7 +144,8 @@ class ResultsFile:
         self.done |= {r["key"] for r in new}
 
 
-ADDED_KEYS = ("models_saved",)  # settings keys of later versions: an older results file without them resumes
+# settings keys of later versions: an older results file without them resumes
+ADDED_KEYS = ("models_saved", "batch_size")
 
 
 def _check_header(path: Path, old: dict, new: dict) -> None:
@@ -308,7 +309,14 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
     step = batch_size * (GROUP_BATCHES if settings.batching == "continuous" else 1)
     todo = [r for r in records if r.key not in results.done]
     if len(todo) < len(records):
-        log(f"resuming {results.path}: {len(records) - len(todo)} of {len(records)} records already done")
+        done = len(records) - len(todo)
+        # a call's draws depend on which records it holds: the records left meet a whole run's calls only where the
+        # done ones are the first `done` and end at a call's end (an interrupted run; not a --limit inside a call)
+        aligned = done % step == 0 and all(r.key in results.done for r in records[:done])
+        log(f"resuming {results.path}: {done} of {len(records)} records already done"
+            + (f"; sampled, and the earlier run stopped inside a call of {step} records (a --limit that is not a "
+               f"multiple of it), so the records left draw other samples than a whole run would"
+               if settings.temperature > 0 and not aligned else ""))
     bar = tqdm(total=len(records), initial=len(records) - len(todo), desc="eval", disable=not progress)
     done, correct = len(records) - len(todo), sum(bool(r["correct"]) for r in rows_of(results, records))
     for i in range(0, len(todo), step):
