@@ -139,11 +139,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     values = [v for v in args.values.split(",") if v.strip()]
     base = parse_config(args)
     sweep_configs(base, args.param, values)  # bad values fail before models load
+    eos_ids_from_args(args)
     check_writable(args.out)
     run_task(args)
     target, draft = models_from_args(args, need_draft=True)
     task = run_task(args, target)
-    settings = run_settings(args)
+    settings = run_settings(args, eos_ids=eos_ids_from_args(args, target))
     res = run_sweep(ParseEngine(target, draft, base), task, args.param, values, settings, mode=args.mode,
                     models=model_desc(args))
     res["command"] = command_line(args)
@@ -180,11 +181,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         check_float("--thresholds", t, 0.0, 1.0)
     check_float("--tolerance", args.tolerance, 0.0, 1.0, max_open=True)
     cfg = parse_config(args)
+    eos_ids_from_args(args)
     check_writable(args.out)
     run_task(args)
     target, draft = models_from_args(args, need_draft=True)
     task = run_task(args, target)
-    settings = run_settings(args)
+    settings = run_settings(args, eos_ids=eos_ids_from_args(args, target))
     res = calibrate(ParseEngine(target, draft, cfg), task, settings, tolerance=args.tolerance,
                     thresholds=thresholds, mode=args.mode, models=model_desc(args))
     res["command"] = command_line(args)

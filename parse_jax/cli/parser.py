@@ -61,6 +61,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="cast the weights on load (default: the checkpoint's dtype; the embedded pair, stored in "
                         "bfloat16, loads as float32)")
     p.add_argument("--eagle3", default=None, help="EAGLE-3 head folder for the target (default: the pair's eagle3/)")
+    p.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
     from parse_jax.distributed.args import add_distributed_args  # no jax import while building the parser
 
     add_distributed_args(p)
@@ -241,7 +242,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-thinking", action="store_true",
                    help="with --chat: render the template with enable_thinking=False (Qwen3)")
     add_eos_arg(g)
-    g.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
     g.add_argument("--stats", action="store_true", help="print generation stats to stderr (one JSON object)")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object per prompt (prompt, text, tokens, new_tokens, and stats: the one "
@@ -282,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--repeats", type=int, default=3)
         p.add_argument("--seed", type=int, default=0)
         add_batching_arg(p)
+        add_eos_arg(p)
         p.add_argument("--no-progress", action="store_true")
 
     s = sub.add_parser("sweep", help="target once, then a PARSE mode per value of one parameter (held-out problems)")
@@ -304,7 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="accuracy on a JSONL file (GSM8K-style or embedded-task records), resumable")
     e.add_argument("--data", required=True, help="JSONL: {question, answer: '... #### N'} or {prompt[, solution]}")
     add_model_args(e)
-    e.add_argument("--mode", default=None, help="a bench mode (default: parse on a pair, target with --model alone)")
+    e.add_argument("--mode", default=None, help="a bench mode (default: parse on a pair, target with --model alone); "
+                                                "parse and parse+eagle3 run single round unless --rounds (or the "
+                                                "--parse-config file) says single or multi; parse-multi: multi round")
     add_parse_args(e)
     e.add_argument("--out", required=True, help="results JSONL (appended per record; rerun to resume); the summary "
                                                 "goes beside it (results.jsonl -> results.summary.json)")
@@ -324,7 +327,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-thinking", action="store_true",
                    help="render the chat template with enable_thinking=False (Qwen3)")
     add_eos_arg(e)
-    e.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=cmd_eval)
 

@@ -7,6 +7,7 @@ import argparse
 import json
 
 from parse_jax.cli.setup import models_from_args
+from parse_jax.utils.progress import phase
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -26,6 +27,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     report = {}
     for (role, model, grid), path in zip(models, paths):
         # --force: measured again; the cached file is replaced only by a whole new table (an interrupt keeps it)
+        phase(f"{role}: pass costs (measured unless cached in {path}: a few minutes on a CPU)")
         table: CostTable = load_or_profile(model, measure=True, grid=grid, force=args.force)
         report[role] = {"file": str(path), "batches": list(table.batches), "tokens": list(table.tokens),
                         "caches": list(table.caches), "seconds": table.seconds_grid}

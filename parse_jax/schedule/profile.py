@@ -41,7 +41,7 @@ from parse_jax.models.model import Model, decoder_fn, init_params, param_shapes
 from parse_jax.schedule.costs import CostTable, PassCosts, check_axes, current_device_kind, roofline
 from parse_jax.utils import atomic, compile_cache
 from parse_jax.utils.host import cpu_identity
-from parse_jax.utils.progress import logger
+from parse_jax.utils.progress import bar, logger
 from parse_jax.utils.validation import check_int
 from parse_jax.utils.version import package_version
 
@@ -157,11 +157,20 @@ def profile_model(model: Model, grid: Grid = Grid()) -> CostTable:
     longer than the same pass with more rows, more tokens or over a longer cache (`_suspects`), keeping the lower
     figure. A model whose params are shapes (`head_model`'s) is timed with random ones."""
     model = _with_weights(model)
-    timers = {(i, j, k): _pass_timer(model, b, t, max(c, t))
-              for i, b in enumerate(grid.batches) for j, t in enumerate(grid.tokens) if grid.timed(b, t)
-              for k, c in enumerate(grid.caches)}
-    rounds = [{key: timer(grid.repeats, WARMUP if r == 0 else 1) for key, timer in timers.items()}
-              for r in range(grid.rounds)]
+    shapes = [((i, j, k), (b, t, max(c, t))) for i, b in enumerate(grid.batches) for j, t in enumerate(grid.tokens)
+              if grid.timed(b, t) for k, c in enumerate(grid.caches)]
+    # minutes on a CPU: a bar over each shape's compile and each round's timing (shown where phases are)
+    with bar(total=len(shapes) * (1 + grid.rounds), desc="profiling passes", unit="step") as progress:
+        timers = {}
+        for key, shape in shapes:
+            timers[key] = _pass_timer(model, *shape)
+            progress.update()
+        rounds = []
+        for r in range(grid.rounds):
+            rounds.append({})
+            for key, timer in timers.items():
+                rounds[-1][key] = timer(grid.repeats, WARMUP if r == 0 else 1)
+                progress.update()
     timed = {key: statistics.median(one[key] for one in rounds) for key in timers}
     for key in _suspects(timed):
         timed[key] = min(timed[key], timers[key](grid.repeats, 1))

@@ -228,3 +228,15 @@ def test_eos_ids_none_writes_the_whole_budget(pair_dir, capsys):
     assert run("--eos-ids", str(stop)) == whole[:whole.index(stop) + 1]
     own = run()
     assert own == whole[:len(own)]
+
+
+def test_every_command_that_loads_models_takes_the_stop_ids_and_the_finite_check_flag():
+    """--eos-ids and --skip-finite-check on generate, bench, sweep, calibrate and eval, as the docs present them (sweep
+    and calibrate lacked --eos-ids; only generate and eval had --skip-finite-check)."""
+    from parse_jax.cli.setup import eos_ids_from_args
+
+    runs = {"generate": ["x"], "bench": [], "sweep": ["--param", "threshold", "--values", "0.5", "--out", "o"],
+            "calibrate": ["--out", "o"], "eval": ["--data", "d", "--out", "o"]}
+    for command, rest in runs.items():
+        args = build_parser().parse_args([command, "--eos-ids", "3,5", "--skip-finite-check", *rest])
+        assert eos_ids_from_args(args) == [3, 5] and args.skip_finite_check, command

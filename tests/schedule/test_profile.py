@@ -231,3 +231,25 @@ def test_the_profile_command_checks_where_it_writes_before_measuring(tmp_path, m
     profiles.write_text("x")  # the profiles folder's place holds a file
     assert main(["profile", "--force", "-q"]) == 2
     assert f"{profiles} is not a folder" in capsys.readouterr().err
+
+
+def test_profiling_shows_its_progress_where_phases_are_shown(model, capsys):
+    """`parse-jax profile` measured for minutes without a line: a bar counts each shape's compile and each round's
+    timing (on stderr, where phase messages are shown; nothing under -q)."""
+    import logging
+
+    from parse_jax.utils.progress import logger
+
+    shapes = sum(TINY.timed(b, t) for b in TINY.batches for t in TINY.tokens) * len(TINY.caches)
+    steps = shapes * (1 + TINY.rounds)  # each shape compiled once and timed once per round
+    level = logger.level
+    try:
+        logger.setLevel(logging.INFO)  # setLevel, not the attribute: the logger caches isEnabledFor
+        profile.profile_model(model, TINY)
+        err = capsys.readouterr().err
+        assert "profiling passes" in err and f"{steps}/{steps}" in err
+        logger.setLevel(logging.WARNING)  # -q
+        profile.profile_model(model, TINY)
+        assert "profiling passes" not in capsys.readouterr().err
+    finally:
+        logger.setLevel(level)
