@@ -25,7 +25,8 @@ from parse_jax.models.sharding import ShardingRules, abstract_params, fitting_ru
 from parse_jax.models.tokenizer import Tokenizer
 
 
-def remote_model_folder(path: Any) -> str:
+def _remote_model_folder_message(path: Any) -> str:
+    """Why a remote path that is no training run cannot load."""
     return (f"{path} is not an Orbax CheckpointManager folder: remote paths are read for training runs only; copy a "
             "model folder to a local path")
 
@@ -57,7 +58,7 @@ def load_model(path: str | Path, step: int | None = None, params_path: str | Non
                                            mesh=mesh, dtype=dtype, check_finite=check_finite,
                                            attention_impl=attention_impl, fallback_replicated=fallback_replicated)
     if remote:
-        raise CheckpointError(remote_model_folder(path))
+        raise CheckpointError(_remote_model_folder_message(path))
     given = [name for name, value in (("step", step), ("params_path", params_path), ("config_from", config_from))
              if value is not None]
     if given and ((path / CONFIG_FILE).is_file() or (path / "config.json").is_file()):
@@ -110,7 +111,7 @@ def load_sharded(path: str | Path, mesh: Mesh, rules: ShardingRules | None = Non
                                            mesh=mesh, rules=rules, fallback_replicated=fallback_replicated,
                                            dtype=dtype, check_finite=check_finite, attention_impl=attention_impl)
     if checkpoint_manager.is_remote(path):
-        raise CheckpointError(remote_model_folder(path))
+        raise CheckpointError(_remote_model_folder_message(path))
     if not (path / CONFIG_FILE).is_file() and (path / "config.json").is_file():
         from parse_jax.checkpoints.hf import load_hf_sharded
 

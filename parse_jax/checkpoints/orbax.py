@@ -183,22 +183,9 @@ def restore_params(folder: Path, cfg: ModelConfig, target: dict[str, Any] | None
     finally:
         with _RESTORES_LOCK:
             _RESTORES_IN_FLIGHT[0] -= 1
-    _drop_failed_reads()
+    gc.collect()  # the failed reads' coroutines now, while the hooks drop what they print
     raise CheckpointError(f"cannot restore {where}: {problem}")
 
-
-
-def _drop_failed_reads() -> None:
-    """Orbax leaves the other reads of a failed restore as coroutines that raise when collected, each printing
-    a 60-line TensorStore dump ("Exception ignored in ..."): collect them now; the hooks (`_quiet_orbax_leftovers`,
-    in place since before the restore started) drop the ones collected later (a read still referenced by a pending
-    task is collected at exit), so the user sees one line. Those hooks also drop what the reads' callbacks print
-    when they find Orbax's event loop closed (`RuntimeError: Event loop is closed`, at any moment, also before the
-    restore's error reaches parse-jax: seen under load), and asyncio's records of the reads' futures whose errors
-    nobody retrieved ("Future exception was never retrieved") naming a failed folder or raised in Orbax's modules
-    (`_UnretrievedReadFilter`). They drop nothing until a restore is in flight or one has failed; every other error
-    is printed as before."""
-    gc.collect()
 
 
 def _tensorstore_path(params_dir: Path) -> str:
@@ -246,6 +233,15 @@ class _UnretrievedReadFilter(logging.Filter):
 
 
 def _quiet_orbax_leftovers() -> None:
+    """Orbax leaves the other reads of a failed restore as coroutines that raise when collected, each printing
+    a 60-line TensorStore dump ("Exception ignored in ..."): `restore_params` collects them at once, and these hooks
+    drop the ones collected later (a read still referenced by a pending task is collected at exit), so the user sees
+    one line. They also drop what the reads' callbacks print when they find Orbax's event loop closed
+    (`RuntimeError: Event loop is closed`, at any moment, also before the restore's error reaches parse-jax: seen
+    under load), and asyncio's records of the reads' futures whose errors nobody retrieved ("Future exception was
+    never retrieved") naming a failed folder or raised in Orbax's modules (`_UnretrievedReadFilter`). Installed
+    before a restore starts; they drop nothing until a restore is in flight or one has failed, and every other
+    error is printed as before."""
     asyncio_logger = logging.getLogger("asyncio")
     if not any(isinstance(f, _UnretrievedReadFilter) for f in asyncio_logger.filters):
         asyncio_logger.addFilter(_UnretrievedReadFilter())

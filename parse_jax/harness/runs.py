@@ -49,7 +49,7 @@ def check_modes(modes: Sequence[str]) -> list[str]:
         expanded += list(BENCH_MODES) if m == "all" else [m]
     modes = list(dict.fromkeys(expanded))
     unknown = [m for m in modes if m not in BENCH_MODES]
-    if not [m for m in modes if m.strip()]:
+    if not any(m.strip() for m in modes):
         raise InputError(f"modes is empty; give one or more of: {', '.join(BENCH_MODES)} (or all)")
     if unknown:
         raise InputError(f"unknown mode(s) {unknown}; available: {', '.join(BENCH_MODES)} (or all)")

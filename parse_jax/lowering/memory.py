@@ -251,7 +251,7 @@ def plan_memory(ctx, mode: str, req, target: Chip, sizes: dict[str, int] | None 
     None: the context's); the plan is the largest. A smaller batch offered instead is, where `batch` is given,
     `max_batch` over the same prompts (a served run, as `generate` takes it); without it, that many prompts alone
     (what `parse-jax lower --batch-size` means)."""
-    serve_smaller = batch is not None
+    given = batch is not None  # a smaller batch offered is then max_batch over the same prompts (served)
     sizes = dict(sizes or {"data": 1, "model": 1})
     capacity = int(capacity if capacity is not None else target.hbm_bytes)
     batch, prompt_len = batch or len(req.ids), max(len(x) for x in req.ids)
@@ -261,14 +261,13 @@ def plan_memory(ctx, mode: str, req, target: Chip, sizes: dict[str, int] | None 
                            for x in _leaves(ctx.head.params))
 
     spec = MODE_TABLE.get(mode)
-    serves = spec is not None and spec.serve is not None and getattr(ctx.target, "mesh", None) is None
+    serves = given and spec is not None and spec.serve is not None and getattr(ctx.target, "mesh", None) is None
 
     def at(b: int, n: int, s: dict[str, int]) -> MemoryPlan:
-        """The plan of `b` rows at once (served where fewer than the prompts and `serve_smaller`:
+        """The plan of `b` rows at once (served where fewer than the prompts and a batch was given:
         `generate(..., max_batch=b)`), the largest of the rounds the run may take."""
-        served = serves and b < len(req.ids) and serve_smaller
         plans = [_plan(run_shapes(ctx, mode, b, prompt_len, n, target.platform, rounds=r,
-                                  served=served), target, s, capacity, head_weights,
+                                  served=serves and b < len(req.ids)), target, s, capacity, head_weights,
                        (b, prompt_len, n)) for r in rounds]
         return max(plans, key=lambda x: x.total)
 

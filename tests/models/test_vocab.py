@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import jax
 import numpy as np
 import pytest
 
@@ -111,13 +110,10 @@ def test_a_target_with_fewer_rows_than_its_draft_keeps_its_eagle3_head(folders) 
     """The draft pads the target (Qwen2.5-0.5B drafting for a target saved with fewer rows): the head, checked
     against the target it was trained for, runs beside the padded one, and greedy eagle3 and parse+eagle3 are still
     the target alone."""
-    from parse_jax.speculation.eagle3 import Eagle3, Eagle3Config, init_head
+    from tests.speculation.test_eagle3 import random_head
 
     target, draft = load_model(folders["draft"]), load_model(folders["target"])  # VOCAB rows, BIG rows
-    cfg = Eagle3Config.for_target(target.config)
-    rng = np.random.default_rng(3)
-    head = Eagle3(cfg, jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.05, x.shape).astype(np.float32),
-                                    init_head(cfg, 3)))
+    head = random_head(target, seed=3)
     engine = pj.ParseEngine(target, draft, pj.ParseConfig(schedule="fixed"), eagle3=head)
     assert engine.target.config.vocab_size == BIG and engine.eagle3 is not None
     prompts = [IDS[0].tolist()]

@@ -308,8 +308,8 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
     # continuous batching: a call takes GROUP_BATCHES batches' worth of records, `batch_size` rows in flight
     step = batch_size * (GROUP_BATCHES if settings.batching == "continuous" else 1)
     todo = [r for r in records if r.key not in results.done]
-    if len(todo) < len(records):
-        done = len(records) - len(todo)
+    done = len(records) - len(todo)
+    if done:
         # a call's draws depend on which records it holds: the records left meet a whole run's calls only where the
         # done ones are the first `done` and end at a call's end (an interrupted run; not a --limit inside a call)
         aligned = done % step == 0 and all(r.key in results.done for r in records[:done])
@@ -317,8 +317,8 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
             + (f"; sampled, and the earlier run stopped inside a call of {step} records (a --limit that is not a "
                f"multiple of it), so the records left draw other samples than a whole run would"
                if settings.temperature > 0 and not aligned else ""))
-    bar = tqdm(total=len(records), initial=len(records) - len(todo), desc="eval", disable=not progress)
-    done, correct = len(records) - len(todo), sum(bool(r["correct"]) for r in rows_of(results, records))
+    bar = tqdm(total=len(records), initial=done, desc="eval", disable=not progress)
+    correct = sum(bool(r["correct"]) for r in rows_of(results, records))
     for i in range(0, len(todo), step):
         batch = todo[i: i + step]
         prompts = [prompt_format.build(r, tokenizer) for r in batch]
