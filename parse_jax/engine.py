@@ -264,13 +264,14 @@ class ParseEngine:
     # --- generation ---------------------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], mode: Mode = "parse",
-                 max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, top_k: int = 0,
+                 max_new_tokens: int = 256, temperature: float = 0.0, seed: int | Sequence[int] = 0, top_k: int = 0,
                  top_p: float = 1.0, eos_ids: Sequence[int] | None = None, *,
                  max_batch: int | None = None) -> GenerateResult:
         """Generate for a batch of prompts (texts, or token-id lists) with `mode`. `eos_ids`: the stop ids (default:
         the target's config, generation config and tokenizer EOS; [] = none). `max_batch`: at most this many rows
         at once: every mode keeps that many slots busy (a finished row's slot takes the next
-        prompt). Results come back in prompt order."""
+        prompt). `seed`: prompt i draws from `seed + i`, or give one seed per prompt; a prompt's draws do not depend
+        on the others, `max_batch` or the batching (docs/design.md §3). Results come back in prompt order."""
         req = self.request(prompts, mode, max_new_tokens, temperature, seed, top_k, top_p, eos_ids)
         if max_batch is not None:
             max_batch = check_int("max_batch", max_batch, 1, error=InputError)
@@ -301,10 +302,9 @@ class ParseEngine:
         setup_known = self._setup
         self.schedule_state = self.schedule_state.new_call()  # a contested choice is measured again once per call
         while start < n:
-            sampling = req.sampling
-            if start:  # each batch draws from its own keys (greedy runs are unaffected)
-                sampling = dataclasses.replace(sampling, seed=(sampling.seed + start) % 2**31)
-            batch = dataclasses.replace(req, ids=req.ids[start:start + size], sampling=sampling)
+            # each prompt keeps its own seed, whatever batch it runs in
+            batch = dataclasses.replace(req, ids=req.ids[start:start + size],
+                                        sampling=req.sampling.rows(start, min(start + size, n)))
             choice = None
             if self.config.schedule == "auto" and mode != "target":
                 outlook = Outlook(charge=self._charge(mode, rounds, len(batch.ids), req.max_new, start),
@@ -329,7 +329,8 @@ class ParseEngine:
             explore = self._explore_prompts(n, start, size)
             rest = req.ids[start:start + explore] if explored else req.ids[start:]
             if spec.serve is not None and len(rest) > size:
-                res = spec.serve(ctx, dataclasses.replace(batch, ids=rest), size)
+                res = spec.serve(ctx, dataclasses.replace(batch, ids=rest,
+                                                          sampling=req.sampling.rows(start, start + len(rest))), size)
             served = res is not None
             if res is None:
                 res = spec.runner(ctx, batch)
@@ -509,6 +510,7 @@ class ParseEngine:
             check_tree(self.config.eagle3.tree, sampling.temperature)
         eos_ids = check_eos_ids(eos_ids, self.target.config.vocab_size)
         ids = encode_prompts(self.target, prompts)
+        sampling.check_prompts(len(ids))
         if not self._fitting_rounds(ids, max_new, mode):  # else the schedule runs the rounds that fit
             self._check_positions(ids, max_new, mode, self.context)
         if spec.judged:  # a valid request of a mode that judges

@@ -222,7 +222,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     written, so a start with a typo leaves nothing behind and the corrected rerun starts cleanly."""
     from parse_jax.harness.eval.data import file_sha256, load_records
     from parse_jax.harness.eval.evaluate import evaluate_checked
-    from parse_jax.harness.eval.results import ResultsFile, make_header, write_summary
+    from parse_jax.harness.eval.results import PER_RECORD_DRAWS, ResultsFile, make_header, write_summary
     from parse_jax.harness.provenance import provenance
     from parse_jax.harness.runs import check_modes, mode_runner, needs_draft
     from parse_jax.tasks import load_task
@@ -253,8 +253,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         settings["eos_ids"] = eos_ids_from_args(args)
     if args.no_thinking:
         settings["enable_thinking"] = False
-    if args.temperature > 0:  # which prompts share a batch changes what a sampled run draws (a greedy one: nothing)
-        settings["batch_size"] = args.batch_size
+    if args.temperature > 0:  # each record draws from its own seed (earlier versions' draws depended on the batch)
+        settings["draws"] = PER_RECORD_DRAWS
     saved = models_saved(args)
     if saved:  # only for training-run steps: results files of model folders resume as before
         settings["models_saved"] = saved

@@ -139,9 +139,9 @@ class ParseJaxLM(LM):
             with contextlib.nullcontext() if segmented else runner.job(len(idx)):
                 for start in range(0, len(idx), self.batch_size):
                     batch, prompts = idx[start: start + self.batch_size], ids[start: start + self.batch_size]
-                    seed = (self.seed + batch[0]) % (SEED_MAX + 1)  # a batch's own draws (lm-eval's repeats too)
-                    texts, ran = (self._generate_in_segments(runner, batch, prompts, max_new, until, stop_ids, seed)
-                                  if segmented else self._generate(runner, batch, prompts, max_new, seed))
+                    seeds = [(self.seed + i) % (SEED_MAX + 1) for i in batch]  # each request its own draws
+                    texts, ran = (self._generate_in_segments(runner, batch, prompts, max_new, until, stop_ids, seeds)
+                                  if segmented else self._generate(runner, batch, prompts, max_new, seeds))
                     for i, text, names in zip(batch, texts, ran):
                         out[i] = postprocess_generated_text(text, list(until), None)  # lm-eval's own cut
                         self.schedule_ran.update(names)
@@ -200,18 +200,18 @@ class ParseJaxLM(LM):
         return self._runners[key]
 
     def _generate(self, runner, batch: list[int], ids: list[list[int]], max_new: int,
-                  seed: int) -> tuple[list[str], list[set[str]]]:
+                  seeds: list[int]) -> tuple[list[str], list[set[str]]]:
         """(uncut texts, what the schedule ran for each) of a batch (requests `batch`, prompts `ids`) in one call of
         `runner` (a `_runner`): stop strings of one token end their row inside the device program (stop ids beside
         the EOS)."""
         with requests_named("generate_until", batch):
-            res = runner(ids, max_new, seed)
+            res = runner(ids, max_new, seeds)
         self.stats_parts.append(res.stats)
         return res.texts, ran_each(res.stats, len(ids))
 
     def _generate_in_segments(self, runner, batch: list[int], ids: list[list[int]], max_new: int,
                               until: tuple[str, ...], stop_ids: tuple[int, ...],
-                              seed: int) -> tuple[list[str], list[set[str]]]:
+                              seeds: list[int]) -> tuple[list[str], list[set[str]]]:
         """`_generate` for a batch whose `until` holds a stop string longer than one token: a row whose committed
         text holds one ends at the next check. Generation runs in segments of 16, 32, 64, ... tokens (at most
         log2(max_new) calls), each on the prompt and the ids committed so far, and only rows with no stop string,
@@ -228,7 +228,7 @@ class ParseJaxLM(LM):
             # each segment its own draws: a step's noise must not repeat at every segment's start
             with requests_named("generate_until", [batch[i] for i in live]):
                 res = runner([ids[i] + gen[i] for i in live], n,
-                             (seed + 65537 * len(gen[live[0]])) % (SEED_MAX + 1))
+                             [(seeds[i] + 65537 * len(gen[i])) % (SEED_MAX + 1) for i in live])
             self.stats_parts.append(res.stats)
             for i, names in zip(live, ran_each(res.stats, len(live))):
                 ran[i] |= names

@@ -37,8 +37,9 @@ BENCH_MODES = (*MODE_TABLE, *(s.multi_label for s in MODE_TABLE.values() if s.mu
 WARM_UP_CALLS = 8  # per runner and chunk shape: an auto engine explores, measures and serves up to 3 choices
 
 
-# (prompts, max_new_tokens, seed, max_batch) -> GenerateResult; max_batch: at most that many rows at once (None: all)
-Runner = Callable[[list, int, int, "int | None"], GenerateResult]
+# (prompts, max_new_tokens, seed (one for the call, or one per prompt), max_batch) -> GenerateResult; max_batch: at most
+# that many rows at once (None: all)
+Runner = Callable[[list, int, "int | list[int]", "int | None"], GenerateResult]
 
 
 
@@ -90,7 +91,8 @@ class ModeRunner:
     check: Callable[[list, int, int], None]
     job: Callable[[int], contextlib.AbstractContextManager] = lambda prompts: contextlib.nullcontext()
 
-    def __call__(self, prompts: list, max_new: int, seed: int, max_batch: int | None = None) -> GenerateResult:
+    def __call__(self, prompts: list, max_new: int, seed: int | list[int],
+                 max_batch: int | None = None) -> GenerateResult:
         return self.run(prompts, max_new, seed, max_batch)
 
 

@@ -35,7 +35,7 @@ from parse_jax.modes.verified_slots import Staged, serve_verified, verified_rows
 from parse_jax.runtime.decode import decode_loop, is_eos, prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program, take_rows
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts
-from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.speculation.eagle3 import EagleContext, EagleLoop, eagle_loop, head_applies
 from parse_jax.verify.round import (
     Draft,
@@ -152,7 +152,7 @@ def single_round_program(rnd: SingleRound):
         answer = draft_stage(rnd, draft_params, prompts, eos_ids=eos_ids, args=args)
         v, remaining = verify_stage(rnd, target_params, prompts, answer, judge, eos_ids=eos_ids)
         cont, cont_n, extra = continuation(cont_spec, target_params, head_params, v.cache, boundary(v),
-                                           remaining=remaining, eos_ids=eos_ids, args=args.replace(key=rng_continue))
+                                           remaining=remaining, eos_ids=eos_ids, args=args.with_keys(rng_continue))
         out = join(answer.tokens, v.accepted, cont, shape.draft_new + shape.num_new)
         continued = (remaining > 0) & ~boundary_stop(v.first_logits, remaining, eos_ids, rnd.sampler)
         return {"tokens": out, "num_new": v.accepted + cont_n, "continued": continued,
@@ -250,7 +250,7 @@ def single_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Launch
     """The fused single-round program for `req` (`runs_fused`)."""
     rnd = single_round(ctx, req, eagle)
     args = (ctx.target.params, ctx.draft.params, ctx.head.params if eagle else None,
-            _request_prompts(ctx, req), req.eos, ctx.judge, req.sampling.args(), prng_key(req.sampling.seed + 1))
+            _request_prompts(ctx, req), req.eos, ctx.judge, *_round_keys(req))
     return Launch(single_round_program(rnd), args)
 
 
@@ -273,7 +273,15 @@ def staged_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Staged
     """The staged single round of `req` as a fixed batch that does not run fused runs it (`run_single`)."""
     rnd = single_round(ctx, req, eagle)
     return StagedLaunch(staged_single_round(rnd), rnd.shape, ctx.target.params,
-                        (ctx.draft.params, _request_prompts(ctx, req), req.eos, ctx.judge, req.sampling.args()))
+                        (ctx.draft.params, _request_prompts(ctx, req), req.eos, ctx.judge,
+                         req.sampling.args(bucket(len(req.ids), 1))))
+
+
+def _round_keys(req: Request) -> tuple[SamplingArgs, np.ndarray]:
+    """A fixed batch's sampling for its single round: the draft's (each row keyed by its prompt's seed), and each
+    row's key of the continuation (another stream of the same seed)."""
+    b = bucket(len(req.ids), 1)
+    return req.sampling.args(b), req.sampling.keys(b, stream=1)
 
 
 def run(ctx: ModeContext, req: Request) -> GenerateResult:
@@ -359,8 +367,9 @@ def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateR
                 state = take_rows(state, rows)
             spec = ContinueSpec(target.config, target.attention_impl, num_new, req.sampling.sampler,
                                 eagle_spec(ctx) if eagle else None)
+            cont_args = req.sampling.args(b, stream=1)
             cont = continue_single(spec)(target.params, head_params, *state, rem, req.eos,
-                                         req.sampling.args(seed_offset=1))
+                                         cont_args.with_keys(cont_args.key[rows]))
         res, cont = fetch(({k: v for k, v in out.items() if k not in ("cache", "context", "live", "first_logits")},
                            cont))
         res = _assemble_split(res, cont, rows, rem, num_new)

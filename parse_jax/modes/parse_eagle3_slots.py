@@ -58,11 +58,12 @@ def admit_program(rnd: SingleRound, length: int):
     def admit(weights, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs, drafted):
         target_params, draft_params, head_params = weights
         prompts = Prompts(tokens=adm.prompt, lens=adm.lens, max_new=adm.max_new)
-        out = verify(target_params, draft_params, prompts, eos_ids, judge, args.fold(0).fold(adm.key_data), drafted)
+        own = args.with_keys(adm.keys)
+        out = verify(target_params, draft_params, prompts, eos_ids, judge, own, drafted)
         budget = jnp.where(out["stop"], 1, out["remaining"])  # a boundary whose next token is EOS still emits it
         fns = head_applies(pair.target, eagle.config, pair.target_impl, target_params, head_params)
         state = eagle_start(fns, out["cache"], out["context"], loop=loop, max_new=budget, eos_ids=eos_ids,
-                            sampler=sampler, args=args.fold(1).fold(adm.key_data))
+                            sampler=sampler, args=own.fold(1))
         counters = {"draft": out["draft"], "continued": out["remaining"] > 0, **{k: out[k] for k in ROW_STATS}}
         rows = EagleSlots(state=state, max_new=budget)
         ahead, where = place(ahead, rows)
@@ -106,7 +107,7 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
     staged = staged_single_round(rnd)
     slots_shape = slots_shape_of(rnd)
     place_parked, advance = place_program(), advance_program(slots_shape)
-    args, eos = req.sampling.args(), req.eos
+    args, keys, eos = req.sampling.args(1), req.sampling.keys(len(ids)), req.eos
     weights = (target.params, ctx.draft.params, ctx.head.params)
     used = min(max_batch, len(ids))
     slots = bucket(used, 1)
@@ -119,7 +120,7 @@ def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] 
                       weights)
 
     def admit_rows(ahead, batch, where, i):
-        adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i)
+        adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, keys=keys)
         return admit_staged(staged, ahead, (ctx.draft.params, adm, eos, ctx.judge, args), warm_up=not batch,
                             admit_at=lambda n, st, drafted: admit_program(rnd, n)(weights, st, adm, eos, ctx.judge,
                                                                                   args, drafted))

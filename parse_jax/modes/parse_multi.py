@@ -32,8 +32,8 @@ from parse_jax.runtime.decode import decode_loop, is_eos, prefill
 from parse_jax.runtime.metrics import SCORE_BINS
 from parse_jax.runtime.programs import bucket, committed, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts, pad_prompts
-from parse_jax.runtime.sampling import Sampler, SamplingArgs
-from parse_jax.runtime.slots import SlotBook, warm_admissions
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+from parse_jax.runtime.slots import SlotBook, admission_keys, warm_admissions
 from parse_jax.speculation.eagle3 import (
     Eagle3Config,
     EagleContext,
@@ -119,6 +119,7 @@ class MultiState:
     delim: jax.Array         # [B] the delimiter automaton's state after the output so far
     eagle_accepted: jax.Array  # [B] EAGLE-3 proposals accepted (parse+eagle3; 0 otherwise)
     eagle_proposed: jax.Array  # [B] EAGLE-3 proposals verified
+    keys: jax.Array          # [B, 2] each row's key: a round draws with `fold_in(key, num_new)`, the row's own count
     head_cache: KVCache | None = None  # parse+eagle3: the head's entries, as many per row as the target's cache
 
 
@@ -214,7 +215,7 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
         d_fwd = forward_fn(draft, x.draft_params)
         b = s.done.shape[0]
         rows = jnp.arange(b)
-        a_draft, a_cont = args.fold(s.rounds).split(2)
+        a_draft, a_cont = args.with_keys(s.keys).fold(s.num_new).split(2)  # the row's own round
         live = ~s.done
         seq_len = s.prompt_len + s.num_new
         budget = jnp.where(live, jnp.minimum(shape.draft_cap, s.max_new - s.num_new), 0)
@@ -276,7 +277,7 @@ def _rounds(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: Sampler
                            max_new=prompts.max_new, num_new=zeros, last=prompt[jnp.arange(b), prompt_lens - 1],
                            done=prompts.max_new <= 0, rounds=jnp.int32(0), passes=jnp.int32(0), accepted=zeros,
                            drafted=zeros, block_tokens=zeros, prefixes=zeros, **step_counters(spec, b),
-                           delim=zeros, eagle_accepted=zeros, eagle_proposed=zeros,
+                           delim=zeros, eagle_accepted=zeros, eagle_proposed=zeros, keys=args.key,
                            head_cache=fresh_head(eagle, b, shape.cache_len))
         s = round_(x, state, args, prompt, d_cache, d_first)
         return s.replace(draft_cache=s.draft_cache.padded(shape.cache_len))
@@ -383,7 +384,7 @@ def multi_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Launch:
     shape = multi_shape(ctx, p, req.max_new, es)
     program = multi_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, es)
     return Launch(program, (_weights(ctx, eagle), device_prompts(target, ids, b, p, req.max_new), req.eos,
-                            _seg_stop(ctx, req), ctx.judge, req.sampling.args()))
+                            _seg_stop(ctx, req), ctx.judge, req.sampling.args(b)))
 
 
 def run_multi(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateResult:
@@ -411,6 +412,7 @@ class Admission:
 
     slots: jax.Array   # [k]
     prompts: Prompts   # [k, P], with each one's budget
+    keys: jax.Array    # [k, 2] each prompt's key
 
 
 @functools.cache
@@ -424,7 +426,7 @@ def _slot_programs(pair: PairSpec, spec: RoundSpec, shape: MultiShape, sampler: 
     def admit(weights, state: MultiState, adm: Admission, eos_ids, seg_stop, judge: Judge,
               args: SamplingArgs) -> MultiState:
         x = RoundInputs(weights, eos_ids, seg_stop, judge)
-        new = first_round(x, adm.prompts, args)
+        new = first_round(x, adm.prompts, args.with_keys(adm.keys))
         real = jnp.any(adm.slots < state.done.shape[0])  # an empty admission (a warm-up) counts no passes
         return _put_rows(state, new, adm.slots).replace(passes=state.passes + jnp.where(real, new.passes, 0))
 
@@ -458,6 +460,7 @@ def empty_slots(pair: PairSpec, spec: RoundSpec, shape: MultiShape, slots: int,
                       done=jnp.ones((slots,), bool), rounds=jnp.int32(0), passes=jnp.int32(1) - 1, accepted=zeros(),
                       drafted=zeros(), block_tokens=zeros(), prefixes=zeros(), **step_counters(spec, slots),
                       delim=zeros(), eagle_accepted=zeros(), eagle_proposed=zeros(),
+                      keys=jnp.zeros((slots, *prng_key(0).shape), jnp.uint32),
                       head_cache=fresh_head(eagle, slots, shape.cache_len))
 
 
@@ -477,8 +480,7 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     admit, advance = _slot_programs(pair, ctx.round_spec, shape, req.sampling.sampler, es)
     weights = _weights(ctx, eagle)
     fields = (*ROW_FIELDS, *(EAGLE_FIELDS if eagle else ()))
-    args = req.sampling.args()
-    first_args, loop_args = args.fold(1), args.fold(2)
+    args, keys = req.sampling.args(1), req.sampling.keys(len(ids))
     seg_stop = _seg_stop(ctx, req)
     state = committed(empty_slots(pair, ctx.round_spec, shape, slots, es), weights)
     book = SlotBook(len(ids), slots, capacity)
@@ -488,8 +490,9 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     def admit_at(state: MultiState, batch: list[int], where: np.ndarray, i: int) -> MultiState:
         prompt, lens, max_new = pad_prompts([ids[r] for r in batch], len(where), p, 0)
         max_new[:len(batch)] = [budgets[r] for r in batch]
-        adm = Admission(slots=where, prompts=Prompts(tokens=prompt, lens=lens, max_new=max_new))
-        return admit(weights, state, adm, req.eos, seg_stop, ctx.judge, first_args.fold(i))
+        adm = Admission(slots=where, prompts=Prompts(tokens=prompt, lens=lens, max_new=max_new),
+                        keys=admission_keys(keys, batch, len(where)))
+        return admit(weights, state, adm, req.eos, seg_stop, ctx.judge, args)
 
     t0 = time.perf_counter()
     state = warm_admissions(admit_at, state, slots=slots, key=(admit, p))
@@ -498,7 +501,7 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
         if admitted is not None:
             state = admit_at(state, *admitted, admissions)
             admissions += 1
-        state = advance(weights, state, book.free_target(), req.eos, seg_stop, ctx.judge, loop_args)
+        state = advance(weights, state, book.free_target(), req.eos, seg_stop, ctx.judge, args)
         got = fetch({"done": state.done, "num_new": state.num_new, "out": state.out, "rounds": state.rounds,
                      "passes": state.passes, **{k: getattr(state, k) for k in fields}})
         for s, r in book.finish(got["done"]):

@@ -21,7 +21,7 @@ from parse_jax.modes.verified_slots import serve_verified
 from parse_jax.runtime.decode import prefill
 from parse_jax.runtime.programs import bucket, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import GenerateResult, Prompts, Request, device_prompts
-from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+from parse_jax.runtime.sampling import Sampler, SamplingArgs
 from parse_jax.speculation.eagle3 import EagleContext
 from parse_jax.verify.block import pack_block
 from parse_jax.verify.round import Judge, RoundSpec, block_lengths, draft_answers, ends_in_eos, join, segment_draft
@@ -135,7 +135,7 @@ def sequential_program(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, 
         start = EagleContext(tokens=None, features=None, length=v["cache"].lengths, first_logits=v["first_logits"])
         cont, cont_n, extra = continuation(cont_spec, target_params, None, v["cache"], start,
                                            remaining=v["remaining"], eos_ids=eos_ids,
-                                           args=args.replace(key=rng_continue))
+                                           args=args.with_keys(rng_continue))
         out = join(v["draft"], v["accepted"], cont, shape.draft_new + shape.num_new)
         keep = ("accepted", "prefixes", "draft_len", "block_tokens", "verify_passes")
         return {"tokens": out, "num_new": v["accepted"] + cont_n, "continued": v["live"] & ~v["stop"],
@@ -161,7 +161,7 @@ def sequential_launch(ctx: ModeContext, req: Request):
     shape = sequential_shape(ctx, p, req.max_new)
     program = sequential_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
     return program, (target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
-                     ctx.judge, req.sampling.args(), prng_key(req.sampling.seed + 1))
+                     ctx.judge, req.sampling.args(b), req.sampling.keys(b, stream=1))
 
 
 def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult | None:

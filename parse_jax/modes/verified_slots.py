@@ -74,16 +74,18 @@ def boundary_rows(v: dict, max_new: jax.Array, eos_ids: jax.Array, *, width: int
                   args: SamplingArgs, steps: jax.Array) -> SlotState:
     """Slot rows after a verification: the accepted draft prefix, then (where the row has tokens left) the first
     continuation token drawn from the target's logits after it; a row whose answer ended, or whose budget is spent,
-    is done."""
+    is done. `args`: the rows' continuation keys (its token j past the accepted prefix draws with `fold_in(key, j)`,
+    here and in the slots after, as a fixed batch's continuation draws it)."""
     draft, accepted, live = v["draft"], v["accepted"], v["live"]
     k, d = draft.shape
-    tok = sampler.sample(v["first_logits"], args)
+    tok = sampler.sample(v["first_logits"], args.fold(0))
     keep = jnp.arange(d)[None] < accepted[:, None]
     tokens = jnp.concatenate([jnp.where(keep, draft, PAD_ID), jnp.full((k, width - d), PAD_ID, jnp.int32)], axis=1)
     tokens = tokens.at[jnp.arange(k), accepted].set(jnp.where(live, tok, PAD_ID))
     num = accepted + live.astype(jnp.int32)
     done = ~live | is_eos(tok, eos_ids) | (num >= max_new)
-    return SlotState(cache=v["cache"], tokens=tokens, num_new=num, done=done, last=tok, max_new=max_new, steps=steps)
+    return SlotState(cache=v["cache"], tokens=tokens, num_new=num, done=done, last=tok, max_new=max_new,
+                     keys=args.key, first=accepted, steps=steps)
 
 
 @struct.dataclass
@@ -135,10 +137,11 @@ def admit_program(pair: PairSpec, verify: Verify, width: int, sampler: Sampler):
     def admit(target_params, draft_params, ahead: AheadSlots, adm: Admission, eos_ids, judge, args: SamplingArgs,
               drafted=None):
         prompts = Prompts(tokens=adm.prompt, lens=adm.lens, max_new=adm.max_new)
-        v = verify(target_params, draft_params, prompts, eos_ids, judge, args.fold(0).fold(adm.key_data),
+        own = args.with_keys(adm.keys)
+        v = verify(target_params, draft_params, prompts, eos_ids, judge, own,
                    *(() if drafted is None else (drafted,)))
-        rows = boundary_rows(v, adm.max_new, eos_ids, width=width, sampler=sampler,
-                             args=args.fold(1).fold(adm.key_data), steps=ahead.slots.steps)
+        rows = boundary_rows(v, adm.max_new, eos_ids, width=width, sampler=sampler, args=own.fold(1),
+                             steps=ahead.slots.steps)
         continued = v["live"] & ~v["stop"]  # a stop row emits its EOS here, with no pass
         counters = {"continued": continued, **{k: v[k] for k in (*ROW_STATS, "verify_passes") if k in v}}
         ahead, where = place(ahead, rows)
@@ -160,8 +163,7 @@ def advance_program(pair: PairSpec, sampler: Sampler):
     target = Decoder(pair.target, pair.target_impl)
 
     def advance(target_params, ahead: AheadSlots, free_target, eos_ids, args: SamplingArgs):
-        slots = decode_slots(forward_fn(target, target_params), ahead.slots, free_target, eos_ids, args.fold(2),
-                             sampler)
+        slots = decode_slots(forward_fn(target, target_params), ahead.slots, free_target, eos_ids, args, sampler)
         return ahead.replace(slots=slots)
 
     return register_program(jax.jit(advance, donate_argnums=(1,)))
@@ -174,7 +176,7 @@ def draft_program(draft: Callable):
 
     def draft_admission(draft_params, adm: Admission, eos_ids, judge, args: SamplingArgs):
         prompts = Prompts(tokens=adm.prompt, lens=adm.lens, max_new=adm.max_new)
-        return draft(draft_params, prompts, eos_ids, judge, args.fold(0).fold(adm.key_data))
+        return draft(draft_params, prompts, eos_ids, judge, args.with_keys(adm.keys))
 
     return register_program(jax.jit(draft_admission))
 
@@ -313,7 +315,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     used = min(max_batch, len(ids))
     slots = bucket(used, 1)
     p = bucket(max(len(x) for x in ids))
-    args, params = req.sampling.args(), (target.params, ctx.draft.params)
+    args, keys, params = req.sampling.args(1), req.sampling.keys(len(ids)), (target.params, ctx.draft.params)
     book = AheadBook(len(ids), slots, used)
     state = AheadSlots(slots=empty_state(pair.target, slots, width, cache_len),
                        park=empty_state(pair.target, book.park, width, cache_len), parked=jnp.int32(0),
@@ -321,7 +323,7 @@ def serve_verified(ctx: ModeContext, req: Request, max_batch: int, *, verify: Ve
     state = committed(state, params)
 
     def admit_rows(ahead, batch, where, i):
-        adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i)
+        adm = admission(ids, batch, where, prompt_len=p, max_new=budgets, keys=keys)
         if staged is None:
             return admit_program(pair, verify, width, sampler)(*params, ahead, adm, req.eos, ctx.judge, args)
         return admit_staged(staged, ahead, (ctx.draft.params, adm, req.eos, ctx.judge, args), warm_up=not batch,

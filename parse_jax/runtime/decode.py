@@ -158,7 +158,7 @@ def generate_launch(model, ids: list[list[int]], max_new_tokens: int, sampling: 
     prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
     program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.sampler)
     prompt, lens, max_new = (model.place_rows(x) for x in (prompt, lens, max_new))  # sharded: over `data`
-    return program, (model.params, prompt, lens, max_new, eos, sampling.args())
+    return program, (model.params, prompt, lens, max_new, eos, sampling.args(b))
 
 
 def target_request(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int,
@@ -170,17 +170,19 @@ def target_request(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
     eos_ids = check_eos_ids(eos_ids, model.config.vocab_size)
     ids = encode_prompts(model, prompts, add_bos)
+    sampling.check_prompts(len(ids))
     check_capacity(ids, max_new_tokens, model.config.max_position_embeddings if capacity is None else capacity)
     return Request(ids=ids, max_new=max_new_tokens, sampling=sampling, eos=resolve_eos(model, eos_ids))
 
 
 def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new_tokens: int = 256,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
              max_cache_len: int | None = None, add_bos: bool = True,
              eos_ids: Sequence[int] | None = None) -> GenerateResult:
     """Generate with the model alone, a batch of prompts of any lengths, per-row EOS and budget.
 
-    `eos_ids` overrides the stop tokens (default: the config's and the tokenizer's EOS; [] = none).
+    `eos_ids` overrides the stop tokens (default: the config's and the tokenizer's EOS; [] = none). `seed`: prompt i
+    draws from `seed + i`, or one seed per prompt.
     """
     check_model("model", model, error=InputError)
     sampling = SamplingParams(temperature, top_k, top_p, seed)

@@ -13,9 +13,9 @@ from flax import struct
 
 from parse_jax.errors import InputError
 from parse_jax.runtime.metrics import COUNTS, LIST_COUNTS, add_counts, derived
-from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key, row_keys
 from parse_jax.utils.progress import logger
-from parse_jax.utils.validation import check_float, check_int, check_seed, check_text, shorten
+from parse_jax.utils.validation import SEED_MAX, check_float, check_int, check_seed, check_text, shorten
 
 PAD_ID = 0
 
@@ -83,17 +83,25 @@ class GenerateResult:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
+    """`seed`: one seed for the call, prompt i drawing from `seed + i` (mod 2**31), or one seed per prompt (a list):
+    a prompt's draws depend on its own seed only, never on its batch."""
+
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
-    seed: int = 0
+    seed: int | tuple[int, ...] = 0
 
     def __post_init__(self) -> None:
         fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731  (frozen)
         fix("temperature", check_float("temperature", self.temperature, 0.0, error=InputError))
         fix("top_k", check_int("top_k (0 = off)", self.top_k, 0, error=InputError))
         fix("top_p", check_float("top_p", self.top_p, 0.0, 1.0, min_open=True, error=InputError))
-        fix("seed", check_seed("seed", self.seed, error=InputError))
+        if isinstance(self.seed, (Sequence, np.ndarray)) and not isinstance(self.seed, (str, bytes)):
+            if len(self.seed) == 0:
+                raise InputError("seed: an empty list; give one seed, or one per prompt")
+            fix("seed", tuple(check_seed(f"seed[{i}]", s, error=InputError) for i, s in enumerate(self.seed)))
+        else:
+            fix("seed", check_seed("seed", self.seed, error=InputError))
 
     @property
     def greedy(self) -> bool:
@@ -104,11 +112,32 @@ class SamplingParams:
         """The static half a program is compiled for."""
         return Sampler(greedy=self.greedy, top_k=self.top_k)
 
-    def args(self, seed_offset: int = 0) -> SamplingArgs:
-        """The traced half (one program serves every value), keyed by `seed + seed_offset`; temperature is floored
-        away from 0, where greedy programs ignore it."""
+    def seeds(self, start: int, stop: int) -> tuple[int, ...]:
+        """The seeds of prompts [start, stop) (past a per-prompt list: 0, a padding row's)."""
+        if isinstance(self.seed, tuple):
+            return self.seed[start:stop] + (0,) * max(stop - max(start, len(self.seed)), 0)
+        return tuple((self.seed + i) % (SEED_MAX + 1) for i in range(start, stop))
+
+    def rows(self, start: int, stop: int) -> SamplingParams:
+        """The settings of prompts [start, stop) as a call of their own (each keeps its seed)."""
+        return dataclasses.replace(self, seed=self.seeds(start, stop))
+
+    def keys(self, rows: int, stream: int = 0) -> np.ndarray:
+        """[rows, 2] each row's key (`stream`: another stream of the same seeds); zeros when greedy (unread)."""
+        if self.greedy:
+            return np.zeros((rows, *prng_key(0).shape), np.uint32)
+        return row_keys(self.seeds(0, rows), stream)
+
+    def check_prompts(self, n: int) -> None:
+        """A per-prompt seed list names one seed for each of the call's `n` prompts."""
+        if isinstance(self.seed, tuple) and len(self.seed) != n:
+            raise InputError(f"seed: {len(self.seed)} seeds for {n} prompts; give one seed, or one per prompt")
+
+    def args(self, rows: int, stream: int = 0) -> SamplingArgs:
+        """The traced half (one program serves every value) for a batch of `rows` rows (padding included), each
+        keyed by its prompt's seed; temperature is floored away from 0, where greedy programs ignore it."""
         return SamplingArgs(temperature=np.float32(max(self.temperature, 1e-6)), top_p=np.float32(self.top_p),
-                            key=prng_key(self.seed + seed_offset))
+                            key=self.keys(rows, stream))
 
 
 _WARNED_UNWRITABLE: weakref.WeakSet = weakref.WeakSet()  # tokenizers whose unwritable prompts were reported

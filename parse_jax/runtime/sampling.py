@@ -1,5 +1,9 @@
 """Next-token sampling from logits: greedy, temperature, top-k, top-p. Pure and jittable. A program takes sampling as
-two objects: a static `Sampler` (greedy, top_k) and a traced `SamplingArgs` (temperature, top_p, key)."""
+two objects: a static `Sampler` (greedy, top_k) and a traced `SamplingArgs` (temperature, top_p, one key per row).
+
+Every row draws from its own key, folded only with the row's own counters (its step, its round, its output length):
+a prompt's draws never depend on the other prompts of its batch, its batch size or its slot (as vLLM's per-request
+seeds), so a sampled run gives each prompt what it gets alone (docs/design.md §3)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 
@@ -31,19 +36,42 @@ def filter_logits(logits: jax.Array, temperature: jax.Array | float, top_k: int 
     return jnp.where(logits < cutoff, -jnp.inf, logits)
 
 
-def sample_token(logits: jax.Array, rng: jax.Array, greedy: bool, temperature: jax.Array | float = 1.0,
+def sample_token(logits: jax.Array, keys: jax.Array, greedy: bool, temperature: jax.Array | float = 1.0,
                  top_k: int = 0, top_p: jax.Array | float = 1.0) -> jax.Array:
-    """int32 token per row of logits [B, V]; `greedy` (static) is argmax."""
+    """int32 token per row of logits [B, ..., V], row b drawn with `keys[b]`; `greedy` (static) is argmax."""
     if greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    filtered = filter_logits(logits, temperature, top_k, top_p)
-    return jax.random.categorical(rng, filtered, axis=-1).astype(jnp.int32)
+    return draw_rows(keys, filter_logits(logits, temperature, top_k, top_p))
+
+
+def draw_rows(keys: jax.Array, logits: jax.Array) -> jax.Array:
+    """A categorical draw per row of `logits` [B, ..., V] (log-probabilities up to a constant), row b with `keys[b]`
+    alone: a row's draw does not depend on the others."""
+    return jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(keys, logits).astype(jnp.int32)
+
+
+def uniform_rows(keys: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Uniform [0, 1) draws [B, *shape], row b with `keys[b]` alone."""
+    return jax.vmap(lambda k: jax.random.uniform(k, shape))(keys)
 
 
 @functools.lru_cache(maxsize=4096)
 def prng_key(seed: int) -> jax.Array:
     """The PRNG key of `seed`, cached: building one costs about as much host time as a whole draft decode."""
     return jax.random.PRNGKey(seed)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _seed_keys(seeds: jax.Array, stream: int) -> jax.Array:
+    keys = jax.vmap(jax.random.PRNGKey)(seeds)
+    return jax.vmap(jax.random.fold_in, (0, None))(keys, stream) if stream else keys
+
+
+@functools.lru_cache(maxsize=1024)
+def row_keys(seeds: tuple[int, ...], stream: int = 0) -> np.ndarray:
+    """[len(seeds), 2] the key of each row's seed (`stream` > 0: that stream of it, `fold_in(key, stream)`), on the
+    host so that a served run picks its admissions' rows for free; cached (one program call per new tuple)."""
+    return np.asarray(_seed_keys(np.asarray(seeds, np.uint32), stream))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +84,7 @@ class Sampler:
     keep_probs: bool = False  # also keep each sampled token's probability (`decode_loop`; a PARSE draft's confidence)
 
     def sample(self, logits: jax.Array, args: SamplingArgs) -> jax.Array:
-        """int32 token per row of logits [B, V], drawn with `args.key`."""
+        """int32 token per row of logits [B, ..., V], row b drawn with `args.key[b]`."""
         return sample_token(logits, args.key, self.greedy, args.temperature, self.top_k, args.top_p)
 
     def probs(self, logits: jax.Array, args: SamplingArgs) -> jax.Array:
@@ -69,16 +97,23 @@ class Sampler:
 @struct.dataclass
 class SamplingArgs:
     """The traced half of sampling (changing them never compiles again): temperature (> 0; greedy programs ignore
-    it), top_p and the PRNG key the draws derive from."""
+    it), top_p and each row's PRNG key, which its draws derive from."""
 
     temperature: jax.Array   # float32 scalar
     top_p: jax.Array         # float32 scalar
-    key: jax.Array           # PRNG key
+    key: jax.Array           # [B, 2] uint32: each row's own key (raw key data)
 
     def fold(self, data) -> SamplingArgs:
-        """The same settings with the key `fold_in(key, data)` (a step's or a round's own key)."""
-        return self.replace(key=jax.random.fold_in(self.key, data))
+        """The same settings with each row's key `fold_in(key[b], data[b])`: `data` a scalar (every row's step or
+        round in a batch that runs them together) or [B] (each row's own counter)."""
+        data = jnp.broadcast_to(jnp.asarray(data).astype(jnp.uint32), self.key.shape[:1])
+        return self.replace(key=jax.vmap(jax.random.fold_in)(self.key, data))
 
     def split(self, num: int) -> tuple[SamplingArgs, ...]:
-        """`num` copies with the keys of `jax.random.split(key, num)`."""
-        return tuple(self.replace(key=k) for k in jax.random.split(self.key, num))
+        """`num` copies whose row keys are those of `jax.random.split(key[b], num)`."""
+        keys = jax.vmap(lambda k: jax.random.split(k, num))(self.key)
+        return tuple(self.replace(key=keys[:, i]) for i in range(num))
+
+    def with_keys(self, keys: jax.Array) -> SamplingArgs:
+        """The same settings with other rows' keys (an admission's, a slot state's)."""
+        return self.replace(key=keys)

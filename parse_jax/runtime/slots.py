@@ -31,7 +31,7 @@ from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.runtime.decode import is_eos, prefill
 from parse_jax.runtime.programs import bucket, committed, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, GenerationStats, Request, SamplingParams
-from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
 
 
 @struct.dataclass
@@ -44,6 +44,8 @@ class SlotState:
     done: jax.Array      # [B]
     last: jax.Array      # [B] the next step's input
     max_new: jax.Array   # [B] the slot's budget
+    keys: jax.Array      # [B, 2] the slot's request's key: its token j draws with `fold_in(key, j - first)`
+    first: jax.Array     # [B] the row's tokens before its decoding here began (a verification's accepted prefix)
     steps: jax.Array     # scalar: decode passes run so far
 
 
@@ -55,7 +57,7 @@ class Admission:
     prompt: jax.Array     # [k, P]
     lens: jax.Array       # [k]
     max_new: jax.Array    # [k]
-    key_data: jax.Array   # scalar: which admission this is (its draws' key)
+    keys: jax.Array       # [k, 2] each prompt's key (its draws', whatever slot or admission it gets)
 
 
 @functools.cache
@@ -66,11 +68,11 @@ def _programs(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: in
     def admit(params, state: SlotState, adm: Admission, eos_ids, args: SamplingArgs) -> SlotState:
         forward = forward_fn(module, params)
         cache, first_logits = prefill(forward, cfg, adm.prompt, adm.lens, cache_len)
-        tok = sampler.sample(first_logits, args.fold(0).fold(adm.key_data))  # first tokens: their own key stream
+        tok = sampler.sample(first_logits, args.with_keys(adm.keys).fold(0))  # token 0
         first = jnp.full((tok.shape[0], num_new), PAD_ID, jnp.int32).at[:, 0].set(tok)
         done = is_eos(tok, eos_ids) | (adm.max_new <= 1)
         rows = SlotState(cache=cache, tokens=first, num_new=jnp.ones_like(tok), done=done, last=tok,
-                         max_new=adm.max_new, steps=state.steps)
+                         max_new=adm.max_new, keys=adm.keys, first=jnp.zeros_like(tok), steps=state.steps)
         return put_rows(state, rows, adm.slots)
 
     def decode(params, state: SlotState, free_target, eos_ids, args: SamplingArgs) -> SlotState:
@@ -82,7 +84,9 @@ def _programs(cfg: ModelConfig, attention_impl: str, num_new: int, cache_len: in
 
 def decode_slots(forward, state: SlotState, free_target, eos_ids, args: SamplingArgs, sampler: Sampler) -> SlotState:
     """One-token steps over every slot until `free_target` slots are done (or all are): the advance of every served
-    run whose rows continue with plain decoding (the target alone; PARSE after its verification)."""
+    run whose rows continue with plain decoding (the target alone; PARSE after its verification). A slot's token j
+    draws with its own `fold_in(keys, j - first)`, as a fixed batch's `decode_loop` draws its step j - first (`args`
+    gives the temperature and top_p)."""
     num_new = state.tokens.shape[1]
     b = state.done.shape[0]
     rows = jnp.arange(b)
@@ -94,7 +98,7 @@ def decode_slots(forward, state: SlotState, free_target, eos_ids, args: Sampling
         limit, group = causal_metadata(b, 1)
         logits, cache = forward(s.last[:, None], s.cache.lengths[:, None], s.cache, limit, group)
         cache = cache.commit((~s.done).astype(jnp.int32))
-        tok = sampler.sample(logits[:, 0], args.fold(1).fold(s.steps))
+        tok = sampler.sample(logits[:, 0], args.with_keys(s.keys).fold(s.num_new - s.first))
         tok = jnp.where(s.done, PAD_ID, tok)
         at = jnp.minimum(s.num_new, num_new - 1)
         tokens = s.tokens.at[rows, at].set(jnp.where(s.done, s.tokens[rows, at], tok))
@@ -116,7 +120,8 @@ def empty_state(cfg: ModelConfig, slots: int, num_new: int, cache_len: int) -> S
     return SlotState(cache=KVCache.init(cfg, slots, cache_len), tokens=jnp.full((slots, num_new), PAD_ID, jnp.int32),
                      num_new=jnp.zeros((slots,), jnp.int32), done=jnp.ones((slots,), bool),
                      last=jnp.zeros((slots,), jnp.int32), max_new=jnp.zeros((slots,), jnp.int32),
-                     steps=jnp.int32(0))
+                     keys=jnp.zeros((slots, *prng_key(0).shape), jnp.uint32),
+                     first=jnp.zeros((slots,), jnp.int32), steps=jnp.int32(0))
 
 
 class SlotBook:
@@ -235,9 +240,9 @@ def rows_by_request(counters: list[tuple[list[int], dict]], counted: list[dict],
 
 
 def admission(ids: list[list[int]], batch: list[int], where: np.ndarray, *, prompt_len: int, max_new: list[int],
-              index: int) -> Admission:
-    """The `Admission` of requests `batch` (their prompts padded to `prompt_len`) into slots `where`: unused entries
-    of the k-bucket hold a one-token empty prompt with no budget."""
+              keys: np.ndarray) -> Admission:
+    """The `Admission` of requests `batch` (their prompts padded to `prompt_len`; `keys`: every request's, [n, 2])
+    into slots `where`: unused entries of the k-bucket hold a one-token empty prompt with no budget."""
     k, take = len(where), len(batch)
     return Admission(
         slots=where,
@@ -245,7 +250,14 @@ def admission(ids: list[list[int]], batch: list[int], where: np.ndarray, *, prom
                         + [[PAD_ID] * prompt_len] * (k - take), np.int32),
         lens=np.array([len(ids[r]) for r in batch] + [1] * (k - take), np.int32),
         max_new=np.array([max_new[r] for r in batch] + [0] * (k - take), np.int32),
-        key_data=np.int32(index))
+        keys=admission_keys(keys, batch, k))
+
+
+def admission_keys(keys: np.ndarray, batch: list[int], k: int) -> np.ndarray:
+    """[k, 2] the keys of requests `batch` (of every request's `keys`), then zeros for the k-bucket's unused entries."""
+    out = np.zeros((k, *keys.shape[1:]), keys.dtype)
+    out[:len(batch)] = keys[batch]
+    return out
 
 
 def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: SamplingParams, eos: np.ndarray,
@@ -259,12 +271,12 @@ def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: Sampling
     n = bucket(max(max_new), 16)
     cache_len = min(length_bucket(p + n), cfg.max_position_embeddings)
     admit, decode = _programs(cfg, model.attention_impl, n, cache_len, sampling.sampler)
-    args = sampling.args()
+    args, keys = sampling.args(1), sampling.keys(len(ids))
     t0 = time.perf_counter()
     rows, admissions, run = serve_loop(
         SlotBook(len(ids), slots, capacity), committed(empty_state(cfg, slots, n, cache_len), model.params),
         admit=lambda st, batch, where, i: admit(model.params, st, admission(ids, batch, where, prompt_len=p,
-                                                                             max_new=max_new, index=i), eos, args),
+                                                                             max_new=max_new, keys=keys), eos, args),
         advance=lambda st, free: decode(model.params, st, free, eos, args),
         rows=lambda st: {"done": st.done, "num_new": st.num_new, "tokens": st.tokens, "steps": st.steps},
         warm=(admit, p))

@@ -35,7 +35,7 @@ from parse_jax.runtime.requests import (
     pad_prompts,
     resolve_eos,
 )
-from parse_jax.runtime.sampling import Sampler, SamplingArgs
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, draw_rows, prng_key, uniform_rows
 from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, request_budgets, serve_loop
 from parse_jax.settings import SpecSettings, check_setting
 from parse_jax.utils.validation import check_eos_ids, check_int, check_model
@@ -55,13 +55,14 @@ class SpecState:
     drafts: jax.Array     # [B] verification passes the row was live in (num_drafts)
     per_pos: jax.Array    # [B, gamma] drafts whose token at each position was accepted
     max_new: jax.Array    # [B] the row's budget
+    keys: jax.Array       # [B, 2] each row's key: its round r draws with `fold_in(key, r)` (r: its `drafts`)
 
 
 def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, sampler: Sampler, k_accept: jax.Array,
                      k_fix: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Lossless acceptance of `gamma` proposals: p [B, gamma + 1, V] target, q [B, gamma, V] drafter, props
-    [B, gamma]. Returns (n_acc [B], emitted [B, gamma + 1]): the accepted proposals, then the correction (or the
-    bonus token when all are kept) at index n_acc."""
+    [B, gamma]; `k_accept`, `k_fix` [B, 2]: each row's keys. Returns (n_acc [B], emitted [B, gamma + 1]): the
+    accepted proposals, then the correction (or the bonus token when all are kept) at index n_acc."""
     b, gamma = props.shape
     rows = jnp.arange(b)
     p_prop = jnp.take_along_axis(p[:, :gamma], props[..., None], -1)[..., 0]
@@ -69,7 +70,7 @@ def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, sampler: Samp
     if sampler.greedy:
         keep = p_prop > 0.5
     else:
-        u = jax.random.uniform(k_accept, (b, gamma))
+        u = uniform_rows(k_accept, (gamma,))
         keep = u * q_prop < p_prop  # u < p/q without dividing by a zero q
     n_acc = jnp.argmin(jnp.concatenate([keep, jnp.zeros((b, 1), bool)], 1), axis=1)  # first rejection
     p_at = p[rows, n_acc]
@@ -79,7 +80,7 @@ def accept_proposals(p: jax.Array, q: jax.Array, props: jax.Array, sampler: Samp
     if sampler.greedy:
         fix = jnp.argmax(residual, -1).astype(jnp.int32)
     else:
-        fix = jax.random.categorical(k_fix, jnp.log(residual), axis=-1).astype(jnp.int32)
+        fix = draw_rows(k_fix, jnp.log(residual))
     emitted = jnp.where(jnp.arange(gamma + 1)[None] < n_acc[:, None],
                         jnp.concatenate([props, props[:, :1]], 1), fix[:, None])
     return n_acc, emitted
@@ -126,15 +127,16 @@ class SpecShape:
 
 
 def spec_start(shape: SpecShape, target_fwd, draft_fwd, prompt, prompt_lens, max_new, eos_ids,
-               first_args: SamplingArgs) -> SpecState:
-    """Both prefills and the first token (drawn with `first_args`): the state a speculation loop starts from."""
+               args: SamplingArgs) -> SpecState:
+    """Both prefills and the first token (each row's key folded with 2**31 - 1; its rounds fold theirs): the state
+    a speculation loop starts from."""
     b, p = prompt.shape
     rows = jnp.arange(b)
     limit, group = causal_metadata(b, p)
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     t_logits, t_cache = target_fwd(prompt, positions, KVCache.init(shape.target, b, shape.cache_len), limit, group)
     _, d_cache = draft_fwd(prompt, positions, KVCache.init(shape.draft, b, shape.cache_len), limit, group)
-    first = shape.sampler.sample(t_logits[rows, prompt_lens - 1], first_args)
+    first = shape.sampler.sample(t_logits[rows, prompt_lens - 1], args.fold(2**31 - 1))
     done = (max_new <= 0) | jnp.any(first[:, None] == eos_ids[None, :], -1) | (max_new <= 1)
     width = shape.num_new + shape.gamma + 1
     tokens = jnp.full((b, width), PAD_ID, jnp.int32).at[:, 0].set(jnp.where(max_new > 0, first, PAD_ID))
@@ -142,14 +144,14 @@ def spec_start(shape: SpecShape, target_fwd, draft_fwd, prompt, prompt_lens, max
     return SpecState(target_cache=t_cache.commit(prompt_lens), draft_cache=d_cache.commit(prompt_lens),
                      tokens=tokens, num_new=jnp.minimum(max_new, 1), done=done, last=first, rounds=jnp.int32(1),
                      accepted=zeros, proposed=zeros, drafts=zeros, per_pos=jnp.zeros((b, shape.gamma), jnp.int32),
-                     max_new=max_new)
+                     max_new=max_new, keys=args.key)
 
 
 def spec_round(shape: SpecShape, target_fwd, draft_fwd, state: SpecState, eos_ids, args: SamplingArgs) -> SpecState:
     """One speculation round on every row: gamma draft steps, one target pass over them, lossless acceptance."""
     gamma, sampler = shape.gamma, shape.sampler
     b = state.done.shape[0]
-    a_draft, a_accept, a_fix = args.fold(state.rounds).split(3)
+    a_draft, a_accept, a_fix = args.with_keys(state.keys).fold(state.drafts).split(3)  # the row's own round
     one_limit, one_group = causal_metadata(b, 1)
 
     def step(carry, i):  # gamma + 1 draft steps: propose gamma tokens, and write the last proposal's KV too
@@ -194,8 +196,7 @@ def _forwards(shape: SpecShape, target_params, draft_params):
 def _spec_program(shape: SpecShape):
     def run(target_params, draft_params, prompt, prompt_lens, max_new, eos_ids, args: SamplingArgs):
         target_fwd, draft_fwd = _forwards(shape, target_params, draft_params)
-        state = spec_start(shape, target_fwd, draft_fwd, prompt, prompt_lens, max_new, eos_ids,
-                           args.fold(2**31 - 1))
+        state = spec_start(shape, target_fwd, draft_fwd, prompt, prompt_lens, max_new, eos_ids, args)
         state = jax.lax.while_loop(lambda s: ~jnp.all(s.done),
                                    lambda s: spec_round(shape, target_fwd, draft_fwd, s, eos_ids, args), state)
         return spec_outputs(state, shape.num_new)
@@ -212,7 +213,7 @@ def spec_serve_programs(shape: SpecShape):
     def admit(target_params, draft_params, state: SpecState, adm: Admission, eos_ids, args: SamplingArgs):
         target_fwd, draft_fwd = _forwards(shape, target_params, draft_params)
         rows = spec_start(shape, target_fwd, draft_fwd, adm.prompt, adm.lens, adm.max_new, eos_ids,
-                          args.fold(2**31 - 1).fold(adm.key_data))
+                          args.with_keys(adm.keys))
         return put_rows(state, rows, adm.slots)
 
     def advance(target_params, draft_params, state: SpecState, free_target, eos_ids, args: SamplingArgs):
@@ -232,7 +233,7 @@ def empty_spec_state(shape: SpecShape, slots: int) -> SpecState:
                      tokens=jnp.full((slots, shape.num_new + shape.gamma + 1), PAD_ID, jnp.int32), num_new=zeros(),
                      done=jnp.ones((slots,), bool), last=zeros(), rounds=jnp.int32(0), accepted=zeros(),
                      proposed=zeros(), drafts=zeros(), per_pos=jnp.zeros((slots, shape.gamma), jnp.int32),
-                     max_new=zeros())
+                     max_new=zeros(), keys=jnp.zeros((slots, *prng_key(0).shape), jnp.uint32))
 
 
 def serve_speculation(target, draft, req: Request, *, gamma: int, max_batch: int,
@@ -245,7 +246,7 @@ def serve_speculation(target, draft, req: Request, *, gamma: int, max_batch: int
     shape = SpecShape(target.config, draft.config, target.attention_impl, int(gamma), sb.num_new, sb.cache_len,
                       sb.sampling.sampler)
     admit, advance = spec_serve_programs(shape)
-    ids, args, eos = req.ids, sb.sampling.args(), sb.eos
+    ids, args, keys, eos = req.ids, sb.sampling.args(1), sb.sampling.keys(len(req.ids)), sb.eos
     used = min(max_batch, len(ids))
     slots = bucket(used, 1)
     p = sb.prompt.shape[1]
@@ -254,7 +255,7 @@ def serve_speculation(target, draft, req: Request, *, gamma: int, max_batch: int
     rows, admissions, run = serve_loop(
         SlotBook(len(ids), slots, used), committed(empty_spec_state(shape, slots), (target.params, draft.params)),
         admit=lambda st, batch, where, i: admit(target.params, draft.params, st,
-                                                admission(ids, batch, where, prompt_len=p, max_new=budgets, index=i),
+                                                admission(ids, batch, where, prompt_len=p, max_new=budgets, keys=keys),
                                                 eos, args),
         advance=lambda st, free: advance(target.params, draft.params, st, free, eos, args),
         rows=lambda st: {"done": st.done, **dict(zip(SPEC_OUTPUTS, spec_outputs(st, shape.num_new)))},
@@ -321,8 +322,9 @@ def spec_request(target, prompts, max_new_tokens: int, sampling: SamplingParams,
     """The request of a speculation entry point called directly (the engine validates its own)."""
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
     eos_ids = check_eos_ids(eos_ids, target.config.vocab_size)
-    return Request(ids=encode_prompts(target, prompts, add_bos), max_new=max_new_tokens, sampling=sampling,
-                   eos=resolve_eos(target, eos_ids))
+    ids = encode_prompts(target, prompts, add_bos)
+    sampling.check_prompts(len(ids))
+    return Request(ids=ids, max_new=max_new_tokens, sampling=sampling, eos=resolve_eos(target, eos_ids))
 
 
 def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -> GenerateResult:
@@ -345,7 +347,7 @@ def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -
 
 def spec_args(target, drafter_params, sb: SpecBatch) -> tuple:
     """The arguments of a speculation program (the draft model's or EAGLE-3's) for a prepared batch."""
-    return target.params, drafter_params, sb.prompt, sb.lens, sb.max_new, sb.eos, sb.sampling.args()
+    return target.params, drafter_params, sb.prompt, sb.lens, sb.max_new, sb.eos, sb.sampling.args(sb.prompt.shape[0])
 
 
 def run_spec(target, program, drafter_params, sb: SpecBatch, gamma: int) -> GenerateResult:

@@ -348,29 +348,37 @@ def test_a_rerun_starts_over_a_header_only_results_file(work, pair_dir, capsys, 
     assert "was started with other settings" in capsys.readouterr().err
 
 
-def test_a_sampled_eval_resumes_only_at_its_batch_size_and_says_what_continuous_batching_draws(
-        work, pair_dir, capsys, tmp_path):
-    """Which prompts share a call changes what a sampled run draws: its header records --batch-size (a greedy
-    run's does not: it resumes at any), and a sampled run resumed after a --limit inside a call says that the
-    records left are other samples than a whole run's."""
+def test_a_sampled_eval_resumed_at_another_batch_size_draws_what_a_whole_run_draws(work, pair_dir, capsys, tmp_path):
+    """Each record draws from its own seed (--seed + its line): a sampled run stopped by --limit and resumed at
+    another --batch-size and batching writes the outputs of a whole run. A sampled results file of an earlier
+    version (its header records batch_size, its draws depended on the batch) is refused in one line."""
+    base = ["eval", "--pair", str(pair_dir), "--data", str(work / "data.jsonl"), "--mode", "sd", "--set",
+            "schedule=fixed", "--max-new-tokens", "6", "--no-progress", "-q", "--temperature", "1.5", "--seed", "3"]
+    whole = tmp_path / "whole.jsonl"
+    assert main([*base, "--out", str(whole), "--batch-size", "2"]) == 0, capsys.readouterr().err
     out = tmp_path / "s.jsonl"
-    base = ["eval", "--pair", str(pair_dir), "--data", str(work / "data.jsonl"), "--out", str(out), "--mode",
-            "target", "--max-new-tokens", "4", "--no-progress", "--temperature", "0.7"]
-    assert main([*base, "--batch-size", "2", "--limit", "1"]) == 0, capsys.readouterr().err
-    assert json.loads(out.read_text().splitlines()[0])["settings"]["batch_size"] == 2
+    assert main([*base, "--out", str(out), "--batch-size", "2", "--limit", "1"]) == 0
+    assert json.loads(out.read_text().splitlines()[0])["settings"]["draws"] == "per-record"
+    assert main([*base, "--out", str(out), "--batch-size", "1", "--batching", "fixed"]) == 2  # batching: a setting
+    assert main([*base, "--out", str(out), "--batch-size", "1"]) == 0
+    outputs = lambda path: [r["output"] for r in map(json.loads, path.read_text().splitlines()[1:])]  # noqa: E731
+    assert len(outputs(out)) == 2 and outputs(out) == outputs(whole)
+    assert main([*base, "--out", str(tmp_path / "s7.jsonl"), "--seed", "7"]) == 0
+    assert outputs(tmp_path / "s7.jsonl") != outputs(whole)  # the draws are real
+    old = tmp_path / "old.jsonl"
+    lines = out.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["settings"].pop("draws")
+    header["settings"]["batch_size"] = 2
+    old.write_text("\n".join([json.dumps(header), lines[1]]) + "\n")  # one record done by an earlier version
     capsys.readouterr()
-    assert main([*base, "--batch-size", "1"]) == 2
-    assert "batch_size: 2 then, 1 now" in capsys.readouterr().err
-    assert main([*base, "--batch-size", "2"]) == 0
-    assert "stopped inside a call of 16 records" in capsys.readouterr().out  # 2 rows x 8 batches per call
+    assert main([*base, "--out", str(old), "--batch-size", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "earlier version whose sampled draws depended on each record's batch" in err[0]
     greedy = tmp_path / "g.jsonl"
-    args = [*base[:-2], "--out", str(greedy)]
+    args = [*base[:-4], "--out", str(greedy)]
     assert main([*args, "--batch-size", "2", "--limit", "1"]) == 0
-    assert "batch_size" not in json.loads(greedy.read_text().splitlines()[0])["settings"]
-    capsys.readouterr()
-    assert main([*args, "--batch-size", "1"]) == 0
-    printed = capsys.readouterr().out
-    assert "1 of 2 records already done" in printed and "other samples" not in printed
+    assert "draws" not in json.loads(greedy.read_text().splitlines()[0])["settings"]
 
 
 def _free_port() -> int:

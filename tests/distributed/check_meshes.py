@@ -29,8 +29,8 @@ from parse_jax.models.model import Model, param_shapes
 from parse_jax.models.sharding import ShardingRules, abstract_params, fitting_rules
 from parse_jax.models.tokenizer import Tokenizer
 from parse_jax.runtime.decode import _generate_program
-from parse_jax.runtime.requests import encode_prompts, pad_prompts, resolve_eos
-from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+from parse_jax.runtime.requests import SamplingParams, encode_prompts, pad_prompts, resolve_eos
+from parse_jax.runtime.sampling import Sampler
 from parse_jax.speculation.eagle3 import Eagle3, Eagle3Config, init_head
 from parse_jax.tasks import TOKENIZER_DIR
 from tests.random_models import random_model, tiny_config
@@ -76,7 +76,7 @@ def rows_generate(model: Model, sharded: Model, mesh) -> dict:
     """decode's generation program fed `shard_rows` inputs (what the decode.generate hook would pass)."""
     ids = encode_prompts(model, PROMPTS + PROMPTS[:1])
     prompt, lens, max_new = pad_prompts(ids, 4, 16, 12)
-    rest = (resolve_eos(model), SamplingArgs(temperature=np.float32(1e-6), top_p=np.float32(1.0), key=prng_key(0)))
+    rest = (resolve_eos(model), SamplingParams().args(4))
     program = _generate_program(model.config, model.attention_impl, 16, 32, Sampler(greedy=True))
     ref = program(model.params, prompt, lens, max_new, *rest)
     got = program(sharded.params, *(shard_rows(x, mesh) for x in (prompt, lens, max_new)), *rest)

@@ -172,10 +172,10 @@ def test_a_served_admission_that_verifies_ahead_is_within_2_percent_of_xla():
         park=empty_state(ctx.target.config, park_rows(slots), width, shape.cache_len), parked=jnp.int32(0),
         capacity=jnp.int32(slots)))
     adm = admission(req.ids, list(range(slots)), np.arange(slots, dtype=np.int32), prompt_len=bucket(100),
-                    max_new=[req.max_new] * len(req.ids), index=0)
+                    max_new=[req.max_new] * len(req.ids), keys=req.sampling.keys(len(req.ids)))
     drafted = jax.eval_shape(draft_program(staged.draft).jitted,
-                             *abstract_tree((ctx.draft.params, adm, req.eos, ctx.judge, req.sampling.args())))[0]
-    args = abstract_tree((ctx.target.params, ctx.draft.params, state, adm, req.eos, ctx.judge, req.sampling.args(),
+                             *abstract_tree((ctx.draft.params, adm, req.eos, ctx.judge, req.sampling.args(1))))[0]
+    args = abstract_tree((ctx.target.params, ctx.draft.params, state, adm, req.eos, ctx.judge, req.sampling.args(1),
                           drafted))
     stats = admit.trace(*args).lower().compile().memory_analysis()
     xla = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes

@@ -55,7 +55,7 @@ def test_the_head_cache_carried_over_equals_one_prefill():
     b, n, m, cache_len = 2, 12, 5, 32
     tokens = jnp.asarray(rng.integers(4, V, (b, n)), jnp.int32)
     loop = EagleLoop(config=HEAD.config, gamma=3, num_new=4)
-    greedy, args = Sampler(greedy=True), SamplingParams(0.0, 0, 1.0, 0).args()
+    greedy, args = Sampler(greedy=True), SamplingParams(0.0, 0, 1.0, 0).args(b)
     none = jnp.zeros((b,), jnp.int32)  # no tokens to write: the head's state right after its prefill
 
     def run(target_params, head_params):

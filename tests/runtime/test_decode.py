@@ -113,7 +113,8 @@ def test_kept_probabilities_are_the_models_softmax_at_each_emitted_token():
     from parse_jax.models.decoder import Decoder
     from parse_jax.runtime.decode import decode_loop, prefill
     from parse_jax.runtime.programs import forward_fn
-    from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+    from parse_jax.runtime.requests import SamplingParams
+    from parse_jax.runtime.sampling import Sampler
 
     model = random_model("qwen3", 8)
     prompts = np.random.default_rng(8).integers(0, model.config.vocab_size, (2, 6)).astype(np.int32)
@@ -123,7 +124,7 @@ def test_kept_probabilities_are_the_models_softmax_at_each_emitted_token():
     def run(params, prompt):
         forward = forward_fn(Decoder(model.config, model.attention_impl), params)
         cache, first = prefill(forward, model.config, prompt, jnp.full((2,), 6, jnp.int32), 32)
-        args = SamplingArgs(temperature=jnp.float32(1e-6), top_p=jnp.float32(1.0), key=prng_key(0))
+        args = SamplingParams().args(2)
         s = decode_loop(forward, cache, first, max_new=max_new, eos_ids=jnp.full((1,), -1, jnp.int32),
                         sampler=Sampler(greedy=True, keep_probs=True), args=args, num_new=8)
         return s.tokens, s.num_new, s.probs

@@ -132,7 +132,7 @@ def test_a_start_whose_every_row_ends_at_its_first_token_skips_the_heads_pass():
     head = random_head(target, 15)
     b, n = 2, 6
     tokens = jnp.asarray(np.random.default_rng(1).integers(3, target.config.vocab_size, (b, n)), jnp.int32)
-    greedy, args = Sampler(greedy=True), SamplingParams(0.0, 0, 1.0, 0).args()
+    greedy, args = Sampler(greedy=True), SamplingParams(0.0, 0, 1.0, 0).args(b)
 
     def start(tp, hp, max_new, eos, finishes, head_cache=None):
         fns = head_applies(target.config, head.config, "xla", tp, hp)

@@ -90,12 +90,13 @@ def evaluate(target: Any, draft: Any, records: str | Path | Sequence[Any], mode:
     on every record, grade, and total. `draft` may be None for mode "target"; `config`: a `ParseConfig`.
 
     `results`: a `ResultsFile` to append to and resume from (what `parse-jax eval --out` uses); default: in
-    memory. Batch b's seed is `seed + its first record's line` modulo 2**31 (`batch_seed`), so a resumed run draws
-    what a whole one would. `eos_ids`: the stop ids (default: the models' own); `template_kwargs`: for the chat
-    template (e.g. enable_thinking=False). Every setting, and every record (its length against the models'
-    positions, its seed), is checked before the first record runs: a record that cannot run is an InputError
-    naming its line. `limit`: only the first `limit` records (lm-eval's --limit). `batching`: continuous (each
-    call takes 8 batches of records, `batch_size` rows in flight) or fixed (one batch per call)."""
+    memory. A record's seed is `seed + its line` modulo 2**31 (`batch_seed`), its draws its own whatever call or
+    batch it runs in, so a resumed run draws what a whole one would. `eos_ids`: the stop ids (default: the models'
+    own); `template_kwargs`: for the chat template (e.g. enable_thinking=False). Every setting, and every record
+    (its length against the models' positions, its seed), is checked before the first record runs: a record that
+    cannot run is an InputError naming its line. `limit`: only the first `limit` records (lm-eval's --limit).
+    `batching`: continuous (each call takes 8 batches of records, `batch_size` rows in flight) or fixed (one batch
+    per call)."""
     from parse_jax.harness.runs import RunSettings, mode_runner
     from parse_jax.tasks import load_task
 
@@ -119,8 +120,9 @@ def evaluate_checked(runner: Any, records: Sequence[Record], settings: Any, *, t
     and graded. `parse-jax eval` calls it with the runner its own checks used (one engine per run)."""
     results = results if results is not None else ResultsFile.in_memory()
 
-    def generate(prompts: list, line: int):
-        return runner(prompts, settings.max_new_tokens, batch_seed(settings.seed, line), settings.batch_size)
+    def generate(prompts: list, lines: list[int]):
+        seeds = [batch_seed(settings.seed, line) for line in lines]  # each record its own: any call, any batch
+        return runner(prompts, settings.max_new_tokens, seeds, settings.batch_size)
 
     with runner.job(max(sum(r.key not in results.done for r in records), 1)):  # setup is charged to this eval
         summary = run_eval(records, generate, results, settings, tokenizer=tokenizer, task=task,

@@ -145,7 +145,10 @@ class ResultsFile:
 
 
 # settings keys of later versions: an older results file without them resumes
-ADDED_KEYS = ("models_saved", "batch_size")
+ADDED_KEYS = ("models_saved",)
+# a sampled run's header: its records draw from their own seeds, whatever their batch (a sampled file of an earlier
+# version, whose draws depended on the batch, lacks it and is not resumed)
+PER_RECORD_DRAWS = "per-record"
 
 
 def _check_header(path: Path, old: dict, new: dict) -> None:
@@ -159,6 +162,9 @@ def _check_header(path: Path, old: dict, new: dict) -> None:
     a, b = old.get("settings", {}), new["settings"]
     # a key later versions add is compared only where the old header has it (its file resumes as before)
     diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and (k in a or k not in ADDED_KEYS))
+    if "draws" in diff:
+        raise ConfigError(f"{where} by an earlier version whose sampled draws depended on each record's batch: the "
+                          "records left would draw by another scheme; choose a new --out or delete the old results")
     if diff == ["models_saved"]:
         then, now = a.get("models_saved") or {}, b.get("models_saved") or {}
         which = " and ".join(k for k in sorted({*then, *now}) if then.get(k) != now.get(k))
@@ -253,9 +259,9 @@ GROUP_BATCHES = 8  # records per generate call under continuous batching, in bat
 
 
 def batch_seed(seed: int, line: int) -> int:
-    """The seed of the batch whose first record is at `line` of the data file: `seed + line`, wrapped into the one
-    seed range (0..2**31 - 1), so that every seed the flags take gives per-batch seeds generation takes (and a
-    resumed run draws what a whole one would)."""
+    """The seed of the record at `line` of the data file: `seed + line`, wrapped into the one seed range
+    (0..2**31 - 1), so that every seed the flags take gives record seeds generation takes. A record draws from its
+    own seed alone (generation keys each prompt by its own), so a resumed run draws what a whole one would."""
     return (seed + line) % (SEED_MAX + 1)
 
 
@@ -301,7 +307,8 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
     `settings.progress`); returns the summary over `records`. With continuous batching (the default) each call
     takes `GROUP_BATCHES` batches of records and keeps `batch_size` rows in flight; results are appended per call.
 
-    `generate(prompts, seed_offset)` runs one call (texts + tokens + stats) of at most `batch_size` rows at once.
+    `generate(prompts, lines)` runs one call (texts + tokens + stats) of at most `batch_size` rows at once, the
+    records of `lines` each drawing from its own seed.
     The summary covers `records` only: a file that holds more (an earlier run without `--limit`) keeps them, and a
     later run over them reports them again."""
     batch_size, progress = settings.batch_size, settings.progress
@@ -309,21 +316,15 @@ def run_eval(records: Sequence[Record], generate: Callable[[list, int], Generate
     step = batch_size * (GROUP_BATCHES if settings.batching == "continuous" else 1)
     todo = [r for r in records if r.key not in results.done]
     done = len(records) - len(todo)
-    if done:
-        # a call's draws depend on which records it holds: the records left meet a whole run's calls only where the
-        # done ones are the first `done` and end at a call's end (an interrupted run; not a --limit inside a call)
-        aligned = done % step == 0 and all(r.key in results.done for r in records[:done])
-        log(f"resuming {results.path}: {done} of {len(records)} records already done"
-            + (f"; sampled, and the earlier run stopped inside a call of {step} records (a --limit that is not a "
-               f"multiple of it), so the records left draw other samples than a whole run would"
-               if settings.temperature > 0 and not aligned else ""))
+    if done:  # each record draws from its own seed: the records left draw what a whole run would give them
+        log(f"resuming {results.path}: {done} of {len(records)} records already done")
     bar = tqdm(total=len(records), initial=done, desc="eval", disable=not progress)
     correct = sum(bool(r["correct"]) for r in rows_of(results, records))
     for i in range(0, len(todo), step):
         batch = todo[i: i + step]
         prompts = [prompt_format.build(r, tokenizer) for r in batch]
         t0 = time.perf_counter()
-        res = generate(prompts, batch[0].line)
+        res = generate(prompts, [r.line for r in batch])
         seconds = time.perf_counter() - t0
         ran = ran_per_prompt(res.stats, len(batch))
         rows = []

@@ -74,6 +74,7 @@ class EagleState:
     drafts: jax.Array        # [B] verification passes the row was live in (num_drafts)
     per_pos: jax.Array       # [B, gamma] drafts whose token at each depth was accepted
     side: jax.Array          # [B] tree rounds whose accepted path left the trunk (a side leaf was taken)
+    keys: jax.Array          # [B, 2] each row's key: its round r draws with `fold_in(key, r)` (r: its `drafts`)
 
 
 class EagleFns(NamedTuple):
@@ -180,7 +181,7 @@ def eagle_start(fns: EagleFns, target_cache: KVCache, ctx: EagleContext, *, loop
     return EagleState(target_cache=target_cache, head_cache=head_cache, h_last=h_last, logits_last=logits_last,
                       tokens=tokens, num_new=jnp.minimum(max_new, 1),
                       done=done, last=first, rounds=jnp.int32(loop.first_pass), accepted=zeros, proposed=zeros,
-                      drafts=zeros, per_pos=jnp.zeros((b, loop.gamma), jnp.int32), side=zeros)
+                      drafts=zeros, per_pos=jnp.zeros((b, loop.gamma), jnp.int32), side=zeros, keys=args.key)
 
 
 def _draft_chain(fns: EagleFns, state: EagleState, gamma: int, sampler: Sampler, args: SamplingArgs,
@@ -256,7 +257,7 @@ def eagle_round(fns: EagleFns, state: EagleState, *, loop: EagleLoop, max_new: j
     gamma, tree = loop.gamma, loop.tree
     b = state.last.shape[0]
     rows = jnp.arange(b)
-    a_draft, a_accept, a_fix = args.fold(state.rounds).split(3)
+    a_draft, a_accept, a_fix = args.with_keys(state.keys).fold(state.drafts).split(3)  # the row's own round
     start = state.target_cache.lengths[:, None]
     side = jnp.zeros((b,), jnp.int32)
     if tree:

@@ -75,7 +75,7 @@ def serve_programs(shape: EagleServeShape):
 
     def admit(target_params, head_params, slots: EagleSlots, adm: Admission, eos_ids, args: SamplingArgs):
         rows = _start_rows(shape, target_params, head_params, adm.prompt, adm.lens, adm.max_new, eos_ids,
-                           args.fold(0).fold(adm.key_data))
+                           args.with_keys(adm.keys))
         return put_rows(slots, rows, adm.slots)
 
     def advance(target_params, head_params, slots: EagleSlots, free_target, eos_ids, args: SamplingArgs):
@@ -105,8 +105,9 @@ def empty_slots(shape: EagleServeShape, target_params, head_params, slots: int, 
     if key not in _SLOT_SHAPES:
         ids = jax.ShapeDtypeStruct((slots, prompt_len), jnp.int32)
         ones = jax.ShapeDtypeStruct((slots,), jnp.int32)
+        keys = jax.ShapeDtypeStruct((slots, *np.shape(args.key)[1:]), np.asarray(args.key).dtype)
         _SLOT_SHAPES[key] = jax.eval_shape(functools.partial(_start_rows, shape), target_params, head_params, ids,
-                                           ones, ones, eos, args)
+                                           ones, ones, eos, args.with_keys(keys))
     empty = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), _SLOT_SHAPES[key])
     return empty.replace(state=empty.state.replace(done=jnp.ones((slots,), bool)))
 
@@ -122,7 +123,7 @@ def serve_eagle3(target, head: Eagle3, req: Request, eagle: Eagle3Settings, *, m
     shape = EagleServeShape(target.config, target.attention_impl, sb.cache_len,
                             dataclasses.replace(loop, num_new=sb.num_new), sb.sampling.sampler)
     admit, advance = serve_programs(shape)
-    ids, args, eos = req.ids, sb.sampling.args(), sb.eos
+    ids, args, keys, eos = req.ids, sb.sampling.args(1), sb.sampling.keys(len(req.ids)), sb.eos
     budgets = request_budgets(req, budgets)
     used = min(max_batch, len(ids))
     p = sb.prompt.shape[1]
@@ -132,7 +133,7 @@ def serve_eagle3(target, head: Eagle3, req: Request, eagle: Eagle3Settings, *, m
     rows, admissions, run = serve_loop(
         SlotBook(len(ids), bucket(used, 1), used), state,
         admit=lambda st, batch, where, i: admit(*params, st, admission(ids, batch, where, prompt_len=p,
-                                                                       max_new=budgets, index=i), eos, args),
+                                                                       max_new=budgets, keys=keys), eos, args),
         advance=lambda st, free: advance(*params, st, free, eos, args),
         rows=lambda st: {"done": st.state.done, "tokens": st.state.tokens[:, :sb.num_new],
                          **{k: getattr(st.state, k) for k in OUTPUTS[1:]}, "side": st.state.side},
