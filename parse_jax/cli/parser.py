@@ -173,10 +173,11 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
             check_int(flag, value, lo, hi)
         else:
             check_float(flag, value, lo, hi, min_open=open_lo)
-    if getattr(args, "mesh", None):
-        from parse_jax.distributed.mesh import parse_mesh_spec
+    for dest in ("mesh", "lower_mesh"):  # lower's --mesh: an abstract mesh of chips
+        if getattr(args, dest, None) is not None:  # an empty --mesh '' too: refused, never a silent single device
+            from parse_jax.distributed.mesh import parse_mesh_spec
 
-        parse_mesh_spec(args.mesh)
+            parse_mesh_spec(getattr(args, dest), name="--mesh")
 
 
 
@@ -189,10 +190,21 @@ def show_defaults(p: argparse.ArgumentParser) -> None:
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr (exit 2), like every other parse-jax error."""
+    """Usage errors as one line on stderr (exit 2), like every other parse-jax error; a flag the command does not
+    take is reported by that command's parser (`parse-jax eval: error: unrecognized arguments: --foo (see parse-jax
+    eval --help)`), not the top-level one, which would name no command."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        args, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
+            command = getattr(args, "command", None)
+            parser = sub.choices[command] if sub is not None and command in sub.choices else self
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return args
 
 
 

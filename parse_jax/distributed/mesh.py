@@ -21,9 +21,10 @@ AXES = ("data", "model")
 
 
 
-def parse_mesh_spec(spec: str | Mapping[str, int] | Path | None) -> dict[str, int]:
+def parse_mesh_spec(spec: str | Mapping[str, int] | Path | None, name: str = "mesh spec") -> dict[str, int]:
     """`{"data": 2, "model": 4}`, `"data=2,model=4"`, or a YAML file holding such a mapping (top level or under
-    `mesh:`) -> axis sizes. A missing axis is 1; one axis may be -1 (all remaining devices)."""
+    `mesh:`) -> axis sizes. A missing axis is 1; one axis may be -1 (all remaining devices). A string naming no axis
+    ("", ",") is an error, never a silent one-device mesh; `name`: what that error calls the spec (e.g. --mesh)."""
     from parse_jax.utils.validation import check_int
 
     if spec is None:
@@ -50,12 +51,15 @@ def parse_mesh_spec(spec: str | Mapping[str, int] | Path | None) -> dict[str, in
     if isinstance(spec, str):
         pairs: dict[str, str] = {}
         for part in filter(None, (p.strip() for p in spec.split(","))):
-            name, sep, value = part.partition("=")
+            axis, sep, value = part.partition("=")
             if not sep:
                 raise ConfigError(f"mesh spec {spec!r}: expected `axis=size` pairs like data=2,model=4")
-            if name.strip() in pairs:
-                raise ConfigError(f"mesh spec {spec!r}: axis {name.strip()!r} given twice")
-            pairs[name.strip()] = value.strip()
+            if axis.strip() in pairs:
+                raise ConfigError(f"mesh spec {spec!r}: axis {axis.strip()!r} given twice")
+            pairs[axis.strip()] = value.strip()
+        if not pairs:
+            raise ConfigError(f"{name} {spec!r} names no mesh axis: give axis=size pairs over {', '.join(AXES)} like "
+                              "data=2,model=4, or a YAML file holding `mesh: {data: 2, model: 4}`")
         spec = pairs
     if not isinstance(spec, Mapping):
         raise ConfigError(f"a mesh is a mapping of axis sizes like {{'data': 2, 'model': 4}}, got {spec!r}")
@@ -63,17 +67,17 @@ def parse_mesh_spec(spec: str | Mapping[str, int] | Path | None) -> dict[str, in
     if unknown:
         raise ConfigError(f"{where}: unknown mesh axes {unknown}; the mesh axes are {list(AXES)}")
     sizes = {}
-    for name in AXES:
-        value = spec.get(name, 1)
+    for axis in AXES:
+        value = spec.get(axis, 1)
         if isinstance(value, str):
             try:
                 value = int(value)
             except ValueError:
-                raise ConfigError(f"{where}: mesh axis {name} must be an integer, got {value!r}") from None
-        size = check_int(f"{where}: mesh axis {name}", value)
+                raise ConfigError(f"{where}: mesh axis {axis} must be an integer, got {value!r}") from None
+        size = check_int(f"{where}: mesh axis {axis}", value)
         if size == 0 or size < -1:
-            raise ConfigError(f"{where}: mesh axis {name} must be >= 1 (or -1: all remaining devices), got {size}")
-        sizes[name] = size
+            raise ConfigError(f"{where}: mesh axis {axis} must be >= 1 (or -1: all remaining devices), got {size}")
+        sizes[axis] = size
     if list(sizes.values()).count(-1) > 1:
         raise ConfigError("at most one mesh axis may be -1")
     return sizes

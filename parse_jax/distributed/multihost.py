@@ -83,7 +83,7 @@ def initialize_from_args(args: argparse.Namespace) -> Mesh | None:
             join_coordinator(args)
     elif (getattr(args, "distributed", False) or wants_auto_distributed()) and not jax.distributed.is_initialized():
         jax.distributed.initialize()
-    if not args.mesh:
+    if args.mesh is None:  # an empty --mesh '' is refused by parse_mesh_spec, never taken for no mesh
         return None
     return make_mesh(args.mesh, jax.local_devices() if getattr(args, "per_host", False) else None)
 

@@ -107,6 +107,13 @@ CASES = [
     (["generate", "--pair", P, "--mesh", f"{W}/mesh_bad.yaml", PROMPT], "mesh_bad.yaml is not valid YAML at line",
      False),
     (["generate", "--pair", P, "--mesh", f"{W}/nowhere.yaml", PROMPT], "mesh config file not found", False),
+    (["generate", "--pair", P, "--mesh", "", PROMPT], "--mesh '' names no mesh axis: give axis=size pairs", False),
+    (["lower", "--mesh", " , ", "--memory-only"], "--mesh ' , ' names no mesh axis", False),
+    # a flag the command does not take: named by that command, with its --help
+    (["eval", "--pair", P, "--data", f"{W}/data.jsonl", "--out", f"{W}/new.jsonl", "--foo"],
+     "unrecognized arguments: --foo (see parse-jax eval --help)", False),
+    (["export", "--model", f"{P}/target", "--out", f"{W}/exported", "--mesh", "data=1"],
+     "unrecognized arguments: --mesh data=1 (see parse-jax export --help)", False),
     (["generate", "--pair", P, "--parse-config", f"{W}/none.yaml", PROMPT], "cannot read --parse-config", False),
     (["generate", "--pair", P, "--parse-config", f"{W}/pc_list.yaml", PROMPT], "must hold a mapping", False),
     (["generate", "--pair", P, "--parse-config", f"{W}/pc_typo.yaml", PROMPT], "unknown PARSE setting 'treshold'",

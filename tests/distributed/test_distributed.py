@@ -178,6 +178,11 @@ def test_mesh_spec_parsing(tmp_path):
             parse_mesh_spec(bad)
     with pytest.raises(ConfigError, match="1 device"):
         make_mesh({"data": 2})
+    for empty in ("", " , "):  # names no axis: an error, not a silent one-device mesh
+        with pytest.raises(ConfigError, match=f"--mesh {empty!r} names no mesh axis: give axis=size pairs"):
+            parse_mesh_spec(empty, name="--mesh")
+        with pytest.raises(ConfigError, match="mesh spec .* names no mesh axis"):
+            make_mesh(empty)
 
 
 def test_process_slices_cover_requests_once():
@@ -195,6 +200,8 @@ def test_cli_flags_and_environment():
     assert (args.coordinator, args.num_processes, args.process_id, args.mesh) == ("h:1234", 4, 1, "data=2,model=4")
     with pytest.raises(ConfigError, match="go together"):
         initialize_from_args(parser.parse_args(["--coordinator", "h:1"]))
+    with pytest.raises(ConfigError, match="names no mesh axis"):
+        initialize_from_args(parser.parse_args(["--mesh", ""]))
     with pytest.raises(ConfigError, match="process-id"):
         initialize_from_args(parser.parse_args(["--coordinator", "h:1", "--num-processes", "2",
                                                      "--process-id", "2"]))
