@@ -353,7 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_convert)
 
     x = sub.add_parser("export", help="write a model (HF folder, Orbax folder, a training run's step) as a HF folder "
-                                      "(config.json + model.safetensors + tokenizer) that transformers and vLLM load")
+                                      "(config.json + model.safetensors + tokenizer) that transformers and vLLM load",
+                       description="write a model (HF folder, Orbax folder, a training run's step) as a HF folder "
+                                   "(config.json + model.safetensors + tokenizer) that transformers and vLLM load; "
+                                   "the model is read whole into host memory, so export takes no --mesh")
     x.add_argument("--model", "--target", dest="model", required=True,
                    help="the model: a HF or parse-jax folder, or a training run (see --step)")
     add_run_step_flags(x, "the --model run")

@@ -287,3 +287,21 @@ def test_quiet_keeps_stderr_for_warnings_and_results_on_stdout(pair_dir, capsys)
     assert rc == 0 and "loading the pair" in err and "loading" not in out
     rc, quiet_out, quiet_err = _main(capsys, *args, "-q")
     assert rc == 0 and quiet_err == "" and quiet_out == out
+
+
+def test_the_commands_that_take_no_mesh_are_the_ones_the_docs_name():
+    """docs/cli.md says which commands take --mesh: every one that loads models, except those it names."""
+    from pathlib import Path
+
+    from parse_jax.cli.parser import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    no_mesh = {name for name, p in sub.choices.items() if "--mesh" not in p._option_string_actions}
+    assert {"convert", "export"} <= no_mesh <= {"convert", "export", "train"}  # train loads no model
+    assert "no --mesh" in sub.choices["export"].format_help()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    start = text.index("# every command that loads models also takes --mesh")
+    said = text[start: text.index("\n", text.index("except", start))]
+    for name in no_mesh - {"train"}:
+        assert f" {name}" in said.split("except", 1)[1], (name, said)
