@@ -134,14 +134,18 @@ def token_diff_fraction(task: Task, draft_outputs, target_outputs) -> float:
     return float(np.mean([a.strip() != b.strip() for _, a, b in d])) if d else float("nan")
 
 
-def evaluate_pair(out, n: int = 1000, n_synthetic: int = 1000, batch_sizes: Sequence[int] = (1, 16)) -> dict:
-    """Every quality bar of the embedded pair (docs/training.md) for the pair in `out` (draft/ and target/ folders)."""
+def evaluate_pair(out, n: int = 1000, n_synthetic: int | None = None, batch_sizes: Sequence[int] = (1, 16)) -> dict:
+    """Every quality bar of the embedded pair (docs/training.md) for the pair in `out` (draft/ and target/ folders),
+    on `n` held-out problems: accuracy on them, the judge's AUROC on every prefix of the draft's samples for them and
+    of `n_synthetic` (default: `n`) other problems' clean and corrupted solutions. A measure with nothing to measure
+    (no correct draft solution, no erroneous prefix) is NaN, written as null in JSON."""
     from parse_jax.checkpoints.pair import load_pair
     from parse_jax.tasks import load_task
 
+    n_synthetic = n if n_synthetic is None else n_synthetic
     target, draft = load_pair(out, dtype="float32")  # as the bench and the engine use them (bf16 on disk is upcast)
     task = load_task()
-    res: dict = {"n": n}
+    res: dict = {"n": n, "n_synthetic_problems": n_synthetic}
     t0 = time.perf_counter()
     res["target_accuracy"], t_out = accuracy(target, task, n)
     res["draft_accuracy"], d_out = accuracy(draft, task, n)
@@ -160,23 +164,38 @@ def evaluate_pair(out, n: int = 1000, n_synthetic: int = 1000, batch_sizes: Sequ
     return res
 
 
-if __name__ == "__main__":
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m parse_jax.train.evaluate`: the results as strict JSON on stdout (and in --json); undefined
+    measures are null."""
     import argparse
-    import json
     import sys
 
-    ap = argparse.ArgumentParser(description="measure the quality bars of a trained pair")
+    from parse_jax.checkpoints.pair import PAIR_DIR
+    from parse_jax.errors import ParseJaxError
+    from parse_jax.utils.atomic import json_text, write_json
+    from parse_jax.utils.validation import check_int
+
+    ap = argparse.ArgumentParser(prog="python -m parse_jax.train.evaluate",
+                                 description="measure the quality bars of a trained pair")
     ap.add_argument("--out", "--pair", dest="out", default=None,
                     help="folder with draft/ and target/ (default: the pair shipped in the package)")
-    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--n", type=int, default=1000,
+                    help="held-out problems: accuracy on N, the judge's AUROC on the prefixes of the draft's samples "
+                         "for them and of N synthetic solutions (about 4 prefixes a problem each)")
     ap.add_argument("--json", default=None, help="write the results here")
-    a = ap.parse_args()
-    from parse_jax.checkpoints.pair import PAIR_DIR
-
-    r = evaluate_pair(a.out or PAIR_DIR, a.n)
-    r["command"] = "python -m parse_jax.train.evaluate " + " ".join(sys.argv[1:])
-    text = json.dumps(r, indent=2)
-    print(text)
+    a = ap.parse_args(argv)
+    try:
+        check_int("--n", a.n, 1)
+        r = evaluate_pair(a.out or PAIR_DIR, a.n)
+    except ParseJaxError as e:
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
+    r["command"] = "python -m parse_jax.train.evaluate " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(json_text(r))
     if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
+        write_json(a.json, r)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

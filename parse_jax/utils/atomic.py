@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import numbers
 import os
 import re
 import secrets
@@ -117,8 +119,26 @@ def write_text(path: str | Path, text: str) -> Path:
     return write_bytes(path, text.encode("utf-8"))
 
 
+def finite_json(obj: Any) -> Any:
+    """`obj` with every NaN or infinite float (an undefined measure, e.g. an AUROC with no negatives) as None, so
+    that it is written as `null`: strict JSON, which `json.dumps`' bare `NaN` / `Infinity` are not."""
+    if isinstance(obj, numbers.Real) and not isinstance(obj, numbers.Integral) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def json_text(obj: Any, indent: int | None = 2) -> str:
+    """`obj` as strict JSON text (non-finite floats as null; anything else JSON cannot hold as its str())."""
+    return json.dumps(finite_json(obj), indent=indent, default=str, allow_nan=False)
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
-    return write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+    """`obj` as strict JSON (`json_text`), written whole or not at all."""
+    return write_text(path, json_text(obj) + "\n")
 
 
 def check_writable(folder: str | Path) -> Path:

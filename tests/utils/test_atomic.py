@@ -75,3 +75,18 @@ def test_checks_create_nothing(tmp_path):
         check_file_writable(tmp_path)
     with pytest.raises(InputError, match="is a folder"):
         write_text(tmp_path, "x")
+
+
+def test_json_is_strict_with_non_finite_floats_as_null(tmp_path):
+    import json
+
+    import numpy as np
+
+    obj = {"nan": float("nan"), "inf": [float("inf"), np.float32("-inf"), np.float64(2.5)], "big": 2**80, "t": (1,)}
+    path = write_json(tmp_path / "r.json", obj)
+
+    def refuse(constant):
+        raise AssertionError(f"not strict JSON: {constant}")
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {"nan": None, "inf": [None, None, 2.5],
+                                                                   "big": 2**80, "t": [1]}
