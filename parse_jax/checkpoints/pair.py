@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parse_jax.checkpoints.load import load_model
+from parse_jax.checkpoints.orbax import CONFIG_FILE
 from parse_jax.errors import CheckpointError
 from parse_jax.models.model import Model
 from parse_jax.speculation.eagle3 import load_eagle3
@@ -19,20 +20,28 @@ def load_pair(path: str | Path | None = None, dtype: str | None = None) -> tuple
     pair shipped in the package. A folder written by `parse-jax train --out DIR` is such a folder. An `eagle3/`
     head folder beside them (`parse-jax train-eagle3`) is loaded as `target.eagle3`.
 
-    The shipped target is stored in bfloat16 (half the package); it loads as float32 unless `dtype` says otherwise
-    (bfloat16 matmuls are several times slower than float32 on CPUs, and float32 keeps greedy identities exact)."""
-    if path is None and dtype is None:
-        dtype = "float32"
+    `dtype` None: a parse-jax checkpoint (what `pj.save_model` and `parse-jax train` write; the shipped target is
+    one, stored in bfloat16 for half the package) loads as float32, in the embedded pair and in any other pair folder
+    alike (bfloat16 matmuls are several times slower than float32 on CPUs, and float32 keeps greedy identities
+    exact); a Hugging Face folder loads as `pj.load_model` loads it. Give `dtype` to load both in it."""
     folder = PAIR_DIR if path is None else Path(path)
     missing = [name for name in ("target", "draft") if not (folder / name).is_dir()]
     if missing:
         what = "the embedded pair is missing from this install" if path is None else f"{folder} is not a pair folder"
         raise CheckpointError(f"{what}: no {' or '.join(m + '/' for m in missing)} in {folder} "
                               "(make one with `parse-jax train --recipe pair_default --out DIR`)")
-    target, draft = load_model(folder / "target", dtype=dtype), load_model(folder / "draft", dtype=dtype)
+    target, draft = (load_model(folder / name, dtype=pair_dtype(folder / name, dtype)) for name in ("target", "draft"))
     if target.config.vocab_size != draft.config.vocab_size:
         raise CheckpointError(f"{folder}: target and draft vocabularies differ ({target.config.vocab_size} vs "
                               f"{draft.config.vocab_size})")
     if (folder / EAGLE3_DIR).is_dir():
         target.eagle3 = load_eagle3(folder / EAGLE3_DIR, target)  # ParseEngine's default head for this target
     return target, draft
+
+
+def pair_dtype(model_folder: Path, dtype: str | None) -> str | None:
+    """The dtype `load_pair` loads one model of a pair in: `dtype` if given, else float32 for a parse-jax checkpoint
+    and None (as `pj.load_model` loads it) for anything else, a Hugging Face folder or a training run."""
+    if dtype is not None:
+        return dtype
+    return "float32" if (model_folder / CONFIG_FILE).is_file() else None

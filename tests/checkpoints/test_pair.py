@@ -2,6 +2,8 @@
 version of the pair's quality bars on 100 held-out problems (the full bars, on 1000, are in README and
 benchmarks/results/pair_default_eval.md)."""
 
+import shutil
+
 import jax
 import numpy as np
 import pytest
@@ -59,6 +61,27 @@ def test_the_default_config_fits_the_pair(pair):
     res = eng.generate(prompts, mode="parse", max_new_tokens=32)
     assert res.stats["verify_passes"] >= 1 and res.stats["accepted_tokens"] > 0
     assert np.mean([task.grade(p, t) for p, t in zip(prompts, res.texts)]) >= 0.75
+
+
+def test_a_pair_folder_loads_as_the_embedded_pair_does(pair, pair_dir, tiny_hf, tmp_path):
+    """load_pair(DIR) and load_pair() agree: parse-jax checkpoints stored in bfloat16 (the shipped target, the
+    docs/training.md recipe's pair_final) load as float32 unless dtype says otherwise; HF folders as load_model
+    loads them; load_model itself keeps a checkpoint's stored dtype."""
+    assert all(m.config.dtype == "float32" for m in pj.load_pair(PAIR_DIR)) and pair[0].config.dtype == "float32"
+    half = tmp_path / "pair_final"
+    for name in ("target", "draft"):
+        pj.save_model(pj.load_model(pair_dir / name, dtype="bfloat16"), half / name)
+    assert pj.load_model(half / "target").config.dtype == "bfloat16"
+    target, draft = pj.load_pair(half)
+    assert (target.config.dtype, draft.config.dtype) == ("float32", "float32")
+    assert {x.dtype for m in (target, draft) for x in jax.tree.leaves(m.params)} == {np.dtype("float32")}
+    assert all(m.config.dtype == "bfloat16" for m in pj.load_pair(half, dtype="bfloat16"))
+    hf = tmp_path / "hf_pair"
+    for name in ("target", "draft"):
+        shutil.copytree(tiny_hf("qwen3", dtype="bfloat16"), hf / name)
+    stored = pj.load_model(hf / "target").config.dtype
+    assert stored == "bfloat16"  # config.json's torch_dtype, as load_hf reads a HF folder
+    assert [m.config.dtype for m in pj.load_pair(hf)] == [stored, stored]
 
 
 def test_a_folder_without_a_pair_is_a_clear_error(tmp_path):
