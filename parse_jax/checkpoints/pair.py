@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
+
 from parse_jax.checkpoints.load import load_model
 from parse_jax.checkpoints.orbax import CONFIG_FILE
 from parse_jax.errors import CheckpointError
@@ -20,16 +22,19 @@ def load_pair(path: str | Path | None = None, dtype: str | None = None) -> tuple
     pair shipped in the package. A folder written by `parse-jax train --out DIR` is such a folder. An `eagle3/`
     head folder beside them (`parse-jax train-eagle3`) is loaded as `target.eagle3`.
 
-    `dtype` None: a parse-jax checkpoint (what `pj.save_model` and `parse-jax train` write; the shipped target is
-    one, stored in bfloat16 for half the package) loads as float32, in the embedded pair and in any other pair folder
-    alike (bfloat16 matmuls are several times slower than float32 on CPUs, and float32 keeps greedy identities
-    exact); a Hugging Face folder loads as `pj.load_model` loads it. Give `dtype` to load both in it."""
+    `dtype` None: the embedded pair loads as float32 (its target is stored in bfloat16, half the package), and so
+    does a parse-jax checkpoint (what `pj.save_model` and `parse-jax train` write) in any other pair folder when the
+    models load on CPUs (bfloat16 matmuls are several times slower than float32 there, and float32 keeps greedy
+    identities exact; on an accelerator it keeps its stored dtype, as a large model must); a Hugging Face folder
+    loads as `pj.load_model` loads it. Give `dtype` to load both in it."""
     folder = PAIR_DIR if path is None else Path(path)
     missing = [name for name in ("target", "draft") if not (folder / name).is_dir()]
     if missing:
         what = "the embedded pair is missing from this install" if path is None else f"{folder} is not a pair folder"
         raise CheckpointError(f"{what}: no {' or '.join(m + '/' for m in missing)} in {folder} "
                               "(make one with `parse-jax train --recipe pair_default --out DIR`)")
+    if path is None and dtype is None:
+        dtype = "float32"
     target, draft = (load_model(folder / name, dtype=pair_dtype(folder / name, dtype)) for name in ("target", "draft"))
     if target.config.vocab_size != draft.config.vocab_size:
         raise CheckpointError(f"{folder}: target and draft vocabularies differ ({target.config.vocab_size} vs "
@@ -41,7 +46,8 @@ def load_pair(path: str | Path | None = None, dtype: str | None = None) -> tuple
 
 def pair_dtype(model_folder: Path, dtype: str | None) -> str | None:
     """The dtype `load_pair` loads one model of a pair in: `dtype` if given, else float32 for a parse-jax checkpoint
-    and None (as `pj.load_model` loads it) for anything else, a Hugging Face folder or a training run."""
+    loaded on CPUs and None (as `pj.load_model` loads it) for anything else: a checkpoint on an accelerator, a
+    Hugging Face folder, a training run."""
     if dtype is not None:
         return dtype
-    return "float32" if (model_folder / CONFIG_FILE).is_file() else None
+    return "float32" if (model_folder / CONFIG_FILE).is_file() and jax.default_backend() == "cpu" else None

@@ -84,6 +84,17 @@ def test_a_pair_folder_loads_as_the_embedded_pair_does(pair, pair_dir, tiny_hf, 
     assert [m.config.dtype for m in pj.load_pair(hf)] == [stored, stored]
 
 
+def test_a_pair_folder_keeps_its_stored_dtype_on_an_accelerator(pair_dir, tmp_path, monkeypatch):
+    """On a GPU or TPU a parse-jax checkpoint keeps the dtype it was stored in (a large model's float32 copy may not
+    fit); the embedded pair still loads as float32."""
+    half = tmp_path / "pair_final"
+    for name in ("target", "draft"):
+        pj.save_model(pj.load_model(pair_dir / name, dtype="bfloat16"), half / name)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert [m.config.dtype for m in pj.load_pair(half)] == ["bfloat16", "bfloat16"]
+    assert pj.load_pair()[0].config.dtype == "float32"
+
+
 def test_a_folder_without_a_pair_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="not a pair folder.*target/ or draft/"):
         pj.load_pair(tmp_path)
