@@ -58,8 +58,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--draft-params-path", default=None, help="params sub-tree of the --draft run's checkpoints")
     r.add_argument("--draft-config-from", default=None, help="config + tokenizer folder for the --draft run")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                   help="cast the weights on load (default: the checkpoint's dtype, except in a pair folder: its "
-                        "parse-jax checkpoints load as float32, the embedded pair's bfloat16 target among them)")
+                   help="cast the weights on load (default: the checkpoint's dtype, except the embedded pair and, on "
+                        "CPUs, a pair folder's parse-jax checkpoints: they load as float32)")
     p.add_argument("--eagle3", default=None, help="EAGLE-3 head folder for the target (default: the pair's eagle3/)")
     p.add_argument("--skip-finite-check", action="store_true", help="do not check weights for NaN/inf on load")
     from parse_jax.distributed.args import add_distributed_args  # no jax import while building the parser
