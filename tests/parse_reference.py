@@ -124,13 +124,13 @@ class ReferenceParse:
                 c_cache, c_logits, c_tokens, c_feats = ctx
                 start = EagleContext(tokens=c_tokens, features=c_feats, length=c_cache.lengths, first_logits=c_logits)
                 toks, n_new, rounds, acc, prop = program(self.target.params, head.params, c_cache, start, rem, eos,
-                                                         sampling.args(len(rem), stream=1))
+                                                         sampling.args(len(rem)))
                 toks, n_new, cont_passes = to_host(toks), to_host(n_new), int(rounds)
                 extra = {"eagle3_accepted_tokens": int(to_host(acc)[rem > 0].sum()),
                          "eagle3_draft_tokens": int(to_host(prop)[rem > 0].sum())}
             else:
                 program = continue_program(self.target.config, self.target.attention_impl, num_new, sampling.sampler)
-                state = program(self.target.params, *ctx, rem, eos, sampling.args(len(rem), stream=1))
+                state = program(self.target.params, *ctx, rem, eos, sampling.args(len(rem)))
                 toks, n_new = to_host(state.tokens), to_host(state.num_new)
                 cont_passes = int(state.step) - 1  # the first continuation token comes from verification
             live = rem > 0
@@ -318,7 +318,7 @@ class ReferenceParse:
                 break
             t0 = time.perf_counter()
             state = program(self.target.params, cache, first_logits, remaining, seg_stop,
-                            sampling.args(batch, stream=stats["rounds"]))
+                            sampling.args(batch))  # the reference is compared greedy: keys unread
             cont, cont_n = to_host(state.tokens), to_host(state.num_new)
             stats["seconds_continue"] += time.perf_counter() - t0
             stats["target_passes"] += int(state.step) - 1

@@ -124,7 +124,7 @@ def _single(ctx: ModeContext, req: Request, eagle: bool, label: str) -> list[Lau
     while rows <= b:
         cache, context = _with_rows((state["cache"], state["context"]), rows)
         args = (ctx.target.params, ctx.head.params if eagle else None, cache, context, np.zeros(rows, np.int32),
-                req.eos, req.sampling.args(rows, stream=1))
+                req.eos, req.sampling.args(rows))
         out.append(Launch(f"{label}.continue.rows{rows}", continue_single(spec), args))
         rows *= 2
     return out

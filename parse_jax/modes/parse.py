@@ -147,12 +147,11 @@ def single_round_program(rnd: SingleRound):
     pair, shape, sampler, eagle = rnd.pair, rnd.shape, rnd.sampler, rnd.eagle
     cont_spec = ContinueSpec(pair.target, pair.target_impl, shape.num_new, sampler, eagle)
 
-    def run(target_params, draft_params, head_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs,
-            rng_continue):
+    def run(target_params, draft_params, head_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs):
         answer = draft_stage(rnd, draft_params, prompts, eos_ids=eos_ids, args=args)
         v, remaining = verify_stage(rnd, target_params, prompts, answer, judge, eos_ids=eos_ids)
         cont, cont_n, extra = continuation(cont_spec, target_params, head_params, v.cache, boundary(v),
-                                           remaining=remaining, eos_ids=eos_ids, args=args.with_keys(rng_continue))
+                                           remaining=remaining, eos_ids=eos_ids, args=args)
         out = join(answer.tokens, v.accepted, cont, shape.draft_new + shape.num_new)
         continued = (remaining > 0) & ~boundary_stop(v.first_logits, remaining, eos_ids, rnd.sampler)
         return {"tokens": out, "num_new": v.accepted + cont_n, "continued": continued,
@@ -170,7 +169,9 @@ def boundary(v: Verified) -> EagleContext:
 def continuation(spec: ContinueSpec, target_params, head_params, cache: KVCache, ctx: EagleContext, *,
                  remaining: jax.Array, eos_ids: jax.Array, args: SamplingArgs):
     """The target writes each row's `remaining` tokens from its accepted boundary: token by token, or with EAGLE-3
-    from the taps of the verification pass. -> (tokens [B, num_new], count [B], stats)."""
+    from the taps of the verification pass. -> (tokens [B, num_new], count [B], stats). It draws from stream 1 of
+    each row's key in `args` (the draft drew from the key itself), as a served run's slots do."""
+    args = args.fold(1)
     if spec.eagle is None:
         forward = forward_fn(Decoder(spec.target, spec.target_impl), target_params)
         state = decode_loop(forward, cache, ctx.first_logits, max_new=remaining, eos_ids=eos_ids,
@@ -250,7 +251,7 @@ def single_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Launch
     """The fused single-round program for `req` (`runs_fused`)."""
     rnd = single_round(ctx, req, eagle)
     args = (ctx.target.params, ctx.draft.params, ctx.head.params if eagle else None,
-            _request_prompts(ctx, req), req.eos, ctx.judge, *_round_keys(req))
+            _request_prompts(ctx, req), req.eos, ctx.judge, req.sampling.args(bucket(len(req.ids), 1)))
     return Launch(single_round_program(rnd), args)
 
 
@@ -275,14 +276,6 @@ def staged_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Staged
     return StagedLaunch(staged_single_round(rnd), rnd.shape, ctx.target.params,
                         (ctx.draft.params, _request_prompts(ctx, req), req.eos, ctx.judge,
                          req.sampling.args(bucket(len(req.ids), 1))))
-
-
-def _round_keys(req: Request) -> tuple[SamplingArgs, np.ndarray]:
-    """A fixed batch's sampling for its single round: the draft's (each row keyed by its prompt's seed), and each
-    row's key of the continuation (another stream of the same seed)."""
-    b = bucket(len(req.ids), 1)
-    return req.sampling.args(b), req.sampling.keys(b, stream=1)
-
 
 def run(ctx: ModeContext, req: Request) -> GenerateResult:
     """Mode `parse`: single- or multi-round PARSE, as `ParseConfig.rounds` says."""
@@ -367,9 +360,9 @@ def run_single(ctx: ModeContext, req: Request, eagle: bool = False) -> GenerateR
                 state = take_rows(state, rows)
             spec = ContinueSpec(target.config, target.attention_impl, num_new, req.sampling.sampler,
                                 eagle_spec(ctx) if eagle else None)
-            cont_args = req.sampling.args(b, stream=1)
+            args = req.sampling.args(b)
             cont = continue_single(spec)(target.params, head_params, *state, rem, req.eos,
-                                         cont_args.with_keys(cont_args.key[rows]))
+                                         args.with_keys(args.key[rows]))  # each continued row its own key
         res, cont = fetch(({k: v for k, v in out.items() if k not in ("cache", "context", "live", "first_logits")},
                            cont))
         res = _assemble_split(res, cont, rows, rem, num_new)

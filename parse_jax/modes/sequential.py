@@ -130,12 +130,12 @@ def sequential_program(pair: PairSpec, spec: RoundSpec, shape: SequentialShape, 
     verify = sequential_verify(pair, spec, shape, sampler)
     cont_spec = ContinueSpec(pair.target, pair.target_impl, shape.num_new, sampler)
 
-    def run(target_params, draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs, rng_continue):
+    def run(target_params, draft_params, prompts: Prompts, eos_ids, judge: Judge, args: SamplingArgs):
         v = verify(target_params, draft_params, prompts, eos_ids, judge, args)
         start = EagleContext(tokens=None, features=None, length=v["cache"].lengths, first_logits=v["first_logits"])
         cont, cont_n, extra = continuation(cont_spec, target_params, None, v["cache"], start,
                                            remaining=v["remaining"], eos_ids=eos_ids,
-                                           args=args.with_keys(rng_continue))
+                                           args=args)
         out = join(v["draft"], v["accepted"], cont, shape.draft_new + shape.num_new)
         keep = ("accepted", "prefixes", "draft_len", "block_tokens", "verify_passes")
         return {"tokens": out, "num_new": v["accepted"] + cont_n, "continued": v["live"] & ~v["stop"],
@@ -161,7 +161,7 @@ def sequential_launch(ctx: ModeContext, req: Request):
     shape = sequential_shape(ctx, p, req.max_new)
     program = sequential_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
     return program, (target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
-                     ctx.judge, req.sampling.args(b), req.sampling.keys(b, stream=1))
+                     ctx.judge, req.sampling.args(b))
 
 
 def serve(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list[int] | None = None) -> GenerateResult | None:

@@ -96,7 +96,7 @@ class SamplingParams:
         fix("temperature", check_float("temperature", self.temperature, 0.0, error=InputError))
         fix("top_k", check_int("top_k (0 = off)", self.top_k, 0, error=InputError))
         fix("top_p", check_float("top_p", self.top_p, 0.0, 1.0, min_open=True, error=InputError))
-        if isinstance(self.seed, (Sequence, np.ndarray)) and not isinstance(self.seed, (str, bytes)):
+        if isinstance(self.seed, Sequence) and not isinstance(self.seed, (str, bytes)) or np.ndim(self.seed) > 0:
             if len(self.seed) == 0:
                 raise InputError("seed: an empty list; give one seed, or one per prompt")
             fix("seed", tuple(check_seed(f"seed[{i}]", s, error=InputError) for i, s in enumerate(self.seed)))
@@ -122,22 +122,22 @@ class SamplingParams:
         """The settings of prompts [start, stop) as a call of their own (each keeps its seed)."""
         return dataclasses.replace(self, seed=self.seeds(start, stop))
 
-    def keys(self, rows: int, stream: int = 0) -> np.ndarray:
-        """[rows, 2] each row's key (`stream`: another stream of the same seeds); zeros when greedy (unread)."""
+    def keys(self, rows: int) -> np.ndarray:
+        """[rows, 2] each row's key (`PRNGKey` of its seed); zeros when greedy (unread)."""
         if self.greedy:
             return np.zeros((rows, *prng_key(0).shape), np.uint32)
-        return row_keys(self.seeds(0, rows), stream)
+        return row_keys(self.seeds(0, rows))
 
     def check_prompts(self, n: int) -> None:
         """A per-prompt seed list names one seed for each of the call's `n` prompts."""
         if isinstance(self.seed, tuple) and len(self.seed) != n:
             raise InputError(f"seed: {len(self.seed)} seeds for {n} prompts; give one seed, or one per prompt")
 
-    def args(self, rows: int, stream: int = 0) -> SamplingArgs:
+    def args(self, rows: int) -> SamplingArgs:
         """The traced half (one program serves every value) for a batch of `rows` rows (padding included), each
         keyed by its prompt's seed; temperature is floored away from 0, where greedy programs ignore it."""
         return SamplingArgs(temperature=np.float32(max(self.temperature, 1e-6)), top_p=np.float32(self.top_p),
-                            key=self.keys(rows, stream))
+                            key=self.keys(rows))
 
 
 _WARNED_UNWRITABLE: weakref.WeakSet = weakref.WeakSet()  # tokenizers whose unwritable prompts were reported

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -61,17 +62,15 @@ def prng_key(seed: int) -> jax.Array:
     return jax.random.PRNGKey(seed)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _seed_keys(seeds: jax.Array, stream: int) -> jax.Array:
-    keys = jax.vmap(jax.random.PRNGKey)(seeds)
-    return jax.vmap(jax.random.fold_in, (0, None))(keys, stream) if stream else keys
-
-
-@functools.lru_cache(maxsize=1024)
-def row_keys(seeds: tuple[int, ...], stream: int = 0) -> np.ndarray:
-    """[len(seeds), 2] the key of each row's seed (`stream` > 0: that stream of it, `fold_in(key, stream)`), on the
-    host so that a served run picks its admissions' rows for free; cached (one program call per new tuple)."""
-    return np.asarray(_seed_keys(np.asarray(seeds, np.uint32), stream))
+def row_keys(seeds: Sequence[int]) -> np.ndarray:
+    """[len(seeds), 2] each seed's `jax.random.PRNGKey`, built on the host with no program (a served run picks its
+    admissions' rows from them for free, and a call compiles nothing for its number of prompts): threefry's key of a
+    seed below 2**32 is [0, seed]; another PRNG implementation's, each seed's cached key."""
+    if jax.config.jax_default_prng_impl == "threefry2x32":
+        keys = np.zeros((len(seeds), 2), np.uint32)
+        keys[:, 1] = np.asarray(seeds, np.int64)
+        return keys
+    return np.stack([np.asarray(prng_key(int(s))) for s in seeds]).astype(np.uint32)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -357,7 +357,7 @@ def test_a_rerun_starts_over_a_header_only_results_file(work, pair_dir, capsys, 
 
 def test_a_sampled_eval_resumed_at_another_batch_size_draws_what_a_whole_run_draws(work, pair_dir, capsys, tmp_path):
     """Each record draws from its own seed (--seed + its line): a sampled run stopped by --limit and resumed at
-    another --batch-size and batching writes the outputs of a whole run. A sampled results file of an earlier
+    another --batch-size writes the outputs of a whole run. A sampled results file of an earlier
     version (its header records batch_size, its draws depended on the batch) is refused in one line."""
     base = ["eval", "--pair", str(pair_dir), "--data", str(work / "data.jsonl"), "--mode", "sd", "--set",
             "schedule=fixed", "--max-new-tokens", "6", "--no-progress", "-q", "--temperature", "1.5", "--seed", "3"]

@@ -95,6 +95,9 @@ def error_of(fn) -> dict:
     return {"type": None, "message": ""}
 
 
+SAMPLED = dict(mode="sd", max_new_tokens=20, temperature=1.0, seed=5)
+
+
 def main(out_dir: Path) -> dict:
     t0 = time.perf_counter()
     assert jax.device_count() == 8, jax.devices()
@@ -109,6 +112,7 @@ def main(out_dir: Path) -> dict:
                for mode in ("target", "parse", "sd", "eagle3", "parse+eagle3")}
     out: dict = {"meshes": {}, "ref_parse_stats": {k: ref_gen["parse"].stats[k] for k in
                                                     ("accepted_per_request", "draft_tokens")}}
+    ref_sampled = eng.generate(PROMPTS, **SAMPLED)
     out["seconds_reference"] = time.perf_counter() - t0
     # Orbax: save from 8 devices (mesh 2x4), restore here onto another layout; the caller restores on 2 and 1
     mesh24 = make_mesh({"data": 2, "model": 4})
@@ -149,6 +153,8 @@ def main(out_dir: Path) -> dict:
         row["parse_accepted_per_request"] = res.stats["accepted_per_request"]  # parse's, or parse+eagle3's
         if (d, m) == (4, 2):  # the proposed decode.generate hook: prompt rows on `data` -> data-parallel decode
             out["shard_rows_4x2"] = rows_generate(target, st, mesh)
+            # sampled: each row draws from its own key, whatever devices hold its rows
+            out["sampled_sd_4x2_tokens_equal"] = s_eng.generate(PROMPTS, **SAMPLED).tokens == ref_sampled.tokens
         out["meshes"][f"{d}x{m}"] = row
     out["ref_tokens"] = {mode: r.tokens for mode, r in ref_gen.items()}
     mesh18 = make_mesh({"data": 1, "model": 8})

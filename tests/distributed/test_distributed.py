@@ -112,6 +112,7 @@ def test_checks_are_not_vacuous(meshes):
 def test_request_rows_on_data_axis_decode_in_parallel(meshes):
     r = meshes["shard_rows_4x2"]
     assert r["tokens_equal"] and r["num_new_equal"] and r["tokens_spec"] == "P('data',)"
+    assert meshes["sampled_sd_4x2_tokens_equal"]
 
 
 def test_restore_onto_other_layout_on_8_devices(meshes):

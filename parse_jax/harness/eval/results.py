@@ -162,7 +162,7 @@ def _check_header(path: Path, old: dict, new: dict) -> None:
     a, b = old.get("settings", {}), new["settings"]
     # a key later versions add is compared only where the old header has it (its file resumes as before)
     diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and (k in a or k not in ADDED_KEYS))
-    if "draws" in diff:
+    if "draws" in diff and "draws" not in a and (a.get("temperature") or 0) > 0:
         raise ConfigError(f"{where} by an earlier version whose sampled draws depended on each record's batch: the "
                           "records left would draw by another scheme; choose a new --out or delete the old results")
     if diff == ["models_saved"]:
