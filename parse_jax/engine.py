@@ -29,8 +29,10 @@ from parse_jax.runtime.requests import (
     GenerateResult,
     Request,
     SamplingParams,
+    check_budgets,
     encode_prompts,
     merge_results,
+    per_prompt,
     resolve_eos,
 )
 from parse_jax.schedule.auto import (
@@ -264,14 +266,15 @@ class ParseEngine:
     # --- generation ---------------------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], mode: Mode = "parse",
-                 max_new_tokens: int = 256, temperature: float = 0.0, seed: int | Sequence[int] = 0, top_k: int = 0,
-                 top_p: float = 1.0, eos_ids: Sequence[int] | None = None, *,
+                 max_new_tokens: int | Sequence[int] = 256, temperature: float = 0.0, seed: int | Sequence[int] = 0,
+                 top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int] | None = None, *,
                  max_batch: int | None = None) -> GenerateResult:
         """Generate for a batch of prompts (texts, or token-id lists) with `mode`. `eos_ids`: the stop ids (default:
         the target's config, generation config and tokenizer EOS; [] = none). `max_batch`: at most this many rows
-        at once: every mode keeps that many slots busy (a finished row's slot takes the next
-        prompt). `seed`: prompt i draws from `seed + i`, or give one seed per prompt; a prompt's draws do not depend
-        on the others, `max_batch` or the batching (docs/design.md §3). Results come back in prompt order."""
+        at once: every mode keeps that many slots busy (a finished row's slot takes the next prompt).
+        `max_new_tokens`: one budget, or one per prompt. `seed`: prompt i draws from `seed + i`, or give one seed per
+        prompt; a prompt's draws do not depend on the others, `max_batch` or the batching (docs/design.md §3).
+        Results come back in prompt order."""
         req = self.request(prompts, mode, max_new_tokens, temperature, seed, top_k, top_p, eos_ids)
         if max_batch is not None:
             max_batch = check_int("max_batch", max_batch, 1, error=InputError)
@@ -303,8 +306,7 @@ class ParseEngine:
         self.schedule_state = self.schedule_state.new_call()  # a contested choice is measured again once per call
         while start < n:
             # each prompt keeps its own seed, whatever batch it runs in
-            batch = dataclasses.replace(req, ids=req.ids[start:start + size],
-                                        sampling=req.sampling.rows(start, min(start + size, n)))
+            batch = req.rows(start, min(start + size, n))
             choice = None
             if self.config.schedule == "auto" and mode != "target":
                 outlook = Outlook(charge=self._charge(mode, rounds, len(batch.ids), req.max_new, start),
@@ -329,8 +331,7 @@ class ParseEngine:
             explore = self._explore_prompts(n, start, size)
             rest = req.ids[start:start + explore] if explored else req.ids[start:]
             if spec.serve is not None and len(rest) > size:
-                res = spec.serve(ctx, dataclasses.replace(batch, ids=rest,
-                                                          sampling=req.sampling.rows(start, start + len(rest))), size)
+                res = spec.serve(ctx, req.rows(start, start + len(rest)), size)
             served = res is not None
             if res is None:
                 res = spec.runner(ctx, batch)
@@ -497,7 +498,8 @@ class ParseEngine:
                 eos_ids) -> Request:
         """A validated request: every check that can fail happens here, before any program runs or allocates."""
         check_choice("mode", mode, MODES, error=InputError)
-        max_new = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
+        if not per_prompt(max_new_tokens):
+            check_int("max_new_tokens", max_new_tokens, 1, error=InputError)  # before the prompts are encoded
         sampling = SamplingParams(temperature, top_k, top_p, seed)
         spec = MODE_TABLE[mode]
         if spec.needs_draft and self.draft is None:
@@ -511,11 +513,13 @@ class ParseEngine:
         eos_ids = check_eos_ids(eos_ids, self.target.config.vocab_size)
         ids = encode_prompts(self.target, prompts)
         sampling.check_prompts(len(ids))
+        max_new, budgets = check_budgets(max_new_tokens, len(ids))
         if not self._fitting_rounds(ids, max_new, mode):  # else the schedule runs the rounds that fit
             self._check_positions(ids, max_new, mode, self.context)
         if spec.judged:  # a valid request of a mode that judges
             self._warn_settings()
-        return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(self.target, eos_ids))
+        return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(self.target, eos_ids),
+                       budgets=budgets)
 
     def _warn_settings(self) -> None:
         """Say once, where the judge first runs, that a chat model is judged with the embedded task's settings."""

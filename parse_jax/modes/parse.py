@@ -244,7 +244,7 @@ def runs_fused(ctx: ModeContext, req: Request) -> bool:
 def _request_prompts(ctx: ModeContext, req: Request) -> Prompts:
     """`req`'s prompts on the device, padded to its batch and prompt buckets."""
     return device_prompts(ctx.target, req.ids, bucket(len(req.ids), 1), bucket(max(len(x) for x in req.ids)),
-                          req.max_new)
+                          req.budget_list())
 
 
 def single_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Launch:

@@ -33,7 +33,7 @@ from parse_jax.runtime.metrics import SCORE_BINS
 from parse_jax.runtime.programs import bucket, committed, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts, pad_prompts
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
-from parse_jax.runtime.slots import SlotBook, admission_keys, warm_admissions
+from parse_jax.runtime.slots import SlotBook, admission_keys, request_budgets, warm_admissions
 from parse_jax.speculation.eagle3 import (
     Eagle3Config,
     EagleContext,
@@ -383,7 +383,7 @@ def multi_launch(ctx: ModeContext, req: Request, eagle: bool = False) -> Launch:
     es = eagle_spec(ctx) if eagle else None
     shape = multi_shape(ctx, p, req.max_new, es)
     program = multi_round_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler, es)
-    return Launch(program, (_weights(ctx, eagle), device_prompts(target, ids, b, p, req.max_new), req.eos,
+    return Launch(program, (_weights(ctx, eagle), device_prompts(target, ids, b, p, req.budget_list()), req.eos,
                             _seg_stop(ctx, req), ctx.judge, req.sampling.args(b)))
 
 
@@ -470,7 +470,7 @@ def serve_multi(ctx: ModeContext, req: Request, max_batch: int, *, budgets: list
     the next prompt (its first round at admission), with no program compiled per prompt. Results in prompt order.
     `budgets`: each prompt's own max_new_tokens (default: the request's); `eagle`: mode parse+eagle3."""
     ids = req.ids
-    budgets = [req.max_new] * len(ids) if budgets is None else budgets
+    budgets = request_budgets(req, budgets)
     pair = PairSpec.of(ctx)
     capacity = min(max_batch, len(ids))
     slots = bucket(capacity, 1)

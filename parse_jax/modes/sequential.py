@@ -160,7 +160,7 @@ def sequential_launch(ctx: ModeContext, req: Request):
     b, p = bucket(len(ids), 1), bucket(max(len(x) for x in ids))
     shape = sequential_shape(ctx, p, req.max_new)
     program = sequential_program(PairSpec.of(ctx), ctx.round_spec, shape, req.sampling.sampler)
-    return program, (target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.max_new), req.eos,
+    return program, (target.params, ctx.draft.params, device_prompts(target, ids, b, p, req.budget_list()), req.eos,
                      ctx.judge, req.sampling.args(b))
 
 

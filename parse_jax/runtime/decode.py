@@ -26,8 +26,10 @@ from parse_jax.runtime.requests import (
     GenerationStats,
     Request,
     SamplingParams,
+    check_budgets,
     encode_prompts,
     pad_prompts,
+    per_prompt,
     resolve_eos,
 )
 from parse_jax.runtime.sampling import Sampler, SamplingArgs
@@ -146,33 +148,37 @@ def generate_cache_len(ids: list[list[int]], max_new_tokens: int, capacity: int)
     return min(length_bucket(bucket(max(len(x) for x in ids)) + bucket(max_new_tokens, 16)), capacity)
 
 
-def generate_launch(model, ids: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
+def generate_launch(model, ids: list[list[int]], budgets: int | Sequence[int], sampling: SamplingParams,
                     eos: np.ndarray, capacity: int):
-    """(program, args) of target-only generation for prompts already as ids (checked against `capacity`)."""
+    """(program, args) of target-only generation for prompts already as ids (checked against `capacity`), with
+    `budgets` new tokens at most (one for every prompt, or each its own)."""
     cfg: ModelConfig = model.config
+    max_new_tokens = int(np.max(budgets))  # what the shapes are made for
     check_capacity(ids, max_new_tokens, capacity)
     b = bucket(len(ids), 1)
     p = bucket(max(len(x) for x in ids))
     n = bucket(max_new_tokens, 16)
     cache_len = generate_cache_len(ids, max_new_tokens, capacity)
-    prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
+    prompt, lens, max_new = pad_prompts(ids, b, p, budgets)
     program = _generate_program(cfg, model.attention_impl, n, cache_len, sampling.sampler)
     prompt, lens, max_new = (model.place_rows(x) for x in (prompt, lens, max_new))  # sharded: over `data`
     return program, (model.params, prompt, lens, max_new, eos, sampling.args(b))
 
 
-def target_request(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int,
+def target_request(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
                    sampling: SamplingParams, *, eos_ids: Sequence[int] | None = None, add_bos: bool = True,
                    capacity: int | None = None) -> Request:
     """A validated request of target-only generation (every check of `generate`, before anything runs): the
     budget, the stop ids inside the vocabulary, the prompts as ids, each fitting `capacity` (default: the model's
     positions)."""
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
+    if not per_prompt(max_new_tokens):
+        check_int("max_new_tokens", max_new_tokens, 1, error=InputError)  # before the prompts are encoded
     eos_ids = check_eos_ids(eos_ids, model.config.vocab_size)
     ids = encode_prompts(model, prompts, add_bos)
     sampling.check_prompts(len(ids))
-    check_capacity(ids, max_new_tokens, model.config.max_position_embeddings if capacity is None else capacity)
-    return Request(ids=ids, max_new=max_new_tokens, sampling=sampling, eos=resolve_eos(model, eos_ids))
+    max_new, budgets = check_budgets(max_new_tokens, len(ids))
+    check_capacity(ids, max_new, model.config.max_position_embeddings if capacity is None else capacity)
+    return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(model, eos_ids), budgets=budgets)
 
 
 def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new_tokens: int = 256,
@@ -182,7 +188,7 @@ def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new
     """Generate with the model alone, a batch of prompts of any lengths, per-row EOS and budget.
 
     `eos_ids` overrides the stop tokens (default: the config's and the tokenizer's EOS; [] = none). `seed`: prompt i
-    draws from `seed + i`, or one seed per prompt.
+    draws from `seed + i`, or one seed per prompt. `max_new_tokens`: one budget, or one per prompt.
     """
     check_model("model", model, error=InputError)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
@@ -198,7 +204,7 @@ def run_request(model, req: Request, capacity: int | None = None) -> GenerateRes
     resolved (an empty set is the sentinel id -1), nothing checked again."""
     capacity = model.config.max_position_embeddings if capacity is None else capacity
     ids = req.ids
-    program, args = generate_launch(model, ids, req.max_new, req.sampling, req.eos, capacity)
+    program, args = generate_launch(model, ids, req.budget_list(), req.sampling, req.eos, capacity)
     t0 = time.perf_counter()
     tokens, num_new, steps = fetch(program(*args))
     seconds = time.perf_counter() - t0

@@ -25,9 +25,31 @@ class Request:
     """A validated generation request (`ParseEngine.request`): prompts as ids, budget, sampling, stop ids."""
 
     ids: list[list[int]]
-    max_new: int
+    max_new: int     # the largest budget: what the programs' shapes are made for
     sampling: SamplingParams
     eos: np.ndarray  # int32 stop ids ([-1] for none)
+    budgets: tuple[int, ...] | None = None  # each prompt's own max_new_tokens (None: `max_new` for every one)
+
+    def budget_list(self) -> list[int]:
+        """Each prompt's max_new_tokens."""
+        return list(self.budgets) if self.budgets is not None else [self.max_new] * len(self.ids)
+
+    def rows(self, start: int, stop: int) -> Request:
+        """Prompts [start, stop) as a request of their own: each keeps its seed and budget (the shapes those need)."""
+        budgets = None if self.budgets is None else self.budgets[start:stop]
+        return dataclasses.replace(self, ids=self.ids[start:stop], sampling=self.sampling.rows(start, stop),
+                                   budgets=budgets, max_new=self.max_new if budgets is None else max(budgets))
+
+
+def check_budgets(max_new_tokens, n: int) -> tuple[int, tuple[int, ...] | None]:
+    """`max_new_tokens` for `n` prompts: one budget (>= 1) or one per prompt -> (the largest, the list or None)."""
+    if per_prompt(max_new_tokens):
+        if len(max_new_tokens) != n:
+            raise InputError(f"max_new_tokens: {len(max_new_tokens)} budgets for {n} prompts; give one, or one per "
+                             "prompt")
+        budgets = tuple(check_int(f"max_new_tokens[{i}]", b, 1, error=InputError) for i, b in enumerate(max_new_tokens))
+        return max(budgets), budgets
+    return check_int("max_new_tokens", max_new_tokens, 1, error=InputError), None
 
 
 @dataclasses.dataclass
@@ -81,6 +103,12 @@ class GenerateResult:
     stats: dict
 
 
+def per_prompt(value: Any) -> bool:
+    """Whether a setting is given per prompt (a list, tuple or 1-d array), not once for the call."""
+    return (isinstance(value, Sequence) and not isinstance(value, (str, bytes))) or \
+        (isinstance(value, np.ndarray) and value.ndim > 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """`seed`: one seed for the call, prompt i drawing from `seed + i` (mod 2**31), or one seed per prompt (a list):
@@ -96,7 +124,7 @@ class SamplingParams:
         fix("temperature", check_float("temperature", self.temperature, 0.0, error=InputError))
         fix("top_k", check_int("top_k (0 = off)", self.top_k, 0, error=InputError))
         fix("top_p", check_float("top_p", self.top_p, 0.0, 1.0, min_open=True, error=InputError))
-        if isinstance(self.seed, Sequence) and not isinstance(self.seed, (str, bytes)) or np.ndim(self.seed) > 0:
+        if per_prompt(self.seed):
             if len(self.seed) == 0:
                 raise InputError("seed: an empty list; give one seed, or one per prompt")
             fix("seed", tuple(check_seed(f"seed[{i}]", s, error=InputError) for i, s in enumerate(self.seed)))
@@ -198,15 +226,17 @@ def resolve_eos(model, eos_ids: Sequence[int] | None = None) -> np.ndarray:
     return np.array(sorted({int(x) for x in eos_ids}) or [-1], np.int32)
 
 
-def pad_prompts(ids: list[list[int]], batch: int, length: int, max_new_tokens: int):
-    """Right-padded prompts [batch, length], their lengths, and each row's budget (0 for padding rows)."""
+def pad_prompts(ids: list[list[int]], batch: int, length: int, max_new_tokens: int | Sequence[int]):
+    """Right-padded prompts [batch, length], their lengths, and each row's budget (`max_new_tokens`: one for every
+    prompt, or each its own; 0 for padding rows)."""
     prompt = np.full((batch, length), PAD_ID, np.int32)
     lens = np.ones((batch,), np.int32)
     max_new = np.zeros((batch,), np.int32)
+    budgets = [max_new_tokens] * len(ids) if np.ndim(max_new_tokens) == 0 else max_new_tokens
     for i, x in enumerate(ids):
         prompt[i, : len(x)] = x
         lens[i] = len(x)
-        max_new[i] = max_new_tokens
+        max_new[i] = budgets[i]
     return prompt, lens, max_new
 
 
@@ -220,7 +250,8 @@ class Prompts:
     max_new: Any
 
 
-def device_prompts(model, ids: list[list[int]], batch: int, length: int, max_new_tokens: int) -> Prompts:
+def device_prompts(model, ids: list[list[int]], batch: int, length: int,
+                   max_new_tokens: int | Sequence[int]) -> Prompts:
     """`pad_prompts`, placed as `model` places request rows (over `data` when it is sharded)."""
     tokens, lens, max_new = (model.place_rows(x) for x in pad_prompts(ids, batch, length, max_new_tokens))
     return Prompts(tokens=tokens, lens=lens, max_new=max_new)

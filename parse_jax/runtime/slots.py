@@ -224,7 +224,7 @@ def serve_loop(book: SlotBook, state, *, admit: Callable[[Any, list[int], np.nda
 
 def request_budgets(req: Request, budgets: list[int] | None) -> list[int]:
     """Each prompt's budget in a served run: its own where given (at most the request's), else the request's."""
-    return [req.max_new] * len(req.ids) if budgets is None else [min(int(x), req.max_new) for x in budgets]
+    return req.budget_list() if budgets is None else [min(int(x), req.max_new) for x in budgets]
 
 
 def rows_by_request(counters: list[tuple[list[int], dict]], counted: list[dict], n: int,
@@ -288,7 +288,7 @@ def serve(model, ids: list[list[int]], *, max_new: list[int], sampling: Sampling
 
 def serve_request(model, req: Request, *, max_batch: int) -> GenerateResult:
     """A validated request (`ParseEngine.request`) by continuous batching through `max_batch` slots."""
-    tokens, counts = serve(model, req.ids, max_new=[req.max_new] * len(req.ids), sampling=req.sampling, eos=req.eos,
+    tokens, counts = serve(model, req.ids, max_new=req.budget_list(), sampling=req.sampling, eos=req.eos,
                            max_batch=max_batch)
     stats = GenerationStats(new_tokens=sum(len(t) for t in tokens), seconds=counts["seconds"],
                             target_passes=counts["target_passes"])

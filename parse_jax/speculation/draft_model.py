@@ -31,8 +31,10 @@ from parse_jax.runtime.requests import (
     GenerationStats,
     Request,
     SamplingParams,
+    check_budgets,
     encode_prompts,
     pad_prompts,
+    per_prompt,
     resolve_eos,
 )
 from parse_jax.runtime.sampling import Sampler, SamplingArgs, draw_rows, prng_key, uniform_rows
@@ -312,19 +314,21 @@ def spec_batch(target, req: Request, *, gamma: int, capacity: int, extra_slots: 
                              f"gamma={gamma}{extra} it needs {len(p) + max_new_tokens + margin} cache slots but the "
                              f"cache holds {capacity}")
     b, p, n = bucket(len(ids), 1), bucket(max(len(x) for x in ids)), bucket(max_new_tokens, 16)
-    prompt, lens, max_new = pad_prompts(ids, b, p, max_new_tokens)
+    prompt, lens, max_new = pad_prompts(ids, b, p, req.budget_list())
     return SpecBatch(ids, req.sampling, prompt, lens, max_new, req.eos, n,
                      min(length_bucket(p + n + margin), capacity))
 
 
-def spec_request(target, prompts, max_new_tokens: int, sampling: SamplingParams, add_bos: bool,
+def spec_request(target, prompts, max_new_tokens: int | Sequence[int], sampling: SamplingParams, add_bos: bool,
                  eos_ids: Sequence[int] | None) -> Request:
     """The request of a speculation entry point called directly (the engine validates its own)."""
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)
+    if not per_prompt(max_new_tokens):
+        check_int("max_new_tokens", max_new_tokens, 1, error=InputError)  # before the prompts are encoded
     eos_ids = check_eos_ids(eos_ids, target.config.vocab_size)
     ids = encode_prompts(target, prompts, add_bos)
     sampling.check_prompts(len(ids))
-    return Request(ids=ids, max_new=max_new_tokens, sampling=sampling, eos=resolve_eos(target, eos_ids))
+    max_new, budgets = check_budgets(max_new_tokens, len(ids))
+    return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(target, eos_ids), budgets=budgets)
 
 
 def spec_result(target, ids: list[list[int]], out, seconds: float, gamma: int) -> GenerateResult:
@@ -360,9 +364,9 @@ def run_spec(target, program, drafter_params, sb: SpecBatch, gamma: int) -> Gene
 
 
 def speculative_generate(target, draft, prompts: Sequence[str] | Sequence[Sequence[int]], *, gamma: int = 4,
-                         max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                         seed: int = 0, max_cache_len: int | None = None, add_bos: bool = True,
-                         eos_ids: Sequence[int] | None = None) -> GenerateResult:
+                         max_new_tokens: int | Sequence[int] = 256, temperature: float = 0.0, top_k: int = 0,
+                         top_p: float = 1.0, seed: int | Sequence[int] = 0, max_cache_len: int | None = None,
+                         add_bos: bool = True, eos_ids: Sequence[int] | None = None) -> GenerateResult:
     """Lossless speculative decoding: same output distribution as `generate(target, ...)`."""
     check_model("target", target, error=InputError)
     check_model("draft", draft, error=InputError)

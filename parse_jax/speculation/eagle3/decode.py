@@ -369,9 +369,10 @@ def continue_program(target_cfg: ModelConfig, impl: str, loop: EagleLoop, sample
 
 
 def eagle3_generate(target, head: Eagle3, prompts: Sequence[str] | Sequence[Sequence[int]], *, gamma: int = 4,
-                    max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                    seed: int = 0, add_bos: bool = True, eos_ids: Sequence[int] | None = None,
-                    tree: int = 0, tree_top_k: int = 4, tree_width: int = 0) -> GenerateResult:
+                    max_new_tokens: int | Sequence[int] = 256, temperature: float = 0.0, top_k: int = 0,
+                    top_p: float = 1.0, seed: int | Sequence[int] = 0, add_bos: bool = True,
+                    eos_ids: Sequence[int] | None = None, tree: int = 0, tree_top_k: int = 4,
+                    tree_width: int = 0) -> GenerateResult:
     """Target + EAGLE-3 drafting, lossless: greedy output equals the target's; sampled output follows the target's
     distribution (rejection sampling against the head's distribution). `tree` > 0 (greedy only): instead of the
     chain of `gamma`, a tree of depth `gamma` and `gamma + tree` nodes, `tree_width` paths drafted per depth
