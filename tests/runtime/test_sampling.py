@@ -94,7 +94,9 @@ def test_a_calls_seed_gives_prompt_i_the_seed_plus_i_and_a_list_gives_each_its_o
     np.testing.assert_array_equal(listed.keys(2)[1], SamplingParams(temperature=1.0, seed=9).keys(1)[0])
     for seed in (0, 9, 2**31 - 1):  # built on the host, as jax builds them
         np.testing.assert_array_equal(SamplingParams(temperature=1.0, seed=seed).keys(1)[0], jax.random.PRNGKey(seed))
-    assert SamplingParams(seed=np.array(5)).seed == 5 and SamplingParams(seed=np.array([5, 6])).seed == (5, 6)
+    assert SamplingParams(seed=np.int64(5)).seed == 5 and SamplingParams(seed=np.array([5, 6])).seed == (5, 6)
+    with pytest.raises(InputError, match="seed must be an integer"):  # one line, not numpy's TypeError
+        SamplingParams(seed=np.array(5))
     assert not SamplingParams().keys(3).any()  # greedy: unread keys
     with pytest.raises(InputError, match=r"seed\[1\]"):
         SamplingParams(seed=[1, -2])
