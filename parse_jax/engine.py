@@ -309,7 +309,7 @@ class ParseEngine:
             batch = req.rows(start, min(start + size, n))
             choice = None
             if self.config.schedule == "auto" and mode != "target":
-                outlook = Outlook(charge=self._charge(mode, rounds, len(batch.ids), req.max_new, start),
+                outlook = Outlook(charge=self._charge(mode, rounds, len(batch.ids), batch.max_new, start),
                                   windows_after=self._windows_after(n, start, size))
                 choice = self._choose(mode, batch, rounds, explore=start + size < n and explorations < len(rounds) + 1
                                       and attempts < 2 * (len(rounds) + 1), outlook=outlook)
@@ -471,12 +471,12 @@ class ParseEngine:
         spec = MODE_TABLE[mode]
         if self.config.rounds != "auto" or not spec.honours_rounds:
             return (None,)
-        fits = self._fitting_rounds(req.ids, req.max_new, mode)
+        fits = self._fitting_rounds(req.ids, req.budget_list(), mode)
         if slots == 1 and spec.single_round_ends_plainly and "multi" in fits:
             return ("multi",)
         return fits or (None,)
 
-    def _fitting_rounds(self, ids: list[list[int]], max_new: int, mode: str) -> tuple[str, ...]:
+    def _fitting_rounds(self, ids: list[list[int]], max_new: list[int], mode: str) -> tuple[str, ...]:
         """The rounds whose programs fit every prompt's positions, where `schedule="auto"` chooses them (the user
         left `rounds="auto"` and the mode honours it); () otherwise."""
         if self.config.schedule != "auto" or self.config.rounds != "auto" or not MODE_TABLE[mode].honours_rounds:
@@ -514,8 +514,9 @@ class ParseEngine:
         ids = encode_prompts(self.target, prompts)
         sampling.check_prompts(len(ids))
         max_new, budgets = check_budgets(max_new_tokens, len(ids))
-        if not self._fitting_rounds(ids, max_new, mode):  # else the schedule runs the rounds that fit
-            self._check_positions(ids, max_new, mode, self.context)
+        each = list(budgets) if budgets is not None else [max_new] * len(ids)
+        if not self._fitting_rounds(ids, each, mode):  # else the schedule runs the rounds that fit
+            self._check_positions(ids, each, mode, self.context)
         if spec.judged:  # a valid request of a mode that judges
             self._warn_settings()
         return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(self.target, eos_ids),
@@ -527,19 +528,20 @@ class ParseEngine:
             logger.warning(self._settings_warning)
             self._settings_warning = None
 
-    def _check_positions(self, ids: list[list[int]], max_new: int, mode: str, ctx: ModeContext) -> None:
-        """Every mode writes `max_new_tokens` past the prompt plus what its passes write beyond the last token it
-        may emit (its draft: what it drafts): all of it must fit the models' positions, checked before any cache is
-        allocated."""
+    def _check_positions(self, ids: list[list[int]], budgets: list[int], mode: str, ctx: ModeContext) -> None:
+        """Every mode writes a prompt's `max_new_tokens` (`budgets`, one per prompt) past it plus what its passes
+        write beyond the last token it may emit (its draft: what it drafts): all of it must fit the models'
+        positions, checked before any cache is allocated."""
         spec = MODE_TABLE[mode]
-        models = [("target", self.target, spec.target_positions(ctx, max_new))]
+        models = [("target", self.target, spec.target_positions)]
         if spec.draft_positions is not None:
-            models.append(("draft", self.draft, spec.draft_positions(ctx, max_new)))
-        for name, model, extra in models:
+            models.append(("draft", self.draft, spec.draft_positions))
+        for name, model, positions in models:
             limit = model.config.max_position_embeddings
-            for i, p in enumerate(ids):
+            for i, (p, budget) in enumerate(zip(ids, budgets)):
+                extra = positions(ctx, budget)
                 if len(p) + extra > limit:
-                    raise InputError(f"prompt {i} has {len(p)} tokens; mode {mode} with max_new_tokens={max_new} "
+                    raise InputError(f"prompt {i} has {len(p)} tokens; mode {mode} with max_new_tokens={budget} "
                                      f"needs {len(p) + extra} positions (cache slots) in the {name}, which holds "
                                      f"{limit} (max_position_embeddings)")
 

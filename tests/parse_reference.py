@@ -124,7 +124,7 @@ class ReferenceParse:
                 c_cache, c_logits, c_tokens, c_feats = ctx
                 start = EagleContext(tokens=c_tokens, features=c_feats, length=c_cache.lengths, first_logits=c_logits)
                 toks, n_new, rounds, acc, prop = program(self.target.params, head.params, c_cache, start, rem, eos,
-                                                         sampling.args(len(rem)))
+                                                         sampling.args(len(rem)))  # compared greedy: keys unread
                 toks, n_new, cont_passes = to_host(toks), to_host(n_new), int(rounds)
                 extra = {"eagle3_accepted_tokens": int(to_host(acc)[rem > 0].sum()),
                          "eagle3_draft_tokens": int(to_host(prop)[rem > 0].sum())}

@@ -76,6 +76,7 @@ def lower_run(engine, mode: str, batch_size: int, max_new_tokens: int, *, target
     `lower=False`: the memory plan alone (no program traced)."""
     check_choice("mode", mode, LOWERED_MODES, error=InputError)
     batch_size = check_int("batch_size", batch_size, 1, error=InputError)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, error=InputError)  # one budget: what lowers
     prompt_len = check_int("prompt_len", prompt_len, 1, error=InputError)
     sizes = _mesh_sizes(target.mesh)
     device = chip(target.chip, target.platform)

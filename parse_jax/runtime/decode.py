@@ -134,13 +134,14 @@ def continue_program(cfg: ModelConfig, attention_impl: str, num_new: int, sample
     return register_program(jax.jit(run, donate_argnums=(1,)))
 
 
-def check_capacity(ids: list[list[int]], max_new_tokens: int, capacity: int) -> None:
-    """Every prompt with its `max_new_tokens` fits `capacity` cache slots."""
-    for i, p in enumerate(ids):
-        if len(p) + max_new_tokens > capacity:
+def check_capacity(ids: list[list[int]], max_new_tokens: int | Sequence[int], capacity: int) -> None:
+    """Every prompt with its `max_new_tokens` (one for all, or each its own) fits `capacity` cache slots."""
+    budgets = [max_new_tokens] * len(ids) if np.ndim(max_new_tokens) == 0 else max_new_tokens
+    for i, (p, budget) in enumerate(zip(ids, budgets)):
+        if len(p) + budget > capacity:
             raise InputError(
-                f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
-                f"{len(p) + max_new_tokens} cache slots but the cache holds {capacity}")
+                f"prompt {i} has {len(p)} tokens; with max_new_tokens={budget} it needs "
+                f"{len(p) + budget} cache slots but the cache holds {capacity}")
 
 
 def generate_cache_len(ids: list[list[int]], max_new_tokens: int, capacity: int) -> int:
@@ -153,8 +154,8 @@ def generate_launch(model, ids: list[list[int]], budgets: int | Sequence[int], s
     """(program, args) of target-only generation for prompts already as ids (checked against `capacity`), with
     `budgets` new tokens at most (one for every prompt, or each its own)."""
     cfg: ModelConfig = model.config
-    max_new_tokens = int(np.max(budgets))  # what the shapes are made for
-    check_capacity(ids, max_new_tokens, capacity)
+    max_new_tokens = int(np.max(budgets))  # what the shapes are made for (the cache capped at `capacity`)
+    check_capacity(ids, budgets, capacity)
     b = bucket(len(ids), 1)
     p = bucket(max(len(x) for x in ids))
     n = bucket(max_new_tokens, 16)
@@ -177,11 +178,12 @@ def target_request(model, prompts: Sequence[str] | Sequence[Sequence[int]], max_
     ids = encode_prompts(model, prompts, add_bos)
     sampling.check_prompts(len(ids))
     max_new, budgets = check_budgets(max_new_tokens, len(ids))
-    check_capacity(ids, max_new, model.config.max_position_embeddings if capacity is None else capacity)
+    check_capacity(ids, max_new if budgets is None else budgets,
+                   model.config.max_position_embeddings if capacity is None else capacity)
     return Request(ids=ids, max_new=max_new, sampling=sampling, eos=resolve_eos(model, eos_ids), budgets=budgets)
 
 
-def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new_tokens: int = 256,
+def generate(model, prompts: Sequence[str] | Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int] = 256,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] = 0,
              max_cache_len: int | None = None, add_bos: bool = True,
              eos_ids: Sequence[int] | None = None) -> GenerateResult:

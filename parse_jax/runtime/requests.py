@@ -47,6 +47,9 @@ def check_budgets(max_new_tokens, n: int) -> tuple[int, tuple[int, ...] | None]:
         if len(max_new_tokens) != n:
             raise InputError(f"max_new_tokens: {len(max_new_tokens)} budgets for {n} prompts; give one, or one per "
                              "prompt")
+        for i, b in enumerate(max_new_tokens):
+            if per_prompt(b) or isinstance(b, dict):
+                raise InputError(f"max_new_tokens[{i}] must be an integer >= 1, got a {type(b).__name__}")
         budgets = tuple(check_int(f"max_new_tokens[{i}]", b, 1, error=InputError) for i, b in enumerate(max_new_tokens))
         return max(budgets), budgets
     return check_int("max_new_tokens", max_new_tokens, 1, error=InputError), None

@@ -56,9 +56,14 @@ def uniform_rows(keys: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return jax.vmap(lambda k: jax.random.uniform(k, shape))(keys)
 
 
-@functools.lru_cache(maxsize=4096)
 def prng_key(seed: int) -> jax.Array:
-    """The PRNG key of `seed`, cached: building one costs about as much host time as a whole draft decode."""
+    """The PRNG key of `seed` (jax's default implementation), cached: building one costs about as much host time
+    as a whole draft decode."""
+    return _prng_key(seed, jax.config.jax_default_prng_impl)
+
+
+@functools.lru_cache(maxsize=4096)
+def _prng_key(seed: int, impl: str) -> jax.Array:
     return jax.random.PRNGKey(seed)
 
 

@@ -308,10 +308,10 @@ def spec_batch(target, req: Request, *, gamma: int, capacity: int, extra_slots: 
     ids, max_new_tokens = req.ids, req.max_new
     margin = gamma + 1 + extra_slots
     extra = f" (+{extra_slots} tree slots)" if extra_slots else ""
-    for i, p in enumerate(ids):
-        if len(p) + max_new_tokens + margin > capacity:
-            raise InputError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} and "
-                             f"gamma={gamma}{extra} it needs {len(p) + max_new_tokens + margin} cache slots but the "
+    for i, (p, budget) in enumerate(zip(ids, req.budget_list())):  # the cache is capped at `capacity`
+        if len(p) + budget + margin > capacity:
+            raise InputError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={budget} and "
+                             f"gamma={gamma}{extra} it needs {len(p) + budget + margin} cache slots but the "
                              f"cache holds {capacity}")
     b, p, n = bucket(len(ids), 1), bucket(max(len(x) for x in ids)), bucket(max_new_tokens, 16)
     prompt, lens, max_new = pad_prompts(ids, b, p, req.budget_list())

@@ -52,5 +52,15 @@ def test_a_seed_or_budget_list_must_name_one_per_prompt():
         eng.generate(PROMPTS, mode="target", temperature=1.0, seed=[1, 2], max_new_tokens=4)
     with pytest.raises(InputError, match="max_new_tokens: 2 budgets for 3 prompts"):
         eng.generate(PROMPTS, mode="sd", max_new_tokens=[4, 5])
+    with pytest.raises(InputError, match=r"max_new_tokens\[1\] must be an integer >= 1, got a list"):
+        eng.generate(PROMPTS[:2], mode="sd", max_new_tokens=[4, [5]])
     with pytest.raises(InputError, match=r"max_new_tokens\[1\]"):
         generate(TARGET, PROMPTS[:2], max_new_tokens=[4, 0])
+    # each prompt fits the positions with its own budget: a long prompt with a short one beside a short prompt with
+    # a long one runs (512 positions), in every mode's check
+    long, short = list(range(4, 14)) * 49, [5, 6, 7]
+    for mode in ("target", "sd", "parse"):
+        res = eng.generate([long, short], mode=mode, max_new_tokens=[2, 30], eos_ids=[])
+        assert [len(t) for t in res.tokens] == [2, 30], mode
+    with pytest.raises(InputError, match="prompt 0 has 490 tokens; mode sd with max_new_tokens=30"):
+        eng.generate([long, short], mode="sd", max_new_tokens=[30, 2])
