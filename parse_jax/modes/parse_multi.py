@@ -32,7 +32,7 @@ from parse_jax.runtime.decode import decode_loop, is_eos, prefill
 from parse_jax.runtime.metrics import SCORE_BINS
 from parse_jax.runtime.programs import bucket, committed, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, Prompts, Request, device_prompts, pad_prompts
-from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, unread_keys
 from parse_jax.runtime.slots import SlotBook, admission_keys, request_budgets, warm_admissions
 from parse_jax.speculation.eagle3 import (
     Eagle3Config,
@@ -460,7 +460,7 @@ def empty_slots(pair: PairSpec, spec: RoundSpec, shape: MultiShape, slots: int,
                       done=jnp.ones((slots,), bool), rounds=jnp.int32(0), passes=jnp.int32(1) - 1, accepted=zeros(),
                       drafted=zeros(), block_tokens=zeros(), prefixes=zeros(), **step_counters(spec, slots),
                       delim=zeros(), eagle_accepted=zeros(), eagle_proposed=zeros(),
-                      keys=jnp.zeros((slots, *prng_key(0).shape), jnp.uint32),
+                      keys=jnp.asarray(unread_keys(slots)),
                       head_cache=fresh_head(eagle, slots, shape.cache_len))
 
 

@@ -13,7 +13,7 @@ from flax import struct
 
 from parse_jax.errors import InputError
 from parse_jax.runtime.metrics import COUNTS, LIST_COUNTS, add_counts, derived
-from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key, row_keys
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, row_keys, unread_keys
 from parse_jax.utils.progress import logger
 from parse_jax.utils.validation import SEED_MAX, check_float, check_int, check_seed, check_text, shorten
 
@@ -156,7 +156,7 @@ class SamplingParams:
     def keys(self, rows: int) -> np.ndarray:
         """[rows, 2] each row's key (`PRNGKey` of its seed); zeros when greedy (unread)."""
         if self.greedy:
-            return np.zeros((rows, *prng_key(0).shape), np.uint32)
+            return unread_keys(rows)
         return row_keys(self.seeds(0, rows))
 
     def check_prompts(self, n: int) -> None:

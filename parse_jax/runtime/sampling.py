@@ -62,6 +62,11 @@ def prng_key(seed: int) -> jax.Array:
     return _prng_key(seed, jax.config.jax_default_prng_impl)
 
 
+def unread_keys(rows: int) -> np.ndarray:
+    """[rows, key width] zero keys: a greedy run's (never read) and an empty slot's (its row's come at admission)."""
+    return np.zeros((rows, *prng_key(0).shape), np.uint32)
+
+
 @functools.lru_cache(maxsize=4096)
 def _prng_key(seed: int, impl: str) -> jax.Array:
     return jax.random.PRNGKey(seed)

@@ -31,7 +31,7 @@ from parse_jax.models.decoder import Decoder, causal_metadata
 from parse_jax.runtime.decode import is_eos, prefill
 from parse_jax.runtime.programs import bucket, committed, fetch, forward_fn, length_bucket, register_program
 from parse_jax.runtime.requests import PAD_ID, GenerateResult, GenerationStats, Request, SamplingParams
-from parse_jax.runtime.sampling import Sampler, SamplingArgs, prng_key
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, unread_keys
 
 
 @struct.dataclass
@@ -120,7 +120,7 @@ def empty_state(cfg: ModelConfig, slots: int, num_new: int, cache_len: int) -> S
     return SlotState(cache=KVCache.init(cfg, slots, cache_len), tokens=jnp.full((slots, num_new), PAD_ID, jnp.int32),
                      num_new=jnp.zeros((slots,), jnp.int32), done=jnp.ones((slots,), bool),
                      last=jnp.zeros((slots,), jnp.int32), max_new=jnp.zeros((slots,), jnp.int32),
-                     keys=jnp.zeros((slots, *prng_key(0).shape), jnp.uint32),
+                     keys=jnp.asarray(unread_keys(slots)),
                      first=jnp.zeros((slots,), jnp.int32), steps=jnp.int32(0))
 
 

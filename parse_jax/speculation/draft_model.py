@@ -37,7 +37,7 @@ from parse_jax.runtime.requests import (
     per_prompt,
     resolve_eos,
 )
-from parse_jax.runtime.sampling import Sampler, SamplingArgs, draw_rows, prng_key, uniform_rows
+from parse_jax.runtime.sampling import Sampler, SamplingArgs, draw_rows, uniform_rows, unread_keys
 from parse_jax.runtime.slots import Admission, SlotBook, admission, put_rows, request_budgets, serve_loop
 from parse_jax.settings import SpecSettings, check_setting
 from parse_jax.utils.validation import check_eos_ids, check_int, check_model
@@ -235,7 +235,7 @@ def empty_spec_state(shape: SpecShape, slots: int) -> SpecState:
                      tokens=jnp.full((slots, shape.num_new + shape.gamma + 1), PAD_ID, jnp.int32), num_new=zeros(),
                      done=jnp.ones((slots,), bool), last=zeros(), rounds=jnp.int32(0), accepted=zeros(),
                      proposed=zeros(), drafts=zeros(), per_pos=jnp.zeros((slots, shape.gamma), jnp.int32),
-                     max_new=zeros(), keys=jnp.zeros((slots, *prng_key(0).shape), jnp.uint32))
+                     max_new=zeros(), keys=jnp.asarray(unread_keys(slots)))
 
 
 def serve_speculation(target, draft, req: Request, *, gamma: int, max_batch: int,

@@ -83,7 +83,7 @@ def serve_programs(shape: EagleServeShape):
 
         def body(s: EagleSlots) -> EagleSlots:
             return s.replace(state=eagle_round(fns, s.state, loop=shape.loop, max_new=s.max_new, eos_ids=eos_ids,
-                                               sampler=shape.sampler, args=args.fold(1)))
+                                               sampler=shape.sampler, args=args))  # each slot's key: its state's
 
         def cond(s: EagleSlots) -> jax.Array:
             return ~jnp.all(s.state.done) & (jnp.sum(s.state.done) < free_target)
